@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+)
+
+func databaseURL(e env) (string, error) {
+	if u := e.getenv("DATABASE_URL"); u != "" {
+		return u, nil
+	}
+	return "", fmt.Errorf("DATABASE_URL is not set; export it, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
+	url, err := databaseURL(e)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+func runMigrate(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "migrate")
+	fs.Usage = func() { fmt.Fprintln(e.stderr, "usage: outboxctl migrate up|status") }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 || (fs.Arg(0) != "up" && fs.Arg(0) != "status") {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("expected up or status")}
+	}
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if fs.Arg(0) == "up" {
+		applied, err := postgres.Migrate(ctx, pool, nil)
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintln(e.stdout, "schema is up to date")
+		}
+		for _, v := range applied {
+			fmt.Fprintf(e.stdout, "applied %04d\n", v)
+		}
+		return nil
+	}
+	st, err := postgres.Status(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		state := "pending"
+		if s.Applied {
+			state = "applied"
+		}
+		fmt.Fprintf(e.stdout, "%04d  %-8s %s\n", s.Version, state, s.Name)
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package outbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// ID identifies an outbox row. It is also the message id every consumer dedupes on.
+type ID int64
+
+// String returns the decimal id, as forwarded in X-Outbox-Id.
+func (id ID) String() string { return fmt.Sprintf("%d", int64(id)) }
+
+// Event is what a producer enqueues.
+type Event struct {
+	// Topic routes the event; it becomes the last path segment of the destination URL
+	// (<PUBLIC_BASE_URL>/events/<topic>), so it must be URL-path-safe: 1-128 characters
+	// from [A-Za-z0-9._~-], not "." or "..".
+	Topic string
+	// PartitionKey groups events that must be delivered in order (e.g. "order:1234").
+	// Non-empty, at most Limits.MaxPartitionKeyBytes, valid UTF-8, no control characters.
+	PartitionKey string
+	// Payload is the JSON body delivered to the consumer. Postgres stores it as jsonb, so
+	// whitespace and key order are normalised once at insert and stable afterwards.
+	Payload json.RawMessage
+	// Headers are forwarded to the consumer (correlation id, traceparent, schema version).
+	// Names are HTTP tokens; Upstash-* and X-Outbox-* names are reserved.
+	Headers map[string]string
+	// AvailableAt delays the first publish; zero means now.
+	AvailableAt time.Time
+}
+
+// Validation errors. Enqueue wraps one of these in a *ValidationError; test with errors.Is.
+var (
+	ErrInvalidTopic        = errors.New("invalid topic")
+	ErrInvalidPartitionKey = errors.New("invalid partition key")
+	ErrInvalidPayload      = errors.New("invalid payload")
+	ErrPayloadTooLarge     = errors.New("payload too large")
+	ErrInvalidHeaders      = errors.New("invalid headers")
+)
+
+// ValidationError says which field of an Event was rejected and why. Nothing was written.
+type ValidationError struct {
+	// Index is the event's position in a batch (0 for a single Enqueue).
+	Index int
+	// Field is the Event field name.
+	Field string
+	// Reason explains what is wrong and what to do.
+	Reason string
+	// Err is one of the Err* sentinels.
+	Err error
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("outbox event %d: %s: %s: %s", e.Index, e.Field, e.Err, e.Reason)
+}
+
+func (e *ValidationError) Unwrap() error { return e.Err }
+
+// Limits bound what Enqueue accepts. Zero fields take the Default* values.
+type Limits struct {
+	// MaxPayloadBytes caps the JSON payload. Default DefaultMaxPayloadBytes, below QStash's
+	// smallest plan limit (1 MB) so headers and the envelope still fit.
+	MaxPayloadBytes int
+	// MaxPartitionKeyBytes caps the partition key. Default DefaultMaxPartitionKeyBytes.
+	MaxPartitionKeyBytes int
+	// MaxHeaderBytes caps the sum of header names and values. Default DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+}
+
+// Defaults for Limits.
+const (
+	DefaultMaxPayloadBytes      = 512 << 10
+	DefaultMaxPartitionKeyBytes = 256
+	DefaultMaxHeaderBytes       = 8 << 10
+	// MaxTopicLen is fixed: the topic is part of a URL and of a CHECK constraint.
+	MaxTopicLen = 128
+	// MaxJSONDepth rejects pathological nesting before Postgres has to parse it.
+	MaxJSONDepth = 64
+)
+
+// WithDefaults returns l with zero fields set to their defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxPayloadBytes <= 0 {
+		l.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if l.MaxPartitionKeyBytes <= 0 {
+		l.MaxPartitionKeyBytes = DefaultMaxPartitionKeyBytes
+	}
+	if l.MaxHeaderBytes <= 0 {
+		l.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	return l
+}
+
+// ValidTopic reports whether topic can be enqueued and routed.
+func ValidTopic(topic string) error {
+	switch {
+	case topic == "":
+		return errors.New("empty; use a name like order.created")
+	case len(topic) > MaxTopicLen:
+		return fmt.Errorf("%d characters, the limit is %d", len(topic), MaxTopicLen)
+	case topic == "." || topic == ".." || strings.Contains(topic, ".."):
+		return errors.New(`".." is not allowed; topics are URL path segments`)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == '~') {
+			return fmt.Errorf("character %q at %d is not allowed; use letters, digits and . _ - ~", c, i)
+		}
+	}
+	return nil
+}
+
+// Validate checks ev against the limits without touching the database.
+func (l Limits) Validate(ev Event) error {
+	l = l.WithDefaults()
+	fail := func(field string, sentinel error, reason string) error {
+		return &ValidationError{Field: field, Reason: reason, Err: sentinel}
+	}
+	if err := ValidTopic(ev.Topic); err != nil {
+		return fail("Topic", ErrInvalidTopic, err.Error())
+	}
+	switch pk := ev.PartitionKey; {
+	case pk == "":
+		return fail("PartitionKey", ErrInvalidPartitionKey, "empty; use the aggregate id, e.g. order:1234")
+	case len(pk) > l.MaxPartitionKeyBytes:
+		return fail("PartitionKey", ErrInvalidPartitionKey, fmt.Sprintf("%d bytes, the limit is %d", len(pk), l.MaxPartitionKeyBytes))
+	case !utf8.ValidString(pk):
+		return fail("PartitionKey", ErrInvalidPartitionKey, "not valid UTF-8")
+	case hasControl(pk):
+		return fail("PartitionKey", ErrInvalidPartitionKey, "contains a control character")
+	}
+	if len(ev.Payload) > l.MaxPayloadBytes {
+		return fail("Payload", ErrPayloadTooLarge, fmt.Sprintf("%d bytes, the limit is %d; store large data elsewhere and send a reference", len(ev.Payload), l.MaxPayloadBytes))
+	}
+	if err := validJSON(ev.Payload); err != nil {
+		return fail("Payload", ErrInvalidPayload, err.Error())
+	}
+	if err := l.validHeaders(ev.Headers); err != nil {
+		return fail("Headers", ErrInvalidHeaders, err.Error())
+	}
+	return nil
+}
+
+func validJSON(p []byte) error {
+	if len(bytes.TrimSpace(p)) == 0 {
+		return errors.New("empty; send a JSON value such as {}")
+	}
+	if !utf8.Valid(p) {
+		return errors.New("not valid UTF-8")
+	}
+	if !json.Valid(p) {
+		return errors.New("not valid JSON")
+	}
+	// jsonb cannot store the NUL character, and deep nesting is a denial-of-service shape.
+	if bytes.Contains(p, []byte(`\u0000`)) {
+		return errors.New(`contains \u0000, which Postgres jsonb cannot store`)
+	}
+	depth, maxDepth, inString, escaped := 0, 0, false, false
+	for _, c := range p {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+			maxDepth = max(maxDepth, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	if maxDepth > MaxJSONDepth {
+		return fmt.Errorf("nested %d levels deep, the limit is %d", maxDepth, MaxJSONDepth)
+	}
+	return nil
+}
+
+// reservedHeader reports names the relay or QStash own.
+func reservedHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "upstash-") || strings.HasPrefix(n, "x-outbox-") ||
+		n == "content-type" || n == "content-length" || n == "host" || n == "authorization"
+}
+
+func (l Limits) validHeaders(h map[string]string) error {
+	total := 0
+	for k, v := range h {
+		if k == "" || !isToken(k) {
+			return fmt.Errorf("header name %q is not an HTTP token", k)
+		}
+		if reservedHeader(k) {
+			return fmt.Errorf("header %q is reserved for the relay and QStash", k)
+		}
+		if !utf8.ValidString(v) || hasControl(v) {
+			return fmt.Errorf("header %q has a control character or invalid UTF-8 in its value", k)
+		}
+		total += len(k) + len(v)
+	}
+	if total > l.MaxHeaderBytes {
+		return fmt.Errorf("headers total %d bytes, the limit is %d", total, l.MaxHeaderBytes)
+	}
+	return nil
+}
+
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return true
+		}
+	}
+	return false
+}

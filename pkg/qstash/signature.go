@@ -1,0 +1,223 @@
+package qstash
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Dev server credentials, published by Upstash for its local QStash server. The project's
+// own local server uses the same values, so code cannot tell the two apart.
+const (
+	DevToken             = "eyJVc2VySUQiOiJkZWZhdWx0VXNlciIsIlBhc3N3b3JkIjoiZGVmYXVsdFBhc3N3b3JkIn0="
+	DevCurrentSigningKey = "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r"
+	DevNextSigningKey    = "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs"
+)
+
+// SignatureLifetime is how long a QStash signature is valid (exp = iat + 5 minutes).
+const SignatureLifetime = 5 * time.Minute
+
+// BodyHash is base64url(sha256(body)) with '=' padding, as QStash writes the body claim.
+func BodyHash(body []byte) string {
+	sum := sha256.Sum256(body)
+	return base64.URLEncoding.EncodeToString(sum[:])
+}
+
+// Sign returns an Upstash-Signature JWT for a delivery of body to url, issued at now and
+// signed with key, exactly as QStash signs: HS256 over the key's bytes, iss "Upstash",
+// sub url, exp iat+300, nbf 0, a random jti and the padded body hash.
+func Sign(key, url string, body []byte, now time.Time) (string, error) {
+	if key == "" {
+		return "", errors.New("sign qstash delivery: empty signing key")
+	}
+	jti := make([]byte, 16)
+	if _, err := rand.Read(jti); err != nil {
+		return "", fmt.Errorf("sign qstash delivery: %w", err)
+	}
+	claims := jwt.MapClaims{
+		"iss":  "Upstash",
+		"sub":  url,
+		"iat":  now.Unix(),
+		"exp":  now.Add(SignatureLifetime).Unix(),
+		"nbf":  0,
+		"jti":  "jwt_" + base64.RawURLEncoding.EncodeToString(jti),
+		"body": BodyHash(body),
+	}
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(key))
+	if err != nil {
+		return "", fmt.Errorf("sign qstash delivery: %w", err)
+	}
+	return tok, nil
+}
+
+// ErrBadSignature is wrapped by every verification failure; a *VerifyError says why.
+var ErrBadSignature = errors.New("invalid qstash signature")
+
+// VerifyReason says why a signature was rejected. It is for logs, never for responses.
+type VerifyReason string
+
+const (
+	ReasonMissing      VerifyReason = "missing"
+	ReasonMalformed    VerifyReason = "malformed"
+	ReasonBadSignature VerifyReason = "bad_signature"
+	ReasonAlgorithm    VerifyReason = "algorithm"
+	ReasonExpired      VerifyReason = "expired"
+	ReasonNotYetValid  VerifyReason = "not_yet_valid"
+	ReasonIssuer       VerifyReason = "issuer"
+	ReasonSubject      VerifyReason = "wrong_subject"
+	ReasonBodyMismatch VerifyReason = "body_mismatch"
+)
+
+// VerifyError is a rejected signature and the reason.
+type VerifyError struct {
+	Reason VerifyReason
+	Detail string
+}
+
+func (e *VerifyError) Error() string {
+	if e.Detail == "" {
+		return fmt.Sprintf("%s: %s", ErrBadSignature, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s: %s", ErrBadSignature, e.Reason, e.Detail)
+}
+
+func (e *VerifyError) Unwrap() error { return ErrBadSignature }
+
+// VerifierConfig configures NewVerifier.
+type VerifierConfig struct {
+	// CurrentSigningKey and NextSigningKey are QSTASH_CURRENT_SIGNING_KEY and
+	// QSTASH_NEXT_SIGNING_KEY. Both are required: with an empty key, a token HMAC-signed
+	// with the empty string would verify (the qstash-go v1.0.0 Receiver accepts it).
+	CurrentSigningKey string
+	NextSigningKey    string
+	// Tolerance is the allowed clock skew for exp and nbf. Default DefaultTolerance.
+	Tolerance time.Duration
+	// Now returns the current time (tests). Default time.Now.
+	Now func() time.Time
+}
+
+// DefaultTolerance is the clock skew Verify allows by default.
+const DefaultTolerance = 30 * time.Second
+
+// Verifier checks Upstash-Signature headers. It is stricter than qstash-go v1.0.0's
+// Receiver, which accepts empty-key tokens, tokens without exp, and HS384/HS512.
+type Verifier struct {
+	keys      [2][]byte
+	tolerance time.Duration
+	now       func() time.Time
+}
+
+// NewVerifier returns a Verifier, or an error naming each missing key.
+func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
+	var errs []error
+	if cfg.CurrentSigningKey == "" {
+		errs = append(errs, errors.New("QSTASH_CURRENT_SIGNING_KEY is empty"))
+	}
+	if cfg.NextSigningKey == "" {
+		errs = append(errs, errors.New("QSTASH_NEXT_SIGNING_KEY is empty (set it to the next key from the QStash console; an empty key would accept forged tokens)"))
+	}
+	if cfg.Tolerance < 0 {
+		errs = append(errs, errors.New("signature tolerance is negative"))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("build qstash verifier: %w", errors.Join(errs...))
+	}
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = DefaultTolerance
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Verifier{
+		keys:      [2][]byte{[]byte(cfg.CurrentSigningKey), []byte(cfg.NextSigningKey)},
+		tolerance: cfg.Tolerance,
+		now:       cfg.Now,
+	}, nil
+}
+
+type deliveryClaims struct {
+	Body string `json:"body"`
+	jwt.RegisteredClaims
+}
+
+// Verify checks signature against the exact public url the message was sent to and the raw
+// body bytes. It tries the current key, then the next one (key rotation). A nil error means
+// the delivery is authentic; otherwise the error is a *VerifyError wrapping ErrBadSignature.
+func (v *Verifier) Verify(signature, url string, body []byte) error {
+	if signature == "" {
+		return &VerifyError{Reason: ReasonMissing}
+	}
+	// golang-jwt reports a disallowed alg as a bad signature; name it instead, so an
+	// alg-confusion attempt shows up as such in the logs.
+	if tok, _, err := jwt.NewParser().ParseUnverified(signature, &deliveryClaims{}); err != nil {
+		return &VerifyError{Reason: ReasonMalformed}
+	} else if tok.Method.Alg() != jwt.SigningMethodHS256.Alg() {
+		return &VerifyError{Reason: ReasonAlgorithm, Detail: "only HS256 is accepted, got " + tok.Method.Alg()}
+	}
+	var lastErr error
+	for _, key := range v.keys {
+		claims, err := v.parse(signature, key)
+		if err == nil {
+			return v.checkClaims(claims, url, body)
+		}
+		lastErr = err
+		var ve *VerifyError
+		// Only a bad MAC is worth retrying with the other key; a malformed or expired token
+		// is just as wrong under either key.
+		if !errors.As(err, &ve) || ve.Reason != ReasonBadSignature {
+			return err
+		}
+	}
+	return lastErr
+}
+
+func (v *Verifier) parse(signature string, key []byte) (*deliveryClaims, error) {
+	claims := &deliveryClaims{}
+	_, err := jwt.ParseWithClaims(signature, claims, func(t *jwt.Token) (any, error) {
+		return key, nil
+	},
+		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuer("Upstash"),
+		jwt.WithLeeway(v.tolerance),
+		jwt.WithTimeFunc(v.now),
+	)
+	if err == nil {
+		return claims, nil
+	}
+	switch {
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return nil, &VerifyError{Reason: ReasonBadSignature}
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return nil, &VerifyError{Reason: ReasonAlgorithm, Detail: "only HS256 is accepted"}
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return nil, &VerifyError{Reason: ReasonExpired}
+	case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return nil, &VerifyError{Reason: ReasonNotYetValid}
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return nil, &VerifyError{Reason: ReasonMalformed, Detail: "exp claim missing"}
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return nil, &VerifyError{Reason: ReasonIssuer}
+	default:
+		return nil, &VerifyError{Reason: ReasonMalformed}
+	}
+}
+
+func (v *Verifier) checkClaims(c *deliveryClaims, url string, body []byte) error {
+	if url == "" || c.Subject != url {
+		return &VerifyError{Reason: ReasonSubject}
+	}
+	want := strings.TrimRight(BodyHash(body), "=")
+	got := strings.TrimRight(c.Body, "=")
+	if !hmac.Equal([]byte(want), []byte(got)) {
+		return &VerifyError{Reason: ReasonBodyMismatch}
+	}
+	return nil
+}

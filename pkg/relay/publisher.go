@@ -1,0 +1,78 @@
+package relay
+
+import (
+	"context"
+	"errors"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+)
+
+// Publisher hands a batch of messages to the queue. It is the relay's only dependency on
+// QStash, so the engine is tested with any implementation.
+type Publisher interface {
+	// Publish sends msgs and returns exactly one Result per message, in the same order.
+	// Messages sharing a PartitionKey arrive in id order. Publish must not fail a message
+	// without reporting it in its Result; a nil Err means the queue accepted the message.
+	Publish(ctx context.Context, msgs []outbox.Message) []Result
+}
+
+// Result is the outcome of publishing one message.
+type Result struct {
+	// MessageID is the queue's id for the message, when it was accepted.
+	MessageID string
+	// Err is nil when published. Errors marked permanent (IsPermanent) dead-letter the
+	// event at once; every other error is retried with backoff until MaxAttempts.
+	Err error
+}
+
+// Outcome classifies a Result.
+type Outcome int
+
+const (
+	Published Outcome = iota
+	Retryable
+	PermanentFailure
+)
+
+// Outcome returns Published, Retryable or PermanentFailure.
+func (r Result) Outcome() Outcome {
+	switch {
+	case r.Err == nil:
+		return Published
+	case IsPermanent(r.Err):
+		return PermanentFailure
+	default:
+		return Retryable
+	}
+}
+
+// IsPermanent reports whether err, or an error it wraps, has a Permanent() bool method
+// returning true. Everything else is transient: retrying an unknown error is safe because
+// publishes are deduplicated, while dead-lettering it would be a guess.
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// StatusCode returns the HTTP status carried by err (a HTTPStatus() int method), or 0.
+func StatusCode(err error) int {
+	var s interface{ HTTPStatus() int }
+	if errors.As(err, &s) {
+		return s.HTTPStatus()
+	}
+	return 0
+}
+
+// Permanent marks err as permanent: the relay dead-letters the event without retrying.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string   { return e.err.Error() }
+func (e *permanentError) Unwrap() error   { return e.err }
+func (e *permanentError) Permanent() bool { return true }
