@@ -1,0 +1,290 @@
+package inbox_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/inbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+func hash(s string) []byte {
+	h := sha256.Sum256([]byte(s))
+	return h[:]
+}
+
+// setup returns a database with an effects table the work writes to.
+func setup(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func effect(id string) inbox.Work {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (message_id) VALUES ($1)`, id)
+		return err
+	}
+}
+
+func countRows(t *testing.T, db *pgtest.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+
+	for i, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate, inbox.Duplicate} {
+		got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1"))
+		if err != nil || got != want {
+			t.Fatalf("delivery %d: got (%v, %v), want (%v, nil)", i, got, err, want)
+		}
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	// The same id under another consumer is another message.
+	if got, err := inbox.HandleOnce(ctx, db.Pool, "other", "m1", hash("p"), effect("m1")); err != nil || got != inbox.Processed {
+		t.Fatalf("other consumer: got (%v, %v)", got, err)
+	}
+	var stored []byte
+	if err := db.Pool.QueryRow(ctx, `SELECT payload_hash FROM processed_messages WHERE consumer='c' AND message_id='m1'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if string(stored) != string(hash("p")) {
+		t.Fatalf("stored hash %x, want %x", stored, hash("p"))
+	}
+}
+
+func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+
+	got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), func(ctx context.Context, tx pgx.Tx) error {
+		if err := effect("m1")(ctx, tx); err != nil {
+			return err
+		}
+		return boom // after writing
+	})
+	if !errors.Is(err, boom) || got != 0 {
+		t.Fatalf("got (%v, %v), want (0, boom)", got, err)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 0 {
+		t.Fatalf("effects = %d after failed work, want 0", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("processed_messages = %d after failed work, want 0", n)
+	}
+	// The retry runs the work again and commits.
+	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1")); err != nil || got != inbox.Processed {
+		t.Fatalf("retry: got (%v, %v)", got, err)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("effects = %d after retry, want 1", n)
+	}
+}
+
+func TestHandleOnceConflictingPayload(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+
+	if _, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("a"), effect("m1")); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("b"), func(context.Context, pgx.Tx) error { ran = true; return nil })
+	if got != inbox.Conflict || !errors.Is(err, inbox.ErrPayloadConflict) {
+		t.Fatalf("got (%v, %v), want (Conflict, ErrPayloadConflict)", got, err)
+	}
+	if ran {
+		t.Fatal("work ran on a conflicting payload")
+	}
+	// Without a hash on either side there is nothing to compare: a duplicate.
+	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", nil, effect("m1")); err != nil || got != inbox.Duplicate {
+		t.Fatalf("nil hash: got (%v, %v), want Duplicate", got, err)
+	}
+	if _, err := inbox.HandleOnce(ctx, db.Pool, "c", "m2", nil, effect("m2")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m2", hash("x"), effect("m2")); err != nil || got != inbox.Duplicate {
+		t.Fatalf("stored nil hash: got (%v, %v), want Duplicate", got, err)
+	}
+}
+
+func TestHandleOnceRejectsEmptyIDs(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	for _, c := range [][2]string{{"", "m"}, {"c", ""}} {
+		if _, err := inbox.HandleOnce(context.Background(), db.Pool, c[0], c[1], nil, effect("x")); err == nil {
+			t.Fatalf("HandleOnce(%q, %q) accepted empty ids", c[0], c[1])
+		}
+	}
+}
+
+func TestHandleOnceConcurrentDeliveriesOneEffect(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+
+	const n = 8
+	var wg sync.WaitGroup
+	outcomes := make([]inbox.Outcome, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			outcomes[i], errs[i] = inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1"))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	processed := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("delivery %d: %v", i, errs[i])
+		}
+		if outcomes[i] == inbox.Processed {
+			processed++
+		}
+	}
+	if processed != 1 {
+		t.Fatalf("processed %d times, want 1 (outcomes %v)", processed, outcomes)
+	}
+	if c := countRows(t, db, `SELECT count(*) FROM effects`); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// TestHandleOnceSecondDeliveryWaitsForFirst pins the interleaving: the second delivery
+// starts while the first holds its uncommitted record, must block on it, and then sees a
+// duplicate if the first commits, or processes if the first rolls back.
+func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
+	t.Parallel()
+	for _, firstCommits := range []bool{true, false} {
+		name := map[bool]string{true: "first commits", false: "first rolls back"}[firstCommits]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := setup(t)
+			ctx := context.Background()
+			xid := make(chan string, 1)
+			release := make(chan struct{})
+			firstErr := errors.New("first delivery failed")
+
+			type result struct {
+				o   inbox.Outcome
+				err error
+			}
+			first := make(chan result, 1)
+			go func() {
+				o, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), func(ctx context.Context, tx pgx.Tx) error {
+					if err := effect("first")(ctx, tx); err != nil {
+						return err
+					}
+					var id string
+					if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&id); err != nil {
+						return err
+					}
+					xid <- id
+					<-release
+					if !firstCommits {
+						return firstErr
+					}
+					return nil
+				})
+				first <- result{o, err}
+			}()
+			firstXID := <-xid
+
+			second := make(chan result, 1)
+			go func() {
+				o, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("second"))
+				second <- result{o, err}
+			}()
+			// Wait until the second delivery is blocked on the first's transaction.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				var waiting bool
+				err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+					WHERE locktype = 'transactionid' AND transactionid = $1::text::xid AND NOT granted)`, firstXID).Scan(&waiting)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if waiting {
+					break
+				}
+				select {
+				case r := <-second:
+					t.Fatalf("second delivery finished while the first was uncommitted: %+v", r)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("second delivery never waited on the first")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			close(release)
+
+			r1, r2 := <-first, <-second
+			rows, _ := db.Pool.Query(ctx, `SELECT message_id FROM effects`)
+			effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if firstCommits {
+				if r1.err != nil || r1.o != inbox.Processed || r2.err != nil || r2.o != inbox.Duplicate {
+					t.Fatalf("first %+v, second %+v; want Processed, Duplicate", r1, r2)
+				}
+				if len(effects) != 1 || effects[0] != "first" {
+					t.Fatalf("effects %v, want [first]", effects)
+				}
+			} else {
+				if !errors.Is(r1.err, firstErr) || r2.err != nil || r2.o != inbox.Processed {
+					t.Fatalf("first %+v, second %+v; want error, Processed", r1, r2)
+				}
+				if len(effects) != 1 || effects[0] != "second" {
+					t.Fatalf("effects %v, want [second]", effects)
+				}
+			}
+		})
+	}
+}
+
+func TestHandleOnceDatabaseDown(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	db.Pool.Close()
+	if _, err := inbox.HandleOnce(context.Background(), db.Pool, "c", "m1", nil, effect("m1")); err == nil {
+		t.Fatal("HandleOnce on a closed pool returned nil error")
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	t.Parallel()
+	for o, want := range map[inbox.Outcome]string{inbox.Processed: "processed", inbox.Duplicate: "duplicate", inbox.Conflict: "conflict", 0: "unknown"} {
+		if o.String() != want {
+			t.Errorf("%d.String() = %q, want %q", o, o.String(), want)
+		}
+	}
+}
