@@ -1,0 +1,260 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+func validEvent() outbox.Event {
+	return outbox.Event{
+		Topic:        "order.created",
+		PartitionKey: "order:1",
+		Payload:      json.RawMessage(`{"order_id":"1","amount_cents":100,"currency":"EUR"}`),
+		Headers:      map[string]string{"traceparent": "00-abc-def-01", "X-Correlation-Id": "c-1"},
+	}
+}
+
+func count(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, "CREATE TABLE orders (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rolled back: neither the order nor its event exists.
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES ('1')"); err != nil {
+			return err
+		}
+		if _, err := outbox.Enqueue(ctx, tx, validEvent()); err != nil {
+			return err
+		}
+		return errors.New("business rule failed")
+	})
+	if err == nil || err.Error() != "business rule failed" {
+		t.Fatalf("BeginFunc: %v", err)
+	}
+	if n := count(t, db); n != 0 {
+		t.Fatalf("rolled-back transaction left %d outbox rows", n)
+	}
+
+	// Committed: exactly one event.
+	var id outbox.ID
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES ('1')"); err != nil {
+			return err
+		}
+		id, err = outbox.Enqueue(ctx, tx, validEvent())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db); n != 1 {
+		t.Fatalf("committed transaction left %d outbox rows, want 1", n)
+	}
+	var topic, key string
+	var headers map[string]string
+	if err := db.Pool.QueryRow(ctx, "SELECT topic, partition_key, headers FROM outbox WHERE id=$1", id).Scan(&topic, &key, &headers); err != nil {
+		t.Fatal(err)
+	}
+	if topic != "order.created" || key != "order:1" || headers["traceparent"] != "00-abc-def-01" {
+		t.Fatalf("stored row = %q %q %v", topic, key, headers)
+	}
+}
+
+func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	mod := func(f func(*outbox.Event)) outbox.Event { ev := validEvent(); f(&ev); return ev }
+	cases := []struct {
+		name string
+		ev   outbox.Event
+		want error
+	}{
+		{"empty topic", mod(func(e *outbox.Event) { e.Topic = "" }), outbox.ErrInvalidTopic},
+		{"slash in topic", mod(func(e *outbox.Event) { e.Topic = "order/created" }), outbox.ErrInvalidTopic},
+		{"dotdot topic", mod(func(e *outbox.Event) { e.Topic = ".." }), outbox.ErrInvalidTopic},
+		{"dotdot inside topic", mod(func(e *outbox.Event) { e.Topic = "a..b" }), outbox.ErrInvalidTopic},
+		{"space in topic", mod(func(e *outbox.Event) { e.Topic = "order created" }), outbox.ErrInvalidTopic},
+		{"percent-encoded slash", mod(func(e *outbox.Event) { e.Topic = "a%2Fb" }), outbox.ErrInvalidTopic},
+		{"control char topic", mod(func(e *outbox.Event) { e.Topic = "a\nb" }), outbox.ErrInvalidTopic},
+		{"topic over 128", mod(func(e *outbox.Event) { e.Topic = strings.Repeat("a", 129) }), outbox.ErrInvalidTopic},
+		{"empty key", mod(func(e *outbox.Event) { e.PartitionKey = "" }), outbox.ErrInvalidPartitionKey},
+		{"oversized key", mod(func(e *outbox.Event) { e.PartitionKey = strings.Repeat("k", 257) }), outbox.ErrInvalidPartitionKey},
+		{"invalid utf8 key", mod(func(e *outbox.Event) { e.PartitionKey = "\xff\xfe" }), outbox.ErrInvalidPartitionKey},
+		{"control char key", mod(func(e *outbox.Event) { e.PartitionKey = "a\x00b" }), outbox.ErrInvalidPartitionKey},
+		{"empty payload", mod(func(e *outbox.Event) { e.Payload = nil }), outbox.ErrInvalidPayload},
+		{"non-JSON payload", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
+		{"invalid utf8 payload", mod(func(e *outbox.Event) { e.Payload = []byte("\"\xff\"") }), outbox.ErrInvalidPayload},
+		{"NUL in payload", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":"\u0000"}`) }), outbox.ErrInvalidPayload},
+		{"deep nesting", mod(func(e *outbox.Event) {
+			e.Payload = json.RawMessage(strings.Repeat("[", 65) + strings.Repeat("]", 65))
+		}), outbox.ErrInvalidPayload},
+		{"oversized payload", mod(func(e *outbox.Event) {
+			e.Payload = json.RawMessage(`"` + strings.Repeat("x", outbox.DefaultMaxPayloadBytes) + `"`)
+		}), outbox.ErrPayloadTooLarge},
+		{"bad header name", mod(func(e *outbox.Event) { e.Headers = map[string]string{"bad name": "v"} }), outbox.ErrInvalidHeaders},
+		{"reserved header", mod(func(e *outbox.Event) { e.Headers = map[string]string{"Upstash-Retries": "99"} }), outbox.ErrInvalidHeaders},
+		{"reserved outbox header", mod(func(e *outbox.Event) { e.Headers = map[string]string{"X-Outbox-Id": "1"} }), outbox.ErrInvalidHeaders},
+		{"CRLF in header value", mod(func(e *outbox.Event) { e.Headers = map[string]string{"X-A": "v\r\nX-Evil: 1"} }), outbox.ErrInvalidHeaders},
+		{"oversized headers", mod(func(e *outbox.Event) { e.Headers = map[string]string{"X-A": strings.Repeat("v", 9000)} }), outbox.ErrInvalidHeaders},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := outbox.Enqueue(ctx, db.Pool, tc.ev)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Enqueue error = %v, want %v", err, tc.want)
+			}
+			var ve *outbox.ValidationError
+			if !errors.As(err, &ve) || ve.Reason == "" {
+				t.Fatalf("error %v is not a *ValidationError with a reason", err)
+			}
+			// The batch form rejects the whole batch and reports the index.
+			_, err = outbox.EnqueueBatch(ctx, db.Pool, []outbox.Event{validEvent(), tc.ev})
+			if !errors.Is(err, tc.want) || !errors.As(err, &ve) || ve.Index != 1 {
+				t.Fatalf("EnqueueBatch error = %v, want %v at index 1", err, tc.want)
+			}
+		})
+	}
+	if n := count(t, db); n != 0 {
+		t.Fatalf("invalid events wrote %d rows", n)
+	}
+}
+
+func TestEnqueueInsideTransactionLeavesItUsableAfterRejection(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Topic: "bad/topic", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); !errors.Is(err, outbox.ErrInvalidTopic) {
+			t.Fatalf("want ErrInvalidTopic, got %v", err)
+		}
+		// Validation happens before any SQL, so the caller's transaction is not aborted.
+		_, err := outbox.Enqueue(ctx, tx, validEvent())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db); n != 1 {
+		t.Fatalf("rows = %d, want 1", n)
+	}
+}
+
+func TestEnqueueBatchReturnsIDsInInputOrder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	evs := make([]outbox.Event, 50)
+	for i := range evs {
+		evs[i] = validEvent()
+		evs[i].PartitionKey = "k" + strings.Repeat("x", i%5)
+		evs[i].Payload = json.RawMessage(`{"n":` + string(rune('0'+i%10)) + `}`)
+	}
+	ids, err := outbox.EnqueueBatch(ctx, db.Pool, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 50 {
+		t.Fatalf("got %d ids", len(ids))
+	}
+	for i, id := range ids {
+		var key string
+		if err := db.Pool.QueryRow(ctx, "SELECT partition_key FROM outbox WHERE id=$1", id).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		if key != evs[i].PartitionKey {
+			t.Fatalf("id %d has key %q, want %q", id, key, evs[i].PartitionKey)
+		}
+	}
+}
+
+func TestEnqueueDelay(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	ev := validEvent()
+	ev.AvailableAt = time.Now().Add(time.Hour)
+	id, err := outbox.Enqueue(ctx, db.Pool, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delayed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT available_at > now() + interval '59 minutes' FROM outbox WHERE id=$1", id).Scan(&delayed); err != nil {
+		t.Fatal(err)
+	}
+	if !delayed {
+		t.Fatal("AvailableAt was not stored")
+	}
+}
+
+// One wake-up per transaction, however many rows it enqueues.
+func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	lc, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Release()
+	// Other tests' schemas share the database and its channel; use this test's own one by
+	// retargeting the trigger function.
+	channel := "outbox_" + db.Schema
+	if _, err := db.Pool.Exec(ctx, `CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('`+channel+`', ''); RETURN NULL; END; $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lc.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		evs := []outbox.Event{validEvent(), validEvent(), validEvent()}
+		if _, err := outbox.EnqueueBatch(ctx, tx, evs); err != nil {
+			return err
+		}
+		for range 3 {
+			if _, err := outbox.Enqueue(ctx, tx, validEvent()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := lc.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("got %d notifications for one transaction of 6 events, want 1", got)
+	}
+}

@@ -1,0 +1,156 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Store runs the relay's statements on the outbox table. Every statement after Claim is
+// fenced by the claim's lease token: a relay whose lease expired (and whose rows another
+// relay claimed since) changes nothing, and the returned count says so.
+type Store struct {
+	db Querier
+}
+
+// NewStore returns a Store over db (a *pgxpool.Pool in practice).
+func NewStore(db Querier) *Store { return &Store{db: db} }
+
+// Lease identifies one claim. Token is fresh per claim.
+type Lease struct {
+	Token pgtype.UUID
+}
+
+// NewLease returns a lease with a random token.
+func NewLease() (Lease, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return Lease{}, fmt.Errorf("generate lease token: %w", err)
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return Lease{Token: pgtype.UUID{Bytes: b, Valid: true}}, nil
+}
+
+// String returns the token in canonical UUID form, for logs.
+func (l Lease) String() string {
+	b := l.Token.Bytes
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// Claim leases up to n ready rows for d and returns them sorted by id. now nil means the
+// database clock. Rows are eligible under the per-key FIFO rule documented on qClaim.
+// more is true when rows beyond what was looked at may be ready: the caller should claim
+// again even if the batch was short.
+func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, now *time.Time) (msgs []Message, more bool, err error) {
+	window := ClaimWindow(n)
+	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, window)
+	if err != nil {
+		return nil, false, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	var windowRows int64
+	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Message, error) {
+		var m Message
+		var payload string
+		var headers []byte
+		if err := row.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows); err != nil {
+			return m, err
+		}
+		m.Payload = []byte(payload)
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			return m, fmt.Errorf("decode headers of outbox row %d: %w", m.ID, err)
+		}
+		return m, nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
+	more = len(msgs) == n || (len(msgs) > 0 && windowRows >= int64(window))
+	return msgs, more, nil
+}
+
+// ClaimWindow is how many ready rows a claim of n looks at: enough to find n key heads when
+// keys repeat at the front of the ready index.
+func ClaimWindow(n int) int { return 2 * n }
+
+// MarkDispatched records ids as published. It returns how many rows the lease still held.
+func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []ID, now *time.Time) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := s.db.Exec(ctx, qMarkDispatched, ids, lease.Token, now)
+	if err != nil {
+		return 0, fmt.Errorf("mark outbox rows dispatched: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Retry is a retryable failure to put back after Delay.
+type Retry struct {
+	ID    ID
+	Delay time.Duration
+	Error string
+}
+
+// Reschedule puts retryable failures back, each after its own delay.
+func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, now *time.Time) (int64, error) {
+	if len(retries) == 0 {
+		return 0, nil
+	}
+	ids := make([]ID, len(retries))
+	delays := make([]int64, len(retries))
+	errs := make([]string, len(retries))
+	for i, r := range retries {
+		ids[i], delays[i], errs[i] = r.ID, r.Delay.Milliseconds(), r.Error
+	}
+	tag, err := s.db.Exec(ctx, qReschedule, ids, delays, errs, lease.Token, now)
+	if err != nil {
+		return 0, fmt.Errorf("reschedule outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Failure is a message to dead-letter, with the error and the HTTP status if known.
+type Failure struct {
+	ID         ID
+	Error      string
+	StatusCode int
+}
+
+// DeadLetter marks rows dead-lettered and inserts their dead_letters rows atomically.
+func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, now *time.Time) (int64, error) {
+	if len(fails) == 0 {
+		return 0, nil
+	}
+	ids := make([]ID, len(fails))
+	errs := make([]string, len(fails))
+	codes := make([]int32, len(fails))
+	for i, f := range fails {
+		ids[i], errs[i], codes[i] = f.ID, f.Error, int32(f.StatusCode)
+	}
+	tag, err := s.db.Exec(ctx, qDeadLetter, ids, errs, codes, lease.Token, now)
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Release returns claimed rows that were not published, without counting an attempt.
+func (s *Store) Release(ctx context.Context, lease Lease, ids []ID, now *time.Time) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := s.db.Exec(ctx, qRelease, ids, lease.Token, now)
+	if err != nil {
+		return 0, fmt.Errorf("release outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
