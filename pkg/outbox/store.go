@@ -77,9 +77,10 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, 
 	return msgs, more, nil
 }
 
-// ClaimWindow is how many ready rows a claim of n looks at: enough to find n key heads when
-// keys repeat at the front of the ready index.
-func ClaimWindow(n int) int { return 2 * n }
+// ClaimWindow is how many ready rows a claim of n looks at. Each costs one index probe (its
+// key's head); keys that repeat in the window are filled up from their runs, so n rows
+// suffice (measured: 2n cost a third more per claim for no larger batches).
+func ClaimWindow(n int) int { return n }
 
 // MarkDispatched records ids as published. It returns how many rows the lease still held.
 func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []ID, now *time.Time) (int64, error) {
