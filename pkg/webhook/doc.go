@@ -1,0 +1,18 @@
+// Package webhook is the consumer's HTTP edge: a plain http.Handler that receives QStash
+// deliveries at POST /events/{topic}, verifies their signature on the raw bytes, routes the
+// topic to a registered HandlerFunc and runs it exactly once in effect (inbox.HandleOnce),
+// then maps the result to the status codes QStash acts on:
+//
+//	processed, duplicate                  200
+//	permanent (malformed JSON, unknown    489 + Upstash-NonRetryable-Error: true
+//	  topic, payload conflict, handler      (QStash stops retrying; the failure
+//	  error marked with Permanent)          callback records a dead letter)
+//	body over MaxBodyBytes                413 + Upstash-NonRetryable-Error: true
+//	bad or missing signature              401, generic body
+//	transient (database down, timeouts,   500 (QStash retries)
+//	  any unmarked error)
+//	other paths / methods                 404 / 405
+//
+// Response bodies carry a short error code, never internal error text; the reason is
+// logged. The same Handler serves net/http locally and Lambda through pkg/funcurl.
+package webhook

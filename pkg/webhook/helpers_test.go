@@ -1,0 +1,152 @@
+package webhook_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+)
+
+const baseURL = "https://hooks.example.com"
+
+type fixture struct {
+	db      *pgtest.DB
+	h       *webhook.Handler
+	logs    *syncBuffer
+	mu      sync.Mutex
+	observe []string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func verifier(t testing.TB) *qstash.Verifier {
+	t.Helper()
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{
+		CurrentSigningKey: qstash.DevCurrentSigningKey,
+		NextSigningKey:    qstash.DevNextSigningKey,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// newFixture builds a Handler on a fresh schema; edit tweaks the config before New.
+func newFixture(t testing.TB, edit func(*webhook.Config)) *fixture {
+	t.Helper()
+	f := &fixture{db: pgtest.New(t), logs: &syncBuffer{}}
+	cfg := webhook.Config{
+		Pool:          f.db.Pool,
+		Verifier:      verifier(t),
+		Handlers:      webhook.Handlers{"order.created": webhook.OrderCreated},
+		PublicBaseURL: baseURL,
+		Logger:        slog.New(slog.NewJSONHandler(f.logs, nil)),
+		Observe: func(topic, outcome string) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.observe = append(f.observe, topic+"/"+outcome)
+		},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	h, err := webhook.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h = h
+	return f
+}
+
+func sign(t testing.TB, key, url string, body []byte, now time.Time) string {
+	t.Helper()
+	s, err := qstash.Sign(key, url, body, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// delivery is a request as QStash sends it to path, signed for baseURL+path.
+func delivery(t testing.TB, path, id string, body []byte) *http.Request {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+path, body, time.Now()))
+	r.Header.Set("Upstash-Message-Id", "msg_"+id)
+	r.Header.Set("X-Outbox-Id", id)
+	r.Header.Set("Upstash-Retried", "0")
+	return r
+}
+
+func (f *fixture) serve(r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	return w
+}
+
+func (f *fixture) count(t testing.TB, table string) int {
+	t.Helper()
+	var n int
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// assertNothingWritten fails unless both the dedupe table and the side-effect table are empty.
+func (f *fixture) assertNothingWritten(t testing.TB) {
+	t.Helper()
+	if n := f.count(t, "processed_messages"); n != 0 {
+		t.Fatalf("processed_messages has %d rows, want 0", n)
+	}
+	if n := f.count(t, "billing_charges"); n != 0 {
+		t.Fatalf("billing_charges has %d rows, want 0", n)
+	}
+}
+
+func (f *fixture) observed() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.observe...)
+}
+
+func readAll(t testing.TB, r io.Reader) string {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func order(id string) []byte {
+	return []byte(`{"order_id":"` + id + `","amount_cents":1250,"currency":"EUR"}`)
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
