@@ -1,0 +1,343 @@
+// Package deadletter owns the dead_letters table: it records QStash failure callbacks as
+// dead letters (CallbackHandler, Record), lists and shows them (List, Get), and redrives
+// them (Redrive): their outbox rows go back to pending with a new deduplication generation.
+// Dead letters written by the relay (source "relay") are redriven the same way.
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sources of a dead letter.
+const (
+	SourceRelay    = "relay"    // the relay gave up publishing
+	SourceDelivery = "delivery" // QStash gave up delivering (failure callback)
+)
+
+// ResolutionRedriven is the resolution Redrive writes.
+const ResolutionRedriven = "redriven"
+
+// Letter is one dead_letters row.
+type Letter struct {
+	ID     int64
+	Source string
+	// OutboxID is the event's outbox row, 0 when unknown.
+	OutboxID     int64
+	Topic        string
+	PartitionKey string
+	// Payload is the event's JSON (nil when unknown).
+	Payload json.RawMessage
+	// Headers are the event's forwarded headers.
+	Headers map[string]string
+	Error   string
+	// Attempts is the relay's attempt count or QStash's retries; 0 when unknown.
+	Attempts int
+	// StatusCode is the last HTTP status (QStash's or the destination's); 0 when none.
+	StatusCode      int
+	QStashMessageID string
+	QStashDLQID     string
+	// ResponseBody is the destination's last response body (delivery letters).
+	ResponseBody string
+	CreatedAt    time.Time
+	// ResolvedAt is nil while the letter is open.
+	ResolvedAt *time.Time
+	Resolution string
+}
+
+// Resolved reports whether the letter was resolved.
+func (l Letter) Resolved() bool { return l.ResolvedAt != nil }
+
+// Filter selects dead letters. Set criteria are ANDed.
+type Filter struct {
+	// IDs selects these letters. Letters named by id match even when resolved, so
+	// Redrive can report them as already resolved.
+	IDs          []int64
+	Topic        string
+	PartitionKey string
+	// Since (inclusive) and Until (exclusive) bound created_at; zero means unbounded.
+	Since, Until time.Time
+	// All must be set to select without any criterion: Redrive refuses an empty filter
+	// otherwise, so a forgotten flag does not redrive everything. List ignores it.
+	All bool
+	// IncludeResolved makes List (and criteria other than IDs) match resolved letters too.
+	IncludeResolved bool
+	// Limit caps List (default DefaultListLimit). Redrive ignores it.
+	Limit int
+}
+
+// DefaultListLimit is List's default Limit.
+const DefaultListLimit = 100
+
+// ErrEmptyFilter is returned by Redrive and Plan for a filter without criteria or All.
+var ErrEmptyFilter = errors.New("dead letter filter selects nothing specific; name ids, a topic, a key, a time range, or set All")
+
+// ErrNotFound is returned by Get for an unknown id.
+var ErrNotFound = errors.New("dead letter not found")
+
+func (f Filter) empty() bool {
+	return len(f.IDs) == 0 && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero()
+}
+
+func (f Filter) args() []any {
+	var ids []int64
+	if len(f.IDs) > 0 {
+		ids = f.IDs
+	}
+	return []any{ids, nullString(f.Topic), nullString(f.PartitionKey), nullTime(f.Since), nullTime(f.Until),
+		f.IncludeResolved || len(f.IDs) > 0}
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// Querier runs queries: pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// List returns letters matching f, newest first. Without IncludeResolved only open
+// letters are listed (letters named in IDs are listed either way).
+func List(ctx context.Context, db Querier, f Filter) ([]Letter, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	rows, err := db.Query(ctx, qList, append(f.args(), limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	letters, err := pgx.CollectRows(rows, scanLetter)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return letters, nil
+}
+
+// Get returns one letter, or an error wrapping ErrNotFound.
+func Get(ctx context.Context, db Querier, id int64) (Letter, error) {
+	rows, err := db.Query(ctx, qGet, id)
+	if err != nil {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	l, err := pgx.CollectExactlyOneRow(rows, scanLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	return l, nil
+}
+
+func scanLetter(row pgx.CollectableRow) (Letter, error) {
+	var (
+		l                Letter
+		outboxID         *int64
+		payload, headers *string
+		attempts, status *int32
+	)
+	err := row.Scan(&l.ID, &l.Source, &outboxID, &l.Topic, &l.PartitionKey, &payload, &headers,
+		&l.Error, &attempts, &status, &l.QStashMessageID, &l.QStashDLQID, &l.ResponseBody,
+		&l.CreatedAt, &l.ResolvedAt, &l.Resolution)
+	if err != nil {
+		return Letter{}, err
+	}
+	if outboxID != nil {
+		l.OutboxID = *outboxID
+	}
+	if payload != nil {
+		l.Payload = json.RawMessage(*payload)
+	}
+	if headers != nil {
+		// Headers are a JSON object of strings when written by this project; anything
+		// else written by hand is kept out rather than failing the whole listing.
+		_ = json.Unmarshal([]byte(*headers), &l.Headers)
+	}
+	if attempts != nil {
+		l.Attempts = int(*attempts)
+	}
+	if status != nil {
+		l.StatusCode = int(*status)
+	}
+	return l, nil
+}
+
+// RedriveResult says what Redrive did (or, from Plan, would do) with each matching letter.
+type RedriveResult struct {
+	// Redriven letters were resolved and their outbox rows reset to pending.
+	Redriven []Redriven
+	// AlreadyPending letters were resolved, but their outbox row was already pending
+	// (redriven before, or still being relayed), so it was left alone.
+	AlreadyPending []Redriven
+	// AlreadyResolved letters (named by id) were resolved before: nothing was done.
+	AlreadyResolved []int64
+	// OutboxMissing letters have no outbox row any more (deleted by retention, or never
+	// known): they stay open; redeliver them by hand from their payload.
+	OutboxMissing []int64
+	// NotFound ids named in the filter do not exist.
+	NotFound []int64
+	// DryRun is true for a Plan.
+	DryRun bool
+}
+
+// Redriven pairs a letter with its outbox row.
+type Redriven struct {
+	LetterID int64
+	OutboxID int64
+	// Generation is the outbox row's generation after the redrive (unchanged for
+	// AlreadyPending and in a Plan).
+	Generation int
+}
+
+// Plan reports what Redrive(ctx, db, f) would do, without changing anything.
+func Plan(ctx context.Context, db Querier, f Filter) (RedriveResult, error) {
+	if f.empty() && !f.All {
+		return RedriveResult{}, ErrEmptyFilter
+	}
+	rows, err := db.Query(ctx, qSelectForRedrive, f.args()...)
+	if err != nil {
+		return RedriveResult{}, fmt.Errorf("plan redrive: %w", err)
+	}
+	res, _, err := classify(rows, f.IDs)
+	if err != nil {
+		return RedriveResult{}, fmt.Errorf("plan redrive: %w", err)
+	}
+	res.DryRun = true
+	return res, nil
+}
+
+// Redrive resolves every matching open letter and resets its outbox row to pending
+// (attempts 0, available now, lease cleared, last_error cleared, generation+1 so the
+// QStash deduplication id changes), all in one transaction of four statements however
+// many letters match. Letters already resolved, letters whose outbox row is gone, and
+// unknown ids are reported in the result, not treated as errors. The consumer still
+// dedupes on the outbox id, so an event that was in fact processed is not applied twice.
+func Redrive(ctx context.Context, db Beginner, f Filter) (RedriveResult, error) {
+	if f.empty() && !f.All {
+		return RedriveResult{}, ErrEmptyFilter
+	}
+	var res RedriveResult
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, qSelectForRedrive+qLockSuffix, f.args()...)
+		if err != nil {
+			return fmt.Errorf("select dead letters: %w", err)
+		}
+		var finished []int64 // outbox ids to reset
+		res, finished, err = classify(rows, f.IDs)
+		if err != nil {
+			return fmt.Errorf("select dead letters: %w", err)
+		}
+		if len(res.Redriven) == 0 && len(res.AlreadyPending) == 0 {
+			return nil
+		}
+		rows, err = tx.Query(ctx, qResetOutbox, finished)
+		if err != nil {
+			return fmt.Errorf("reset outbox rows: %w", err)
+		}
+		gens := map[int64]int{}
+		var id int64
+		var gen int32
+		if _, err := pgx.ForEachRow(rows, []any{&id, &gen}, func() error { gens[id] = int(gen); return nil }); err != nil {
+			return fmt.Errorf("reset outbox rows: %w", err)
+		}
+		// A letter whose row the reset skipped (it became pending meanwhile) is reported as
+		// already pending; two letters of one row both report the row's new generation.
+		var redriven, pending []Redriven
+		for _, r := range append(res.Redriven, res.AlreadyPending...) {
+			if g, ok := gens[r.OutboxID]; ok {
+				r.Generation = g
+				redriven = append(redriven, r)
+			} else {
+				pending = append(pending, r)
+			}
+		}
+		res.Redriven, res.AlreadyPending = redriven, pending
+
+		ids := make([]int64, 0, len(redriven)+len(pending))
+		for _, r := range append(redriven, pending...) {
+			ids = append(ids, r.LetterID)
+		}
+		if _, err := tx.Exec(ctx, qResolve, ids, ResolutionRedriven); err != nil {
+			return fmt.Errorf("resolve dead letters: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return RedriveResult{}, fmt.Errorf("redrive dead letters: %w", err)
+	}
+	return res, nil
+}
+
+// classify sorts the rows of qSelectForRedrive into a result; the Generation fields are
+// left 0. It also returns the outbox ids of the finished rows to reset.
+func classify(rows pgx.Rows, requested []int64) (RedriveResult, []int64, error) {
+	var (
+		res      RedriveResult
+		finished []int64
+		queued   = map[int64]bool{}
+		seen     = map[int64]bool{}
+		id       int64
+		outboxID *int64
+		resolved bool
+		exists   bool
+		pending  bool
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &outboxID, &resolved, &exists, &pending}, func() error {
+		seen[id] = true
+		switch {
+		case resolved:
+			res.AlreadyResolved = append(res.AlreadyResolved, id)
+		case !exists:
+			res.OutboxMissing = append(res.OutboxMissing, id)
+		case pending:
+			res.AlreadyPending = append(res.AlreadyPending, Redriven{LetterID: id, OutboxID: *outboxID})
+		default:
+			res.Redriven = append(res.Redriven, Redriven{LetterID: id, OutboxID: *outboxID})
+			if !queued[*outboxID] {
+				queued[*outboxID] = true
+				finished = append(finished, *outboxID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return RedriveResult{}, nil, err
+	}
+	for _, want := range requested {
+		if !seen[want] {
+			seen[want] = true // report a repeated id once
+			res.NotFound = append(res.NotFound, want)
+		}
+	}
+	return res, finished, nil
+}
+
+// isDataError reports a Postgres data exception (class 22), e.g. invalid JSON text.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == "22"
+}

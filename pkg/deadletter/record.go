@@ -1,0 +1,181 @@
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Source-header names that carry the outbox id and generation. QStash reports the
+// original message's headers; depending on the path they appear as forwarded
+// (Upstash-Forward-X-Outbox-Id) or as delivered (X-Outbox-Id).
+const (
+	HeaderOutboxID         = "X-Outbox-Id"
+	HeaderOutboxGeneration = "X-Outbox-Generation"
+	forwardPrefix          = "Upstash-Forward-"
+)
+
+// MaxResponseBodyBytes caps the destination response body kept in a dead letter.
+const MaxResponseBodyBytes = 8 << 10
+
+// ErrInvalidFailure is wrapped by Record for a failure it cannot record (no QStash
+// message id to be idempotent on).
+var ErrInvalidFailure = errors.New("invalid delivery failure")
+
+// DeliveryFailure is what Record needs from a QStash failure callback.
+type DeliveryFailure struct {
+	// QStashMessageID is the failed message (sourceMessageId): the idempotency key.
+	QStashMessageID string
+	DLQID           string
+	// Status is the destination's last HTTP status (0: no response, e.g. a timeout).
+	Status       int
+	ResponseBody []byte
+	Retried      int
+	MaxRetries   int
+	// URL is the destination the message was sent to.
+	URL string
+	// SourceHeader are the original message's headers (names in any case).
+	SourceHeader map[string][]string
+	// SourceBody is the original message body.
+	SourceBody []byte
+}
+
+// OutboxID returns the outbox id from the source headers, or 0 if absent or not a
+// positive integer.
+func (f DeliveryFailure) OutboxID() int64 {
+	id, _ := strconv.ParseInt(f.header(HeaderOutboxID), 10, 64)
+	return max(id, 0)
+}
+
+// generation returns the forwarded outbox generation, or nil when not sent.
+func (f DeliveryFailure) generation() *int {
+	g, err := strconv.Atoi(f.header(HeaderOutboxGeneration))
+	if err != nil || g < 0 {
+		return nil
+	}
+	return &g
+}
+
+func (f DeliveryFailure) header(name string) string {
+	for k, vs := range f.SourceHeader {
+		if len(vs) == 0 {
+			continue
+		}
+		if strings.EqualFold(k, name) || strings.EqualFold(k, forwardPrefix+name) {
+			return strings.TrimSpace(vs[0])
+		}
+	}
+	return ""
+}
+
+// ErrorText is the dead letter's error column and the outbox row's last_error.
+func (f DeliveryFailure) ErrorText() string {
+	status := "no response"
+	if f.Status != 0 {
+		status = fmt.Sprintf("HTTP %d", f.Status)
+	}
+	return fmt.Sprintf("qstash delivery failed: %s after %d of %d retries", status, f.Retried, f.MaxRetries)
+}
+
+// topicFromURL returns the {topic} of a .../events/{topic} destination, or "".
+func topicFromURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	dir, topic, ok := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
+	if !ok || dir != "events" || topic == "" || strings.Contains(topic, "/") {
+		return ""
+	}
+	return topic
+}
+
+// Recorded is Record's result.
+type Recorded struct {
+	// LetterID is the dead letter, new or recorded before.
+	LetterID int64
+	// Created is false for a repeated callback: nothing was written.
+	Created bool
+	// OutboxID is the event's outbox row (0 when the callback names none).
+	OutboxID int64
+	// OutboxMarked is true when the outbox row's dead_lettered_at was set now.
+	OutboxMarked bool
+}
+
+// Record stores f as one dead letter (source "delivery") and marks its outbox row
+// dead-lettered with the error, in one statement. It is idempotent per QStash message id:
+// recording the same failure again changes nothing and returns Created false.
+func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error) {
+	if f.QStashMessageID == "" {
+		return Recorded{}, fmt.Errorf("record delivery failure: %w: no source message id", ErrInvalidFailure)
+	}
+	var payload *string
+	if len(f.SourceBody) > 0 && json.Valid(f.SourceBody) {
+		s := string(f.SourceBody)
+		payload = &s
+	}
+	var outboxID *int64
+	if id := f.OutboxID(); id > 0 {
+		outboxID = &id
+	}
+	errText := f.ErrorText()
+	var r Recorded
+	var gotOutbox *int64
+	err := db.QueryRow(ctx, qRecordDelivery,
+		outboxID, nullString(topicFromURL(f.URL)), payload, errText, f.Retried, nullInt(f.Status),
+		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.generation(),
+	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked)
+	if isDataError(err) && payload != nil {
+		// The body was JSON to encoding/json but not to jsonb (e.g. a \u0000 escape): keep
+		// the letter with the outbox row's payload rather than losing it.
+		f.SourceBody = nil
+		return Record(ctx, db, f)
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Recorded before: find the existing letter for the caller's logs.
+		if err := db.QueryRow(ctx, qLetterByMessage, f.QStashMessageID).Scan(&r.LetterID); err != nil {
+			return Recorded{}, fmt.Errorf("find recorded delivery failure: %w", err)
+		}
+		if outboxID != nil {
+			r.OutboxID = *outboxID
+		}
+		return r, nil
+	case err != nil:
+		return Recorded{}, fmt.Errorf("record delivery failure: %w", err)
+	}
+	r.Created = true
+	if gotOutbox != nil {
+		r.OutboxID = *gotOutbox
+	}
+	return r, nil
+}
+
+func nullInt(n int) *int {
+	if n == 0 {
+		return nil
+	}
+	return &n
+}
+
+// textColumn makes b storable in a text column: valid UTF-8, no NUL (Postgres rejects
+// both), at most limit bytes, cut on a rune boundary.
+func textColumn(b []byte, limit int) string {
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
