@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func valid() map[string]string {
+	return map[string]string{
+		"DATABASE_URL":               "postgres://u:p@db.example:5432/app?sslmode=require",
+		"QSTASH_CURRENT_SIGNING_KEY": qstash.DevCurrentSigningKey,
+		"QSTASH_NEXT_SIGNING_KEY":    qstash.DevNextSigningKey,
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(valid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.maxBodyBytes != 1<<20 || c.logLevel != slog.LevelInfo || c.publicBaseURL != "" {
+		t.Fatalf("defaults %+v", c)
+	}
+
+	m := valid()
+	m["PUBLIC_BASE_URL"] = "https://hooks.example.com"
+	m["MAX_BODY_BYTES"] = "2048"
+	m["LOG_LEVEL"] = "DEBUG"
+	c, err = loadConfig(env(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.publicBaseURL != "https://hooks.example.com" || c.maxBodyBytes != 2048 || c.logLevel != slog.LevelDebug {
+		t.Fatalf("config %+v", c)
+	}
+}
+
+func TestLoadConfigReportsEveryProblem(t *testing.T) {
+	t.Parallel()
+	_, err := loadConfig(env(map[string]string{
+		"PUBLIC_BASE_URL": "hooks.example.com",
+		"MAX_BODY_BYTES":  "-1",
+		"LOG_LEVEL":       "loud",
+	}))
+	if err == nil {
+		t.Fatal("invalid environment accepted")
+	}
+	for _, want := range []string{"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", "PUBLIC_BASE_URL", "MAX_BODY_BYTES", "LOG_LEVEL"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+	m := valid()
+	m["DATABASE_URL"] = "postgres://u:p@db:notaport/app"
+	if _, err := loadConfig(env(m)); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("bad DATABASE_URL: %v", err)
+	}
+	if _, err := loadConfig(env(m)); strings.Contains(err.Error(), ":p@") {
+		t.Fatalf("error leaks the password: %v", err)
+	}
+}
+
+func TestBuildServesWebhook(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	m := valid()
+	m["DATABASE_URL"] = db.URL
+	m["PUBLIC_BASE_URL"] = "https://hooks.example.com"
+	cfg, err := loadConfig(env(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, pool, err := build(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if pool.Config().MaxConns != maxConns {
+		t.Fatalf("MaxConns %d", pool.Config().MaxConns)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/events/order.created", strings.NewReader(`{}`)))
+	if w.Code != http.StatusUnauthorized {
+		t.Fatalf("unsigned request: %d", w.Code)
+	}
+}
