@@ -2,10 +2,368 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 )
 
-// runDLQ is a placeholder until its issue lands.
+const dlqUsage = `usage:
+  outboxctl dlq list [--topic T] [--key K] [--since TIME] [--until TIME] [--all] [--limit N] [--json]
+  outboxctl dlq show [--json] ID
+  outboxctl dlq redrive (ID... | --topic T | --key K | --since TIME | --until TIME | --all) [--dry-run] [--json]
+
+TIME is RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01), or a duration ago (90m, 24h).
+list shows open letters; --all includes resolved ones. redrive --all redrives every open letter.`
+
 func runDLQ(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	if len(args) == 0 {
+		fmt.Fprintln(e.stderr, dlqUsage)
+		return &exitError{code: 2, err: errors.New("expected list, show or redrive")}
+	}
+	switch args[0] {
+	case "list":
+		return dlqList(ctx, e, args[1:])
+	case "show":
+		return dlqShow(ctx, e, args[1:])
+	case "redrive":
+		return dlqRedrive(ctx, e, args[1:])
+	case "-h", "--help", "help":
+		fmt.Fprintln(e.stdout, dlqUsage)
+		return nil
+	default:
+		fmt.Fprintln(e.stderr, dlqUsage)
+		return &exitError{code: 2, err: fmt.Errorf("unknown dlq command %q", args[0])}
+	}
+}
+
+// filterFlags registers the selection flags shared by list and redrive.
+type filterFlags struct {
+	topic, key, since, until string
+	all, asJSON              bool
+}
+
+func (f *filterFlags) register(fs *flag.FlagSet, allHelp string) {
+	fs.StringVar(&f.topic, "topic", "", "only letters of this topic")
+	fs.StringVar(&f.key, "key", "", "only letters of this partition key")
+	fs.StringVar(&f.since, "since", "", "only letters created at or after TIME")
+	fs.StringVar(&f.until, "until", "", "only letters created before TIME")
+	fs.BoolVar(&f.all, "all", false, allHelp)
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
+func (f *filterFlags) filter(now time.Time) (deadletter.Filter, error) {
+	out := deadletter.Filter{Topic: f.topic, PartitionKey: f.key}
+	var err error
+	if out.Since, err = parseTime(f.since, now); err != nil {
+		return out, fmt.Errorf("--since: %w", err)
+	}
+	if out.Until, err = parseTime(f.until, now); err != nil {
+		return out, fmt.Errorf("--until: %w", err)
+	}
+	return out, nil
+}
+
+// parseTime accepts RFC 3339, a date, or a duration before now; "" is the zero time.
+func parseTime(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("%q is not RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01) or a duration (24h)", s)
+}
+
+// parseInterspersed parses flags that may follow positional arguments (dlq redrive 4 5
+// --dry-run), which the flag package alone stops at.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if fl := fs.Lookup(name); fl != nil {
+			if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				continue
+			}
+			if i+1 < len(args) {
+				i++
+				flags = append(flags, args[i])
+			}
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, err
+	}
+	return pos, nil
+}
+
+func parseIDs(args []string) ([]int64, error) {
+	ids := make([]int64, 0, len(args))
+	for _, a := range args {
+		id, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, fmt.Errorf("%q is not a dead letter id (a positive number; see outboxctl dlq list)", a)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func dlqList(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "dlq list")
+	var ff filterFlags
+	ff.register(fs, "include resolved letters")
+	limit := fs.Int("limit", deadletter.DefaultListLimit, "at most this many letters, newest first")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q; use outboxctl dlq show ID for one letter", pos)}
+	}
+	f, err := ff.filter(time.Now())
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	f.IncludeResolved, f.Limit = ff.all, *limit
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	letters, err := deadletter.List(ctx, pool, f)
+	if err != nil {
+		return err
+	}
+	if ff.asJSON {
+		return writeJSON(e.stdout, nonNil(letters))
+	}
+	if len(letters) == 0 {
+		fmt.Fprintln(e.stdout, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSOURCE\tOUTBOX\tTOPIC\tKEY\tSTATUS\tATTEMPTS\tCREATED\tRESOLVED\tERROR")
+	for _, l := range letters {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, l.Source, orDash(l.OutboxID), dash(l.Topic),
+			dash(l.PartitionKey), orDash(int64(l.StatusCode)), l.Attempts, l.CreatedAt.UTC().Format(time.RFC3339),
+			resolvedText(l), clip(l.Error, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(letters) == f.Limit {
+		fmt.Fprintf(e.stdout, "(showing the newest %d; use --limit or narrow the filter)\n", f.Limit)
+	}
+	return nil
+}
+
+func dlqShow(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "dlq show")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return &exitError{code: 2, err: errors.New("expected one dead letter id")}
+	}
+	ids, err := parseIDs(pos)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	l, err := deadletter.Get(ctx, pool, ids[0])
+	if errors.Is(err, deadletter.ErrNotFound) {
+		return &exitError{code: 1, err: fmt.Errorf("dead letter %d does not exist", ids[0])}
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(e.stdout, l)
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "id:              %d\n", l.ID)
+	fmt.Fprintf(w, "source:          %s\n", l.Source)
+	fmt.Fprintf(w, "outbox id:       %s\n", orDash(l.OutboxID))
+	fmt.Fprintf(w, "topic:           %s\n", dash(l.Topic))
+	fmt.Fprintf(w, "partition key:   %s\n", dash(l.PartitionKey))
+	fmt.Fprintf(w, "created:         %s\n", l.CreatedAt.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "resolved:        %s\n", resolvedText(l))
+	fmt.Fprintf(w, "error:           %s\n", l.Error)
+	fmt.Fprintf(w, "attempts:        %d\n", l.Attempts)
+	fmt.Fprintf(w, "status code:     %s\n", orDash(int64(l.StatusCode)))
+	fmt.Fprintf(w, "qstash message:  %s\n", dash(l.QStashMessageID))
+	fmt.Fprintf(w, "qstash dlq id:   %s\n", dash(l.QStashDLQID))
+	if len(l.Headers) > 0 {
+		fmt.Fprintln(w, "headers:")
+		for k, v := range l.Headers {
+			fmt.Fprintf(w, "  %s: %s\n", k, v)
+		}
+	}
+	if l.ResponseBody != "" {
+		fmt.Fprintf(w, "response body:   %s\n", l.ResponseBody)
+	}
+	fmt.Fprintln(w, "payload:")
+	if l.Payload == nil {
+		fmt.Fprintln(w, "  (none)")
+		return nil
+	}
+	var v any
+	if json.Unmarshal(l.Payload, &v) == nil {
+		b, _ := json.MarshalIndent(v, "  ", "  ")
+		fmt.Fprintf(w, "  %s\n", b)
+	} else {
+		fmt.Fprintf(w, "  %s\n", l.Payload)
+	}
+	return nil
+}
+
+func dlqRedrive(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "dlq redrive")
+	var ff filterFlags
+	ff.register(fs, "redrive every open letter (required when no id or filter is given)")
+	dryRun := fs.Bool("dry-run", false, "print what would be redriven, change nothing")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	f, err := ff.filter(time.Now())
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	if f.IDs, err = parseIDs(pos); err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	f.All = ff.all
+	if len(f.IDs) == 0 && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero() && !f.All {
+		fmt.Fprintln(e.stderr, dlqUsage)
+		return &exitError{code: 2, err: errors.New("name letter ids or a filter, or pass --all to redrive every open letter")}
+	}
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var res deadletter.RedriveResult
+	if *dryRun {
+		res, err = deadletter.Plan(ctx, pool, f)
+	} else {
+		res, err = deadletter.Redrive(ctx, pool, f)
+	}
+	if err != nil {
+		return err
+	}
+	if ff.asJSON {
+		if err := writeJSON(e.stdout, res); err != nil {
+			return err
+		}
+	} else {
+		printRedrive(e.stdout, res)
+	}
+	if n := len(res.OutboxMissing) + len(res.NotFound); n > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("%d letter(s) could not be redriven", n)}
+	}
+	return nil
+}
+
+func printRedrive(w io.Writer, res deadletter.RedriveResult) {
+	verb, pending := "redrove", "resolved; its outbox row %d is already pending, left as is"
+	if res.DryRun {
+		verb, pending = "would redrive", "would be resolved; its outbox row %d is already pending"
+	}
+	for _, r := range res.Redriven {
+		if res.DryRun {
+			fmt.Fprintf(w, "letter %d: would reset outbox row %d to pending\n", r.LetterID, r.OutboxID)
+		} else {
+			fmt.Fprintf(w, "letter %d: outbox row %d reset to pending (generation %d)\n", r.LetterID, r.OutboxID, r.Generation)
+		}
+	}
+	for _, r := range res.AlreadyPending {
+		fmt.Fprintf(w, "letter %d: "+pending+"\n", r.LetterID, r.OutboxID)
+	}
+	for _, id := range res.AlreadyResolved {
+		fmt.Fprintf(w, "letter %d: already resolved, nothing to do\n", id)
+	}
+	for _, id := range res.OutboxMissing {
+		fmt.Fprintf(w, "letter %d: its outbox row no longer exists (deleted by retention?); left open, redeliver its payload by hand (outboxctl dlq show %d)\n", id, id)
+	}
+	for _, id := range res.NotFound {
+		fmt.Fprintf(w, "letter %d: not found\n", id)
+	}
+	fmt.Fprintf(w, "%s %d letter(s); %d already resolved, %d already pending, %d without outbox row, %d not found\n",
+		verb, len(res.Redriven), len(res.AlreadyResolved), len(res.AlreadyPending), len(res.OutboxMissing), len(res.NotFound))
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func nonNil(ls []deadletter.Letter) []deadletter.Letter {
+	if ls == nil {
+		return []deadletter.Letter{}
+	}
+	return ls
+}
+
+func resolvedText(l deadletter.Letter) string {
+	if l.ResolvedAt == nil {
+		return "-"
+	}
+	return l.ResolvedAt.UTC().Format(time.RFC3339) + " (" + l.Resolution + ")"
+}
+
+func orDash(n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clip(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
 }

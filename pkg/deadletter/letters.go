@@ -26,29 +26,29 @@ const ResolutionRedriven = "redriven"
 
 // Letter is one dead_letters row.
 type Letter struct {
-	ID     int64
-	Source string
+	ID     int64  `json:"id"`
+	Source string `json:"source"`
 	// OutboxID is the event's outbox row, 0 when unknown.
-	OutboxID     int64
-	Topic        string
-	PartitionKey string
+	OutboxID     int64  `json:"outbox_id,omitempty"`
+	Topic        string `json:"topic,omitempty"`
+	PartitionKey string `json:"partition_key,omitempty"`
 	// Payload is the event's JSON (nil when unknown).
-	Payload json.RawMessage
+	Payload json.RawMessage `json:"payload"`
 	// Headers are the event's forwarded headers.
-	Headers map[string]string
-	Error   string
+	Headers map[string]string `json:"headers,omitempty"`
+	Error   string            `json:"error"`
 	// Attempts is the relay's attempt count or QStash's retries; 0 when unknown.
-	Attempts int
+	Attempts int `json:"attempts"`
 	// StatusCode is the last HTTP status (QStash's or the destination's); 0 when none.
-	StatusCode      int
-	QStashMessageID string
-	QStashDLQID     string
+	StatusCode      int    `json:"status_code,omitempty"`
+	QStashMessageID string `json:"qstash_message_id,omitempty"`
+	QStashDLQID     string `json:"qstash_dlq_id,omitempty"`
 	// ResponseBody is the destination's last response body (delivery letters).
-	ResponseBody string
-	CreatedAt    time.Time
+	ResponseBody string    `json:"response_body,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
 	// ResolvedAt is nil while the letter is open.
-	ResolvedAt *time.Time
-	Resolution string
+	ResolvedAt *time.Time `json:"resolved_at"`
+	Resolution string     `json:"resolution,omitempty"`
 }
 
 // Resolved reports whether the letter was resolved.
@@ -189,28 +189,28 @@ func scanLetter(row pgx.CollectableRow) (Letter, error) {
 // RedriveResult says what Redrive did (or, from Plan, would do) with each matching letter.
 type RedriveResult struct {
 	// Redriven letters were resolved and their outbox rows reset to pending.
-	Redriven []Redriven
+	Redriven []Redriven `json:"redriven"`
 	// AlreadyPending letters were resolved, but their outbox row was already pending
 	// (redriven before, or still being relayed), so it was left alone.
-	AlreadyPending []Redriven
+	AlreadyPending []Redriven `json:"already_pending"`
 	// AlreadyResolved letters (named by id) were resolved before: nothing was done.
-	AlreadyResolved []int64
+	AlreadyResolved []int64 `json:"already_resolved"`
 	// OutboxMissing letters have no outbox row any more (deleted by retention, or never
 	// known): they stay open; redeliver them by hand from their payload.
-	OutboxMissing []int64
+	OutboxMissing []int64 `json:"outbox_missing"`
 	// NotFound ids named in the filter do not exist.
-	NotFound []int64
+	NotFound []int64 `json:"not_found"`
 	// DryRun is true for a Plan.
-	DryRun bool
+	DryRun bool `json:"dry_run"`
 }
 
 // Redriven pairs a letter with its outbox row.
 type Redriven struct {
-	LetterID int64
-	OutboxID int64
+	LetterID int64 `json:"letter_id"`
+	OutboxID int64 `json:"outbox_id"`
 	// Generation is the outbox row's generation after the redrive (unchanged for
 	// AlreadyPending and in a Plan).
-	Generation int
+	Generation int `json:"generation"`
 }
 
 // Plan reports what Redrive(ctx, db, f) would do, without changing anything.
