@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
@@ -25,7 +26,14 @@ type MigrationStatus struct {
 // pool's config (including search_path and auth hooks) is reused through pgx's stdlib bridge.
 func provider(pool *pgxpool.Pool, logger *slog.Logger) (*goose.Provider, *sql.DB, error) {
 	db := stdlib.OpenDBFromPool(pool)
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	// Two migrators at once (a deploy job and a developer, parallel tests) take turns on an
+	// advisory lock instead of racing to create the same tables.
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("open migrations: %w", err)
+	}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithSessionLocker(locker)}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}
