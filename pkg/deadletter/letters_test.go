@@ -402,3 +402,21 @@ func TestRedriveRowAlreadyPending(t *testing.T) {
 		t.Fatalf("generation %d, want 1", o.gen)
 	}
 }
+
+func TestRecordSanitizesText(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	f := failure(0, "msg\x00-\xff")
+	f.DLQID = "d\x00"
+	r, err := deadletter.Record(context.Background(), db.Pool, f)
+	if err != nil || !r.Created {
+		t.Fatalf("record %+v %v", r, err)
+	}
+	l, _ := deadletter.Get(context.Background(), db.Pool, r.LetterID)
+	if l.QStashMessageID != "msg-\uFFFD" || l.QStashDLQID != "d" {
+		t.Fatalf("letter %+v", l)
+	}
+	if r2, err := deadletter.Record(context.Background(), db.Pool, f); err != nil || r2.Created {
+		t.Fatalf("replay %+v %v", r2, err)
+	}
+}

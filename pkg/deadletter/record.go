@@ -25,6 +25,9 @@ const (
 // MaxResponseBodyBytes caps the destination response body kept in a dead letter.
 const MaxResponseBodyBytes = 8 << 10
 
+// maxIDBytes bounds the ids and URL copied from a callback.
+const maxIDBytes = 1024
+
 // ErrInvalidFailure is wrapped by Record for a failure it cannot record (no QStash
 // message id to be idempotent on).
 var ErrInvalidFailure = errors.New("invalid delivery failure")
@@ -113,6 +116,11 @@ type Recorded struct {
 // dead-lettered with the error, in one statement. It is idempotent per QStash message id:
 // recording the same failure again changes nothing and returns Created false.
 func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error) {
+	// Text columns reject NUL and invalid UTF-8; a hostile or odd id must not turn into
+	// a database error that QStash would retry forever.
+	f.QStashMessageID = textColumn([]byte(f.QStashMessageID), maxIDBytes)
+	f.DLQID = textColumn([]byte(f.DLQID), maxIDBytes)
+	f.URL = textColumn([]byte(f.URL), maxIDBytes)
 	if f.QStashMessageID == "" {
 		return Recorded{}, fmt.Errorf("record delivery failure: %w: no source message id", ErrInvalidFailure)
 	}
