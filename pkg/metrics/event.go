@@ -1,0 +1,112 @@
+package metrics
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// Event is one observation: the metrics a function emitted for one unit of work (a drain,
+// a delivery, a retention run).
+type Event struct {
+	// Function is the Function dimension (FunctionRelay, FunctionWebhook, FunctionFailure).
+	Function string
+	// Topic adds the [Function, Topic] dimension set when it is one of the sink's bounded
+	// topics; otherwise it is recorded as a plain field (EMF) or dropped (Prometheus).
+	Topic string
+	// Time is the observation time; zero means the sink's clock.
+	Time time.Time
+	// Values are the metrics, each a name from Definitions.
+	Values []Value
+	// Properties are extra top-level fields of the EMF line (searchable in Logs Insights,
+	// not metrics), e.g. request_id. Prometheus ignores them.
+	Properties map[string]string
+}
+
+// Value is one metric's observations in an Event: one number for counters and gauges,
+// any number of samples for distributions.
+type Value struct {
+	Name   string
+	Values []float64
+}
+
+// Count returns a one-number Value.
+func Count(name string, n int64) Value { return Value{Name: name, Values: []float64{float64(n)}} }
+
+// RelayStats returns the relay counters of st, and PublishLatency in milliseconds when st
+// has samples.
+func RelayStats(st relay.Stats) []Value {
+	vs := []Value{
+		Count(Claimed, int64(st.Claimed)),
+		Count(Dispatched, int64(st.Dispatched)),
+		Count(Retried, int64(st.Retried)),
+		Count(DeadLettered, int64(st.DeadLettered)),
+		Count(Released, int64(st.Released)),
+		Count(LeaseLost, int64(st.LeaseLost)),
+		Count(Batches, int64(st.Batches)),
+	}
+	if len(st.PublishLatency) > 0 {
+		ms := make([]float64, len(st.PublishLatency))
+		for i, d := range st.PublishLatency {
+			ms[i] = float64(d.Microseconds()) / 1000
+		}
+		vs = append(vs, Value{Name: PublishLatency, Values: ms})
+	}
+	return vs
+}
+
+// Backlog returns the backlog gauges: pending rows and the oldest pending row's age in
+// seconds.
+func Backlog(pending int64, oldest time.Duration) []Value {
+	return []Value{
+		Count(BacklogPending, pending),
+		{Name: OldestPendingAgeSeconds, Values: []float64{oldest.Seconds()}},
+	}
+}
+
+// Retention returns the retention counters.
+func Retention(outboxDeleted, processedDeleted int64) []Value {
+	return []Value{Count(RetentionDeletedOutbox, outboxDeleted), Count(RetentionDeletedProcessed, processedDeleted)}
+}
+
+// validate checks names, kinds and numbers; it returns the definitions in Value order.
+func (ev Event) validate() ([]Definition, error) {
+	if ev.Function == "" {
+		return nil, fmt.Errorf("metrics event: Function is empty")
+	}
+	defs := make([]Definition, len(ev.Values))
+	seen := make(map[string]bool, len(ev.Values))
+	for i, v := range ev.Values {
+		d, ok := Lookup(v.Name)
+		if !ok {
+			return nil, fmt.Errorf("metrics event: unknown metric %q (add it to Definitions)", v.Name)
+		}
+		if seen[v.Name] {
+			return nil, fmt.Errorf("metrics event: metric %q appears twice", v.Name)
+		}
+		seen[v.Name] = true
+		if d.Kind != Distribution && len(v.Values) > 1 {
+			return nil, fmt.Errorf("metrics event: %s is not a distribution but has %d values", v.Name, len(v.Values))
+		}
+		for _, x := range v.Values {
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return nil, fmt.Errorf("metrics event: %s has a non-finite value", v.Name)
+			}
+		}
+		defs[i] = d
+	}
+	for k := range ev.Properties {
+		if k == "_aws" || k == DimFunction || k == DimTopic || seen[k] {
+			return nil, fmt.Errorf("metrics event: property %q collides with a reserved or metric member", k)
+		}
+	}
+	return defs, nil
+}
+
+// topicSet is a bounded set of topics allowed as a dimension.
+type topicSet []string
+
+func (s topicSet) has(t string) bool { return t != "" && slices.Contains(s, t) }

@@ -1,0 +1,109 @@
+package metrics
+
+// DefaultNamespace is the CloudWatch namespace of every metric unless configured otherwise.
+const DefaultNamespace = "OutboxRelay"
+
+// Function dimension values: which Lambda (or local process) emitted the metric.
+const (
+	FunctionRelay   = "relay"
+	FunctionWebhook = "webhook"
+	FunctionFailure = "failure"
+)
+
+// Dimension names.
+const (
+	DimFunction = "Function"
+	DimTopic    = "Topic"
+)
+
+// Metric names. They are fixed: the SAM template's alarms and dashboard refer to them.
+const (
+	// Relay (Function=relay).
+	Claimed                   = "Claimed"
+	Dispatched                = "Dispatched"
+	Retried                   = "Retried"
+	DeadLettered              = "DeadLettered"
+	Released                  = "Released"
+	LeaseLost                 = "LeaseLost"
+	Batches                   = "Batches"
+	PublishLatency            = "PublishLatency"
+	BacklogPending            = "BacklogPending"
+	OldestPendingAgeSeconds   = "OldestPendingAgeSeconds"
+	RetentionDeletedOutbox    = "RetentionDeletedOutbox"
+	RetentionDeletedProcessed = "RetentionDeletedProcessed"
+
+	// Consumers (Function=webhook).
+	Processed        = "Processed"
+	Duplicate        = "Duplicate"
+	PermanentFailure = "PermanentFailure"
+	TransientFailure = "TransientFailure"
+	Unauthorized     = "Unauthorized"
+
+	// Failure callback (Function=failure).
+	DeliveryDeadLetters = "DeliveryDeadLetters"
+)
+
+// Unit is a CloudWatch metric unit.
+type Unit string
+
+// Units used by this project's metrics.
+const (
+	UnitCount        Unit = "Count"
+	UnitMilliseconds Unit = "Milliseconds"
+	UnitSeconds      Unit = "Seconds"
+)
+
+// Kind says how a metric aggregates, which decides its Prometheus type.
+type Kind int
+
+const (
+	// Counter values are increments (Prometheus counter, name suffixed _total).
+	Counter Kind = iota
+	// Gauge values are the current level (Prometheus gauge).
+	Gauge
+	// Distribution values are samples (Prometheus histogram in base units).
+	Distribution
+)
+
+// Definition describes one metric: its CloudWatch name and unit, how it aggregates, and
+// its help text (also the Prometheus HELP line).
+type Definition struct {
+	Name string
+	Unit Unit
+	Kind Kind
+	// Function is the Function dimension value of the emitter.
+	Function string
+	Help     string
+}
+
+// Definitions lists every metric this project emits, in a stable order.
+var Definitions = []Definition{
+	{Claimed, UnitCount, Counter, FunctionRelay, "Outbox rows claimed under a lease."},
+	{Dispatched, UnitCount, Counter, FunctionRelay, "Outbox rows published and marked dispatched."},
+	{Retried, UnitCount, Counter, FunctionRelay, "Outbox rows rescheduled after a retryable publish failure."},
+	{DeadLettered, UnitCount, Counter, FunctionRelay, "Outbox rows dead-lettered by the relay (permanent failure or retry budget exhausted)."},
+	{Released, UnitCount, Counter, FunctionRelay, "Claimed rows put back unsent (held behind a failed same-key event, or out of time)."},
+	{LeaseLost, UnitCount, Counter, FunctionRelay, "Row outcomes discarded because the lease had expired and another relay took the rows."},
+	{Batches, UnitCount, Counter, FunctionRelay, "Claim/publish/mark batches run."},
+	{PublishLatency, UnitMilliseconds, Distribution, FunctionRelay, "Duration of one Publisher.Publish call."},
+	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},
+	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row; alert on this, not on depth."},
+	{RetentionDeletedOutbox, UnitCount, Counter, FunctionRelay, "Finished outbox rows deleted by retention."},
+	{RetentionDeletedProcessed, UnitCount, Counter, FunctionRelay, "processed_messages rows deleted by retention."},
+	{Processed, UnitCount, Counter, FunctionWebhook, "Deliveries handled for the first time (side effects committed)."},
+	{Duplicate, UnitCount, Counter, FunctionWebhook, "Deliveries absorbed as duplicates of an already processed message."},
+	{PermanentFailure, UnitCount, Counter, FunctionWebhook, "Deliveries rejected as permanent failures (QStash will not retry them)."},
+	{TransientFailure, UnitCount, Counter, FunctionWebhook, "Deliveries that failed transiently (QStash retries them)."},
+	{Unauthorized, UnitCount, Counter, FunctionWebhook, "Deliveries refused for a missing or invalid signature."},
+	{DeliveryDeadLetters, UnitCount, Counter, FunctionFailure, "QStash failure callbacks recorded as dead letters."},
+}
+
+// Lookup returns the definition of name.
+func Lookup(name string) (Definition, bool) {
+	for _, d := range Definitions {
+		if d.Name == name {
+			return d, true
+		}
+	}
+	return Definition{}, false
+}
