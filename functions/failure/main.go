@@ -1,0 +1,156 @@
+// Command failure is the QStash failure-callback Lambda: a Function URL (BUFFERED) in
+// front of deadletter.CallbackHandler, which records each finally failed delivery as a
+// dead letter. With LISTEN_ADDR set it serves the same handler over net/http instead.
+//
+// Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
+// FAILURE_PUBLIC_URL (the exact failure-callback URL the relay publishes; default: the
+// Function URL's own origin plus the request path), MAX_BODY_BYTES (default 4 MiB),
+// LOG_LEVEL (debug|info|warn|error, default info), LISTEN_ADDR (optional).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+// maxConns: one Lambda environment serves one invoke at a time.
+const maxConns = 2
+
+type config struct {
+	databaseURL  string
+	currentKey   string
+	nextKey      string
+	failureURL   string
+	maxBodyBytes int64
+	logLevel     slog.Level
+	listenAddr   string
+}
+
+// loadConfig reads the environment through getenv and reports every missing or invalid
+// variable at once.
+func loadConfig(getenv func(string) string) (config, error) {
+	c := config{
+		databaseURL:  getenv("DATABASE_URL"),
+		currentKey:   getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		nextKey:      getenv("QSTASH_NEXT_SIGNING_KEY"),
+		failureURL:   getenv("FAILURE_PUBLIC_URL"),
+		maxBodyBytes: deadletter.DefaultCallbackMaxBodyBytes,
+		listenAddr:   getenv("LISTEN_ADDR"),
+	}
+	var errs []error
+	if c.databaseURL == "" {
+		errs = append(errs, errors.New("DATABASE_URL is not set (postgres://user:pass@host:5432/db?sslmode=require)"))
+	} else if _, err := pgxpool.ParseConfig(c.databaseURL); err != nil {
+		errs = append(errs, fmt.Errorf("DATABASE_URL is invalid: %w", err))
+	}
+	if c.currentKey == "" {
+		errs = append(errs, errors.New("QSTASH_CURRENT_SIGNING_KEY is not set (QStash console, Signing keys)"))
+	}
+	if c.nextKey == "" {
+		errs = append(errs, errors.New("QSTASH_NEXT_SIGNING_KEY is not set (QStash console, Signing keys; an empty key would accept forged tokens)"))
+	}
+	if c.failureURL != "" {
+		if u, err := url.Parse(c.failureURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("FAILURE_PUBLIC_URL %q must be the absolute failure-callback URL, like https://abc.lambda-url.eu-west-1.on.aws/", c.failureURL))
+		}
+	}
+	if v := getenv("MAX_BODY_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			errs = append(errs, fmt.Errorf("MAX_BODY_BYTES %q must be a positive number of bytes", v))
+		}
+		c.maxBodyBytes = n
+	}
+	if v := getenv("LOG_LEVEL"); v != "" {
+		if err := c.logLevel.UnmarshalText([]byte(strings.ToLower(v))); err != nil {
+			errs = append(errs, fmt.Errorf("LOG_LEVEL %q must be debug, info, warn or error", v))
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+func main() {
+	cfg, err := loadConfig(os.Getenv)
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.logLevel}))
+	if err != nil {
+		logger.Error("load failure-callback config", slog.Any("error", err))
+		os.Exit(1)
+	}
+	h, pool, err := build(context.Background(), cfg, logger)
+	if err != nil {
+		logger.Error("start failure-callback recorder", slog.Any("error", err))
+		os.Exit(1)
+	}
+	defer pool.Close()
+	if cfg.listenAddr != "" {
+		logger.Info("failure-callback recorder listening", slog.String("addr", cfg.listenAddr))
+		srv := &http.Server{Addr: cfg.listenAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		if err := srv.ListenAndServe(); err != nil {
+			logger.Error("serve failure callbacks", slog.Any("error", err))
+			os.Exit(1)
+		}
+		return
+	}
+	lambda.Start(funcurl.New(h, funcurl.Config{MaxBodyBytes: cfg.maxBodyBytes, Logger: logger}))
+}
+
+// build creates the pool (once per cold start) and the handler.
+func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.CallbackHandler, *pgxpool.Pool, error) {
+	pool, err := newPool(ctx, cfg.databaseURL, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: cfg.currentKey, NextSigningKey: cfg.nextKey})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	h, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{
+		Pool:         pool,
+		Verifier:     v,
+		FailureURL:   cfg.failureURL,
+		MaxBodyBytes: cfg.maxBodyBytes,
+		Logger:       logger,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return h, pool, nil
+}
+
+func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = maxConns
+	// A connection that died while the environment was frozen must not eat the invoke.
+	pc.PingTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	// Not fatal: callbacks answer 500 while the database is down and QStash retries them.
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		logger.Warn("database not reachable at start; callbacks will be retried", slog.Any("error", err))
+	}
+	return pool, nil
+}

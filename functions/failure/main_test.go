@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func valid() map[string]string {
+	return map[string]string{
+		"DATABASE_URL":               "postgres://u:p@db.example:5432/app?sslmode=require",
+		"QSTASH_CURRENT_SIGNING_KEY": qstash.DevCurrentSigningKey,
+		"QSTASH_NEXT_SIGNING_KEY":    qstash.DevNextSigningKey,
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(valid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.maxBodyBytes != 4<<20 || c.logLevel != slog.LevelInfo || c.failureURL != "" {
+		t.Fatalf("defaults %+v", c)
+	}
+	m := valid()
+	m["FAILURE_PUBLIC_URL"] = "https://abc.lambda-url.eu-west-1.on.aws/"
+	m["MAX_BODY_BYTES"] = "1000"
+	m["LOG_LEVEL"] = "warn"
+	if c, err = loadConfig(env(m)); err != nil {
+		t.Fatal(err)
+	}
+	if c.failureURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.maxBodyBytes != 1000 || c.logLevel != slog.LevelWarn {
+		t.Fatalf("config %+v", c)
+	}
+}
+
+func TestLoadConfigReportsEveryProblem(t *testing.T) {
+	t.Parallel()
+	_, err := loadConfig(env(map[string]string{"FAILURE_PUBLIC_URL": "/failure", "MAX_BODY_BYTES": "lots", "LOG_LEVEL": "chatty"}))
+	if err == nil {
+		t.Fatal("invalid environment accepted")
+	}
+	for _, want := range []string{"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", "FAILURE_PUBLIC_URL", "MAX_BODY_BYTES", "LOG_LEVEL"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+}
+
+func TestBuildServesRecorder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	m := valid()
+	m["DATABASE_URL"] = db.URL
+	m["FAILURE_PUBLIC_URL"] = "https://hooks.example.com/failure"
+	cfg, err := loadConfig(env(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, pool, err := build(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if pool.Config().MaxConns != maxConns {
+		t.Fatalf("MaxConns %d", pool.Config().MaxConns)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/failure", strings.NewReader(`{}`)))
+	if w.Code != http.StatusUnauthorized {
+		t.Fatalf("unsigned callback: %d", w.Code)
+	}
+}
