@@ -1,0 +1,97 @@
+package health
+
+// Every statement reads the current schema's tables (search_path), so a report describes
+// the deployment the connection points at. All run in one round trip (a pgx batch).
+const (
+	// qBacklog is the relay's per-invocation gauge: pending rows and the oldest one's age.
+	// Both come from outbox_pending_age_idx (partial on pending rows), so the cost follows
+	// the backlog, not the table's history.
+	qBacklog = `
+SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox
+WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
+
+	// qQueue: the article's three questions (how many are pending, how old is the oldest,
+	// which keep failing) plus lease states, in one pass over the pending rows. $1 is the
+	// attempts count above which a row is flapping. A stuck lease is one that expired
+	// without its relay marking the row: the relay died or lost the database mid-batch.
+	qQueue = `
+SELECT count(*),
+       count(*) FILTER (WHERE available_at <= now() AND lease_token IS NULL),
+       count(*) FILTER (WHERE lease_token IS NOT NULL AND locked_until >= now()),
+       count(*) FILTER (WHERE lease_token IS NOT NULL AND locked_until < now()),
+       count(*) FILTER (WHERE attempts > $1),
+       coalesce(max(attempts), 0),
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
+       coalesce((array_agg(id ORDER BY created_at, id))[1], 0)
+FROM outbox
+WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
+
+	// qDispatchedPerMinute counts dispatches in each of the last 60 whole minutes (the
+	// current, partial minute last), zeros included. It reads outbox_dispatched_idx.
+	qDispatchedPerMinute = `
+WITH d AS (
+    SELECT date_trunc('minute', dispatched_at) AS minute, count(*) AS n
+    FROM outbox
+    WHERE dispatched_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+)
+SELECT array_agg(coalesce(d.n, 0) ORDER BY m.minute)
+FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()), interval '1 minute') AS m(minute)
+LEFT JOIN d ON d.minute = m.minute`
+
+	// qDeadLetters groups unresolved dead letters by source and topic, largest group first.
+	qDeadLetters = `
+SELECT source, coalesce(topic, ''), count(*), min(created_at)
+FROM dead_letters
+WHERE resolved_at IS NULL
+GROUP BY 1, 2
+ORDER BY 3 DESC, 1, 2`
+
+	// qTables sizes the outbox and processed_messages tables of the current schema.
+	// Live and dead tuples come from the statistics collector (updated asynchronously, so
+	// estimates); reltuples (-1 before the first VACUUM/ANALYZE) is the fallback.
+	qTables = `
+SELECT c.relname,
+       pg_table_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
+       coalesce(s.n_live_tup, greatest(c.reltuples, 0)::bigint), coalesce(s.n_dead_tup, 0),
+       s.last_vacuum, s.last_autovacuum
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE n.nspname = current_schema() AND c.relname IN ('outbox', 'processed_messages') AND c.relkind IN ('r', 'p')`
+
+	// qHorizon finds what holds back VACUUM's xmin horizon in this database: the oldest open
+	// transaction (other than this session's), the oldest backend snapshot (backend_xmin),
+	// replication slots (physical ones hold back every database) and prepared transactions.
+	// Sessions of other roles show NULL xact_start/backend_xmin unless the reader has
+	// pg_read_all_stats, so grant it to the role running status.
+	qHorizon = `
+WITH act AS (
+    SELECT pid, coalesce(state, '') AS state, coalesce(application_name, '') AS app, xact_start, backend_xmin
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND (xact_start IS NOT NULL OR backend_xmin IS NOT NULL)
+), oldest AS (
+    SELECT pid, state, app, extract(epoch FROM now() - xact_start)::float8 AS age_s
+    FROM act WHERE xact_start IS NOT NULL
+    ORDER BY xact_start
+    LIMIT 1
+), slots AS (
+    SELECT greatest(coalesce(age(xmin), 0), coalesce(age(catalog_xmin), 0)) AS xid_age
+    FROM pg_replication_slots
+    WHERE database IS NULL OR database = current_database()
+), prepared AS (
+    SELECT prepared, age(transaction) AS xid_age FROM pg_prepared_xacts WHERE database = current_database()
+)
+SELECT (SELECT count(*) FROM act WHERE xact_start IS NOT NULL),
+       coalesce((SELECT age_s FROM oldest), 0),
+       coalesce((SELECT pid FROM oldest), 0),
+       coalesce((SELECT state FROM oldest), ''),
+       coalesce((SELECT app FROM oldest), ''),
+       coalesce((SELECT max(age(backend_xmin)) FROM act), 0)::bigint,
+       coalesce((SELECT max(xid_age) FROM slots), 0)::bigint,
+       (SELECT count(*) FROM prepared),
+       coalesce((SELECT extract(epoch FROM now() - min(prepared)) FROM prepared), 0)::float8,
+       coalesce((SELECT max(xid_age) FROM prepared), 0)::bigint`
+)
