@@ -32,3 +32,12 @@ fmt: ## gofmt -l (fails if anything is unformatted)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "$$out"; exit 1; fi
 
 lint: fmt vet ## gofmt + go vet
+
+.PHONY: bench bench-short
+bench: ## full benchmark on DATABASE_URL (~15 min): docs/bench-results.{json,md} and docs/bench-drain.svg
+	$(GO) build -o bin/outboxctl ./cmd/outboxctl
+	./bin/outboxctl bench --out docs/bench-results.json --chart docs/bench-drain.svg > docs/bench-results.md
+
+bench-short: ## every benchmark scenario at its short size (under two minutes), results in tmp/
+	$(GO) build -o bin/outboxctl ./cmd/outboxctl
+	./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg

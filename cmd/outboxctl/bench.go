@@ -1,11 +1,108 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/pkg/bench"
 )
 
-// runBench is a placeholder until its issue lands.
+// runBench runs the benchmark scenarios against DATABASE_URL, each in a throwaway
+// bench_<random> schema, prints a markdown table on stdout and progress on stderr.
+//
+// "bench drain-child" is internal: the memory scenario re-executes outboxctl with it so the
+// relay's peak RSS is measured in a process of its own.
 func runBench(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	if len(args) > 0 && args[0] == "drain-child" {
+		return bench.RunDrainChild(ctx, os.Stdin, e.stdout)
+	}
+	fs := newFlagSet(e, "bench")
+	short := fs.Bool("short", false, "run every scenario at its short size (under two minutes on 2 cores)")
+	size := fs.String("size", "", "scenario size: tiny, short or full (default full; --short means short)")
+	out := fs.String("out", "", "write the results as JSON to this file")
+	chart := fs.String("chart", "", "write an SVG chart of drain throughput by batch size to this file")
+	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
+	fs.Usage = func() {
+		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
+		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	sz := bench.Full
+	if *short {
+		sz = bench.Short
+	}
+	if *size != "" {
+		s, err := bench.ParseSize(*size)
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		sz = s
+	}
+	names, err := bench.ParseScenarios(*scenarios)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	url, err := databaseURL(e)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find outboxctl executable for the drain child: %w", err)
+	}
+	res, runErr := bench.Run(ctx, url, bench.Options{
+		Size: sz, Scenarios: names,
+		Spawn:    func(ctx context.Context) *exec.Cmd { return exec.CommandContext(ctx, self, "bench", "drain-child") },
+		Progress: func(s string) { fmt.Fprintln(e.stderr, s) },
+	})
+	if res == nil {
+		return runErr
+	}
+	res.WriteMarkdown(e.stdout)
+	if *out != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode results: %w", err)
+		}
+		if err := writeFile(*out, append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	if *chart != "" && res.Drain != nil {
+		var b bytes.Buffer
+		m := res.Machine
+		caption := fmt.Sprintf("%d × %s, PostgreSQL %s, %s, %s size", m.NProc, m.CPUModel, m.Postgres, m.GoVersion, res.Size)
+		if err := bench.WriteDrainSVG(&b, res.Drain, caption); err != nil {
+			return err
+		}
+		if err := writeFile(*chart, b.Bytes()); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+func writeFile(path string, b []byte) error {
+	if dir := filepath.Dir(path); dir != "." {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
 }

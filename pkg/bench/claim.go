@@ -1,0 +1,254 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// ClaimConfig sizes the claim-cost scenario.
+type ClaimConfig struct {
+	// History are the numbers of dispatched rows in the table; Pending the numbers of
+	// ready rows on top of them. Every pair is measured.
+	History []int `json:"history"`
+	Pending []int `json:"pending"`
+	// Iterations of claim(Batch) + mark per pair; after each, Batch new events are enqueued
+	// so the pending count stays where it was.
+	Iterations int `json:"iterations"`
+	Batch      int `json:"batch"`
+	Keys       int `json:"keys"`
+	// Note says how this size differs from the issue's (0, 1M, 5M) x (10k, 200k).
+	Note string `json:"note,omitempty"`
+}
+
+// ClaimConfigFor returns the claim scenario's size.
+func ClaimConfigFor(s Size) ClaimConfig {
+	c := ClaimConfig{Iterations: 300, Batch: 100, Keys: 1000}
+	switch s {
+	case Full:
+		c.History, c.Pending = []int{0, 1_000_000, 5_000_000}, []int{10_000, 200_000}
+	case Short:
+		c.History, c.Pending, c.Iterations = []int{0, 100_000, 500_000}, []int{10_000, 50_000}, 200
+		c.Note = "short size: history 0/100k/500k instead of 0/1M/5M and pending 10k/50k instead of 10k/200k; the 5m_vs_0 ratio compares the largest history with none"
+	default:
+		c.History, c.Pending, c.Iterations, c.Keys = []int{0, 5_000}, []int{500, 2_000}, 30, 100
+		c.Note = "tiny size for tests: the ratio compares 5k dispatched rows with none"
+	}
+	return c
+}
+
+// ClaimCase is one (history, pending) measurement.
+type ClaimCase struct {
+	History int `json:"history"`
+	Pending int `json:"pending"`
+	// Claim is the latency of Store.Claim (statement + reading the rows).
+	Claim Latency `json:"claim"`
+	// RowsPerClaim is the mean number of rows a claim returned (Batch when the index works).
+	RowsPerClaim float64 `json:"rows_per_claim"`
+	// Sizes in bytes after loading and VACUUM ANALYZE.
+	TableBytes     int64   `json:"table_bytes"`
+	HeapBytes      int64   `json:"heap_bytes"`
+	ReadyIdxBytes  int64   `json:"ready_idx_bytes"`
+	PkeyBytes      int64   `json:"pkey_bytes"`
+	KeyIdxBytes    int64   `json:"pending_key_idx_bytes"`
+	LoadSeconds    float64 `json:"load_seconds"`
+	Plan           string  `json:"plan"`
+	PlanExecMillis float64 `json:"plan_exec_ms"`
+	// PlanUsesSeqScan is true when the plan reads the outbox heap sequentially.
+	PlanUsesSeqScan bool `json:"plan_uses_seq_scan"`
+}
+
+// ClaimResult is the claim scenario's output.
+type ClaimResult struct {
+	Config ClaimConfig `json:"config"`
+	Cases  []ClaimCase `json:"cases"`
+}
+
+// Case returns the case (history, pending), or nil.
+func (r *ClaimResult) Case(history, pending int) *ClaimCase {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Cases {
+		if c := &r.Cases[i]; c.History == history && c.Pending == pending {
+			return c
+		}
+	}
+	return nil
+}
+
+// P99Ratio is claim p99 with the most history over claim p99 with none, at the largest
+// pending count: the partial index should keep it near 1.
+func (r *ClaimResult) P99Ratio() (float64, bool) {
+	if r == nil || len(r.Config.History) < 2 || len(r.Config.Pending) == 0 {
+		return 0, false
+	}
+	p := r.Config.Pending[len(r.Config.Pending)-1]
+	lo, hi := r.Case(r.Config.History[0], p), r.Case(r.Config.History[len(r.Config.History)-1], p)
+	if lo == nil || hi == nil {
+		return 0, false
+	}
+	return ratio(hi.Claim.P99, lo.Claim.P99), true
+}
+
+// Claim measures one claim of Batch rows against growing dispatched history. For each
+// history size it loads the history and the smallest pending count with COPY, analyses,
+// measures, then tops the pending rows up to the next count, analyses, measures again.
+func Claim(ctx context.Context, url string, cfg ClaimConfig, progress func(string)) (*ClaimResult, error) {
+	pool, err := openPool(ctx, url, 4)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	res := &ClaimResult{Config: cfg}
+	for _, h := range cfg.History {
+		if err := Reset(ctx, pool); err != nil {
+			return res, err
+		}
+		loaded := 0
+		for _, p := range cfg.Pending {
+			t0 := time.Now()
+			dispatched := 0
+			if loaded == 0 {
+				dispatched = h
+			}
+			if err := LoadRows(ctx, pool, Load{Run: runID("c"), Dispatched: dispatched, Pending: p - loaded, Keys: cfg.Keys}); err != nil {
+				return res, err
+			}
+			if err := Analyze(ctx, pool); err != nil {
+				return res, err
+			}
+			loaded = p
+			loadTime := time.Since(t0)
+			c, err := claimCase(ctx, pool, cfg, h, p)
+			if err != nil {
+				return res, err
+			}
+			c.LoadSeconds = round3(loadTime.Seconds())
+			res.Cases = append(res.Cases, c)
+			if progress != nil {
+				progress(fmt.Sprintf("claim history=%-8d pending=%-7d p50 %.2f ms  p99 %.2f ms  (%d samples, %.0f rows/claim, seq scan %v)",
+					h, p, c.Claim.P50, c.Claim.P99, c.Claim.Samples, c.RowsPerClaim, c.PlanUsesSeqScan))
+			}
+		}
+	}
+	return res, nil
+}
+
+// claimCase times cfg.Iterations claims on the loaded table and explains the last one.
+func claimCase(ctx context.Context, pool *pgxpool.Pool, cfg ClaimConfig, history, pending int) (ClaimCase, error) {
+	c := ClaimCase{History: history, Pending: pending}
+	if err := pool.QueryRow(ctx, qTableSizes).Scan(&c.TableBytes, &c.HeapBytes, &c.ReadyIdxBytes, &c.PkeyBytes, &c.KeyIdxBytes); err != nil {
+		return c, fmt.Errorf("read table sizes: %w", err)
+	}
+	rec := &recordingQuerier{Querier: pool}
+	store := outbox.NewStore(rec)
+	lats := make([]time.Duration, 0, cfg.Iterations)
+	rows := 0
+	run := runID("r")
+	for i := range cfg.Iterations {
+		lease, err := outbox.NewLease()
+		if err != nil {
+			return c, err
+		}
+		start := time.Now()
+		msgs, _, err := store.Claim(ctx, lease, cfg.Batch, relay.DefaultLease, nil)
+		lats = append(lats, time.Since(start))
+		if err != nil {
+			return c, err
+		}
+		rows += len(msgs)
+		ids := make([]outbox.ID, len(msgs))
+		for j, m := range msgs {
+			ids[j] = m.ID
+		}
+		if _, err := store.MarkDispatched(ctx, lease, ids, nil); err != nil {
+			return c, err
+		}
+		// Producers keep up: put back as many events as were taken, through the real API.
+		evs := make([]outbox.Event, len(msgs))
+		for j := range evs {
+			key := KeyName((i*cfg.Batch + j) % cfg.Keys)
+			evs[j] = outbox.Event{Topic: Topic, PartitionKey: key, Payload: Payload(run, i*cfg.Batch+j, key)}
+		}
+		if _, err := outbox.EnqueueBatch(ctx, pool, evs); err != nil {
+			return c, err
+		}
+	}
+	c.Claim = summarise(lats)
+	c.RowsPerClaim = round3(float64(rows) / float64(max(cfg.Iterations, 1)))
+	plan, err := explainLast(ctx, pool, rec)
+	if err != nil {
+		return c, err
+	}
+	c.Plan = plan
+	c.PlanUsesSeqScan = strings.Contains(plan, "Seq Scan on outbox")
+	c.PlanExecMillis = planExecMillis(plan)
+	return c, nil
+}
+
+// recordingQuerier remembers the last query Store.Claim ran, so the plan shown is the plan
+// of the relay's own statement (not a copy of its text that could drift).
+type recordingQuerier struct {
+	outbox.Querier
+	mu   sync.Mutex
+	sql  string
+	args []any
+}
+
+func (r *recordingQuerier) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	r.mu.Lock()
+	r.sql, r.args = sql, args
+	r.mu.Unlock()
+	return r.Querier.Query(ctx, sql, args...)
+}
+
+// explainLast runs EXPLAIN (ANALYZE, BUFFERS) of the last recorded claim with a fresh lease,
+// in a transaction that is rolled back, so the claim it executes changes nothing.
+func explainLast(ctx context.Context, pool *pgxpool.Pool, rec *recordingQuerier) (string, error) {
+	rec.mu.Lock()
+	sql, args := rec.sql, append([]any(nil), rec.args...)
+	rec.mu.Unlock()
+	if sql == "" {
+		return "", nil
+	}
+	lease, err := outbox.NewLease()
+	if err != nil {
+		return "", err
+	}
+	if len(args) > 1 {
+		args[1] = lease.Token
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("begin explain: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+	if err != nil {
+		return "", fmt.Errorf("explain claim: %w", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("explain claim: %w", err)
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+func planExecMillis(plan string) float64 {
+	for _, l := range strings.Split(plan, "\n") {
+		var ms float64
+		if _, err := fmt.Sscanf(strings.TrimSpace(l), "Execution Time: %f ms", &ms); err == nil {
+			return ms
+		}
+	}
+	return 0
+}

@@ -1,0 +1,440 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// The three ways of draining the outbox that the drain scenario puts side by side.
+const (
+	// WayRelay is relay.Relay publishing through the QStash Publisher over HTTP.
+	WayRelay = "relay"
+	// WayFloor runs the relay's claim and mark statements with no publish at all: the
+	// database's own limit for this schema on this machine.
+	WayFloor = "floor"
+	// WayBaseline is the article's algorithm, literally: claim 50 with its statement, one
+	// HTTP publish per row (all at once), one UPDATE per row afterwards, a pool of 10.
+	WayBaseline = "baseline"
+)
+
+// DrainConfig sizes the drain scenario.
+type DrainConfig struct {
+	// Events pending at the start of every drain (~300-byte payloads) over Keys keys.
+	Events int `json:"events"`
+	Keys   int `json:"keys"`
+	// Batches are the relay's and the floor's batch sizes; Relays the numbers of
+	// concurrent relays (each with its own pool, as separate processes would have).
+	Batches []int `json:"batches"`
+	Relays  []int `json:"relays"`
+	// BaselineBatch and BaselinePool are the article's batch size (50) and pool size (10).
+	BaselineBatch int `json:"baseline_batch"`
+	BaselinePool  int `json:"baseline_pool"`
+	// BaselineEvents is how many events the baseline drains (it is ~10x slower, so a
+	// smaller load keeps the run short; its rate is per event, so it stays comparable).
+	// Zero means Events.
+	BaselineEvents int `json:"baseline_events"`
+}
+
+// DrainConfigFor returns the drain scenario's size.
+func DrainConfigFor(s Size) DrainConfig {
+	c := DrainConfig{Keys: 1000, Batches: []int{50, 100, 500, 1000}, Relays: []int{1, 2}, BaselineBatch: 50, BaselinePool: 10}
+	switch s {
+	case Full:
+		c.Events, c.BaselineEvents = 200_000, 100_000
+	case Short:
+		c.Events, c.BaselineEvents, c.Batches = 20_000, 10_000, []int{50, 500, 1000}
+	default:
+		c.Events, c.BaselineEvents, c.Batches, c.Keys = 2_000, 1_000, []int{50, 500}, 100
+	}
+	return c
+}
+
+// DrainRun is one timed drain.
+type DrainRun struct {
+	Way    string `json:"way"`
+	Batch  int    `json:"batch"`
+	Relays int    `json:"relays"`
+	Events int    `json:"events"`
+	// Dispatched is how many rows the drain marked; it must equal Events.
+	Dispatched   int     `json:"dispatched"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	// PublishRequests is the number of HTTP requests to QStash (0 for the floor).
+	PublishRequests int `json:"publish_requests"`
+	// LoadSeconds is the untimed COPY + VACUUM ANALYZE before the drain.
+	LoadSeconds float64 `json:"load_seconds"`
+}
+
+// DrainResult is the drain scenario's output.
+type DrainResult struct {
+	Config DrainConfig `json:"config"`
+	// Delivery says what the local QStash did with accepted messages during the drain.
+	Delivery string     `json:"delivery"`
+	Runs     []DrainRun `json:"runs"`
+}
+
+// Find returns the run of way at batch and relays, or nil.
+func (r *DrainResult) Find(way string, batch, relays int) *DrainRun {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Runs {
+		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays {
+			return x
+		}
+	}
+	return nil
+}
+
+// Baseline returns the baseline run with relays relays, or nil.
+func (r *DrainResult) Baseline(relays int) *DrainRun {
+	if r == nil {
+		return nil
+	}
+	return r.Find(WayBaseline, r.Config.BaselineBatch, relays)
+}
+
+// Drain runs the drain scenario on the migrated schema at url: for every relay count and
+// batch size, the floor and then the relay drain the same freshly loaded, analysed table;
+// the baseline drains it once per relay count.
+func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(string)) (*DrainResult, error) {
+	if cfg.BaselineEvents == 0 {
+		cfg.BaselineEvents = cfg.Events
+	}
+	admin, err := openPool(ctx, url, 4)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	q := startQStash()
+	defer q.Close()
+	const sinkURL = "http://127.0.0.1:9/sink" // never contacted: the local server delivers nothing
+	res := &DrainResult{Config: cfg, Delivery: "disabled: messages are accepted and recorded, not delivered, so only the publish path is measured"}
+
+	for _, relays := range cfg.Relays {
+		for _, batch := range cfg.Batches {
+			for _, way := range []string{WayFloor, WayRelay} {
+				run, err := drainOnce(ctx, admin, url, way, batch, relays, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+					if way == WayFloor {
+						return &floorDrainer{store: outbox.NewStore(pool), batch: batch}
+					}
+					r, err := relay.New(pool, q.publisher(sinkURL), relay.Config{BatchSize: batch, Logger: discardLogger()})
+					if err != nil {
+						panic(err) // the config is constant and valid
+					}
+					return &relayDrainer{r: r}
+				})
+				if err != nil {
+					return res, err
+				}
+				res.Runs = append(res.Runs, run)
+				report(progress, run)
+			}
+		}
+		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+			return newArticleRelay(pool, q.URL, q.Token, sinkURL, cfg.BaselineBatch)
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Runs = append(res.Runs, run)
+		report(progress, run)
+	}
+	return res, nil
+}
+
+func report(progress func(string), r DrainRun) {
+	if progress != nil {
+		progress(fmt.Sprintf("drain %-8s batch=%-4d relays=%d  %8.0f events/s  (%d events in %.2fs)",
+			r.Way, r.Batch, r.Relays, r.EventsPerSec, r.Events, r.Seconds))
+	}
+}
+
+// drainer drains until its claim comes back short; it reports rows marked and requests made.
+type drainer interface {
+	drain(ctx context.Context) (dispatched, requests int, err error)
+}
+
+// drainOnce loads events, analyses, and times relays drainers (one pool each) until no row
+// is pending.
+func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch, relays, events, keys int, mk func(*pgxpool.Pool) drainer) (DrainRun, error) {
+	run := DrainRun{Way: way, Batch: batch, Relays: relays, Events: events}
+	t0 := time.Now()
+	if err := Reset(ctx, admin); err != nil {
+		return run, err
+	}
+	if err := LoadRows(ctx, admin, Load{Run: runID("d"), Pending: events, Keys: keys}); err != nil {
+		return run, err
+	}
+	if err := Analyze(ctx, admin); err != nil {
+		return run, err
+	}
+	run.LoadSeconds = round3(time.Since(t0).Seconds())
+
+	poolSize := int32(4)
+	if way == WayBaseline {
+		poolSize = 10
+	}
+	ds := make([]drainer, relays)
+	for i := range ds {
+		pool, err := openPool(ctx, url, poolSize)
+		if err != nil {
+			return run, err
+		}
+		defer pool.Close()
+		ds[i] = mk(pool)
+	}
+
+	start := time.Now()
+	for {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		for _, d := range ds {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, reqs, err := d.drain(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				run.Dispatched += n
+				run.PublishRequests += reqs
+				if err != nil {
+					errs = append(errs, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return run, fmt.Errorf("drain %s batch %d relays %d: %w", way, batch, relays, err)
+		}
+		// Concurrent relays each stop at their first short batch; a row another relay
+		// released (or a race at the tail) is picked up by another round.
+		left, err := pendingCount(ctx, admin)
+		if err != nil {
+			return run, err
+		}
+		if left == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			return run, ctx.Err()
+		}
+	}
+	elapsed := time.Since(start)
+	run.Seconds = round3(elapsed.Seconds())
+	run.EventsPerSec = rate(run.Dispatched, elapsed)
+	if run.Dispatched != events {
+		return run, fmt.Errorf("drain %s batch %d relays %d: dispatched %d of %d events", way, batch, relays, run.Dispatched, events)
+	}
+	return run, nil
+}
+
+type relayDrainer struct{ r *relay.Relay }
+
+func (d *relayDrainer) drain(ctx context.Context) (int, int, error) {
+	st, err := d.r.Drain(ctx)
+	if err == nil && (st.Retried > 0 || st.DeadLettered > 0) {
+		err = fmt.Errorf("relay retried %d and dead-lettered %d events: the local QStash refused them", st.Retried, st.DeadLettered)
+	}
+	return st.Dispatched, st.PublishCalls, err
+}
+
+// floorDrainer is the relay's statements without the relay: claim, mark every id, repeat.
+type floorDrainer struct {
+	store *outbox.Store
+	batch int
+}
+
+func (d *floorDrainer) drain(ctx context.Context) (int, int, error) {
+	total := 0
+	ids := make([]outbox.ID, 0, d.batch)
+	for {
+		lease, err := outbox.NewLease()
+		if err != nil {
+			return total, 0, err
+		}
+		msgs, more, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultLease, nil)
+		if err != nil {
+			return total, 0, err
+		}
+		ids = ids[:0]
+		for _, m := range msgs {
+			ids = append(ids, m.ID)
+		}
+		n, err := d.store.MarkDispatched(ctx, lease, ids, nil)
+		if err != nil {
+			return total, 0, err
+		}
+		total += int(n)
+		if !more {
+			return total, 0, nil
+		}
+	}
+}
+
+// articleRelay is the article's relayBatch loop in Go: claim_outbox(50, '30 seconds'), then
+// for every row at once (Promise.allSettled): publishJSON with retries 5, deduplicationId
+// outbox-<id>, flow control key = partition key with parallelism 1 and the x-outbox-id
+// header; then one UPDATE per row on a pool of 10. Repeat until a batch comes back short.
+type articleRelay struct {
+	pool          *pgxpool.Pool
+	qstashURL     string
+	token, dest   string
+	batch         int
+	client        *http.Client
+	maxAttempts   int
+	leaseInterval string
+}
+
+func newArticleRelay(pool *pgxpool.Pool, qstashURL, token, baseURL string, batch int) *articleRelay {
+	return &articleRelay{
+		pool: pool, qstashURL: qstashURL, token: token, dest: baseURL, batch: batch,
+		// Node's fetch keeps sockets alive without a per-host idle cap; Go's default of two
+		// idle connections per host would open a new socket for most of the 50 requests.
+		client:      &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 10 * time.Second},
+		maxAttempts: 12, leaseInterval: "30 seconds",
+	}
+}
+
+type articleRow struct {
+	id       int64
+	topic    string
+	key      string
+	payload  string
+	headers  map[string]string
+	attempts int
+}
+
+func (a *articleRelay) drain(ctx context.Context) (int, int, error) {
+	total, requests := 0, 0
+	for {
+		claimed, dispatched, err := a.relayBatch(ctx)
+		total += dispatched
+		requests += claimed
+		if err != nil || claimed < a.batch {
+			return total, requests, err
+		}
+	}
+}
+
+// relayBatch returns the rows it claimed (one publish request each) and marked dispatched.
+func (a *articleRelay) relayBatch(ctx context.Context) (claimedRows, dispatched int, err error) {
+	rows, err := a.pool.Query(ctx, qArticleClaim, a.batch, a.leaseInterval)
+	if err != nil {
+		return 0, 0, fmt.Errorf("article claim: %w", err)
+	}
+	var claimed []articleRow
+	for rows.Next() {
+		var r articleRow
+		var headers []byte
+		if err := rows.Scan(&r.id, &r.topic, &r.key, &r.payload, &headers, &r.attempts); err != nil {
+			rows.Close()
+			return 0, 0, fmt.Errorf("article claim: %w", err)
+		}
+		_ = json.Unmarshal(headers, &r.headers)
+		claimed = append(claimed, r)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("article claim: %w", err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, r := range claimed {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := a.handle(ctx, r)
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				dispatched++
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return len(claimed), dispatched, errors.Join(errs...)
+}
+
+// handle publishes one row and records its outcome, as the article's per-row closure does.
+// ok reports a dispatched row; err only a database failure (the article logs and moves on
+// for publish failures, retrying them by backoff).
+func (a *articleRelay) handle(ctx context.Context, r articleRow) (ok bool, err error) {
+	perr := a.publish(ctx, r)
+	if perr == nil {
+		if _, err := a.pool.Exec(ctx, qArticleMark, r.id); err != nil {
+			return false, fmt.Errorf("article mark: %w", err)
+		}
+		return true, nil
+	}
+	if r.attempts >= a.maxAttempts {
+		_, err = a.pool.Exec(ctx, qArticleDeadLetter, r.id, perr.Error())
+	} else {
+		backoff := max(1, int(rand.Float64()*float64(min(30<<min(r.attempts, 20), 3600))))
+		_, err = a.pool.Exec(ctx, qArticleRetry, r.id, strconv.Itoa(backoff), perr.Error())
+	}
+	if err != nil {
+		return false, fmt.Errorf("article record failure: %w", err)
+	}
+	return false, fmt.Errorf("article publish of row %d: %w", r.id, perr)
+}
+
+func (a *articleRelay) publish(ctx context.Context, r articleRow) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		a.qstashURL+"/v2/publish/"+a.dest+"/events/"+r.topic, strings.NewReader(r.payload))
+	if err != nil {
+		return err
+	}
+	h := req.Header
+	h.Set("Authorization", "Bearer "+a.token)
+	h.Set("Content-Type", "application/json")
+	h.Set("Upstash-Method", "POST")
+	h.Set("Upstash-Retries", "5")
+	h.Set("Upstash-Deduplication-Id", "outbox-"+strconv.FormatInt(r.id, 10))
+	h.Set("Upstash-Flow-Control-Key", r.key)
+	h.Set("Upstash-Flow-Control-Value", "parallelism=1")
+	for k, v := range r.headers {
+		h.Set("Upstash-Forward-"+k, v)
+	}
+	h.Set("Upstash-Forward-X-Outbox-Id", strconv.FormatInt(r.id, 10))
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("qstash answered %d: %s", resp.StatusCode, body)
+	}
+	var out struct {
+		MessageID string `json:"messageId"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || out.MessageID == "" {
+		return fmt.Errorf("qstash answered %d without a message id: %s", resp.StatusCode, body)
+	}
+	return nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,319 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Results is one bench run: the JSON written by outboxctl bench --out.
+type Results struct {
+	Size     Size            `json:"size"`
+	Started  time.Time       `json:"started"`
+	Seconds  float64         `json:"seconds"`
+	Summary  Summary         `json:"summary"`
+	Targets  []Target        `json:"targets"`
+	Machine  Machine         `json:"machine"`
+	Drain    *DrainResult    `json:"drain,omitempty"`
+	Claim    *ClaimResult    `json:"claim,omitempty"`
+	FIFO     *FIFOResult     `json:"fifo,omitempty"`
+	E2E      *E2EResult      `json:"e2e,omitempty"`
+	Consumer *ConsumerResult `json:"consumer,omitempty"`
+	Memory   *MemoryResult   `json:"memory,omitempty"`
+	// Errors lists scenarios that failed; the others still report.
+	Errors map[string]string `json:"errors,omitempty"`
+}
+
+// Summary holds the headline figures; a figure whose scenario did not run is null.
+type Summary struct {
+	// Drain at batch 500 with 1 relay; the baseline at its own batch of 50, 1 relay.
+	RelayVsFloor    *float64 `json:"relay_vs_floor"`
+	RelayVsBaseline *float64 `json:"relay_vs_baseline"`
+	RelayEPS        *float64 `json:"relay_eps"`
+	FloorEPS        *float64 `json:"floor_eps"`
+	BaselineEPS     *float64 `json:"baseline_eps"`
+	// Claim p99 with the largest history over none, at the largest pending count.
+	ClaimP99Ratio5MVs0 *float64 `json:"claim_p99_ratio_5m_vs_0"`
+	// End to end in linger mode (NOTIFY), and poll-only.
+	E2EP50Ms     *float64 `json:"e2e_p50_ms"`
+	E2EP95Ms     *float64 `json:"e2e_p95_ms"`
+	E2EP99Ms     *float64 `json:"e2e_p99_ms"`
+	E2EPollP50Ms *float64 `json:"e2e_poll_p50_ms"`
+	E2EPollP99Ms *float64 `json:"e2e_poll_p99_ms"`
+	// Webhook over its raw transaction at concurrency 16.
+	WebhookVsRaw *float64 `json:"webhook_vs_raw"`
+	// FIFO: order violations over every key count (must be 0).
+	FIFOOrderViolations *int     `json:"fifo_order_violations"`
+	RelayPeakRSSMiB     *float64 `json:"relay_peak_rss_mib"`
+	// Lambda GB-seconds and QStash HTTP requests per million events, from the memory run.
+	LambdaGBsPerMillion128   *float64 `json:"lambda_gb_s_per_million_128mb"`
+	LambdaGBsPerMillion512   *float64 `json:"lambda_gb_s_per_million_512mb"`
+	QStashRequestsPerMillion *float64 `json:"qstash_requests_per_million"`
+}
+
+// Target is one of the issue's goals, with the measured value. Met is reported, never
+// asserted.
+type Target struct {
+	Name  string   `json:"name"`
+	Goal  string   `json:"goal"`
+	Value *float64 `json:"value"`
+	Met   *bool    `json:"met"`
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Summarise fills r.Summary and r.Targets from the scenario results.
+func (r *Results) Summarise() {
+	s := &r.Summary
+	if d := r.Drain; d != nil {
+		relay, floor, base := d.Find(WayRelay, 500, 1), d.Find(WayFloor, 500, 1), d.Baseline(1)
+		if relay != nil {
+			s.RelayEPS = ptr(relay.EventsPerSec)
+		}
+		if floor != nil {
+			s.FloorEPS = ptr(floor.EventsPerSec)
+		}
+		if base != nil {
+			s.BaselineEPS = ptr(base.EventsPerSec)
+		}
+		if relay != nil && floor != nil {
+			s.RelayVsFloor = ptr(ratio(relay.EventsPerSec, floor.EventsPerSec))
+		}
+		if relay != nil && base != nil {
+			s.RelayVsBaseline = ptr(ratio(relay.EventsPerSec, base.EventsPerSec))
+		}
+	}
+	if v, ok := r.Claim.P99Ratio(); ok {
+		s.ClaimP99Ratio5MVs0 = ptr(v)
+	}
+	if e := r.E2E; e != nil {
+		if m := e.Mode(ModeLinger); m != nil {
+			s.E2EP50Ms, s.E2EP95Ms, s.E2EP99Ms = ptr(m.Latency.P50), ptr(m.Latency.P95), ptr(m.Latency.P99)
+		}
+		if m := e.Mode(ModePoll); m != nil {
+			s.E2EPollP50Ms, s.E2EPollP99Ms = ptr(m.Latency.P50), ptr(m.Latency.P99)
+		}
+	}
+	if c := r.Consumer.At(16); c != nil {
+		s.WebhookVsRaw = ptr(c.WebhookVsRaw)
+	}
+	if f := r.FIFO; f != nil {
+		v := 0
+		for _, run := range f.Runs {
+			v += run.OrderViolations
+		}
+		s.FIFOOrderViolations = &v
+	}
+	if m := r.Memory; m != nil {
+		s.RelayPeakRSSMiB = ptr(m.PeakRSSMiB)
+		s.LambdaGBsPerMillion128 = ptr(m.LambdaGBsPerMillion[128])
+		s.LambdaGBsPerMillion512 = ptr(m.LambdaGBsPerMillion[512])
+		s.QStashRequestsPerMillion = ptr(m.QStashRequestsPerMillion)
+	}
+
+	target := func(name, goal string, v *float64, ok func(float64) bool) {
+		t := Target{Name: name, Goal: goal, Value: v}
+		if v != nil {
+			t.Met = ptr(ok(*v))
+		}
+		r.Targets = append(r.Targets, t)
+	}
+	r.Targets = nil
+	target("relay_vs_floor", ">= 0.5 (batch 500, 1 relay)", s.RelayVsFloor, func(v float64) bool { return v >= 0.5 })
+	target("relay_vs_baseline", ">= 10 (batch 500, 1 relay)", s.RelayVsBaseline, func(v float64) bool { return v >= 10 })
+	target("claim_p99_ratio_5m_vs_0", "<= 1.5", s.ClaimP99Ratio5MVs0, func(v float64) bool { return v <= 1.5 })
+	target("e2e_p50_ms", "< 100 (linger)", s.E2EP50Ms, func(v float64) bool { return v < 100 })
+	target("e2e_p99_ms", "< 500 (linger)", s.E2EP99Ms, func(v float64) bool { return v < 500 })
+	target("webhook_vs_raw", ">= 0.6 (concurrency 16)", s.WebhookVsRaw, func(v float64) bool { return v >= 0.6 })
+	target("relay_peak_rss_mib", "< 64 (batch 1000)", s.RelayPeakRSSMiB, func(v float64) bool { return v < 64 })
+	var fifo *float64
+	if s.FIFOOrderViolations != nil {
+		fifo = ptr(float64(*s.FIFOOrderViolations))
+	}
+	target("fifo_order_violations", "== 0", fifo, func(v float64) bool { return v == 0 })
+}
+
+// Machine describes where the numbers came from.
+type Machine struct {
+	NProc      int               `json:"nproc"`
+	CPUModel   string            `json:"cpu_model"`
+	Kernel     string            `json:"kernel"`
+	GoVersion  string            `json:"go_version"`
+	Postgres   string            `json:"postgres_version"`
+	Settings   map[string]string `json:"postgres_settings"`
+	LoadStart  string            `json:"loadavg_start"`
+	LoadEnd    string            `json:"loadavg_end,omitempty"`
+	MemTotalKB string            `json:"mem_total"`
+}
+
+// settingsShown are the server settings that move these numbers.
+var settingsShown = []string{
+	"server_version", "shared_buffers", "synchronous_commit", "fsync", "wal_sync_method",
+	"full_page_writes", "work_mem", "effective_cache_size", "max_connections", "max_wal_size",
+	"checkpoint_timeout", "autovacuum", "random_page_cost", "jit",
+}
+
+// DescribeMachine reads /proc and the server's SHOW values.
+func DescribeMachine(ctx context.Context, url string) (Machine, error) {
+	m := Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), Settings: map[string]string{}}
+	m.CPUModel = procField("/proc/cpuinfo", "model name")
+	m.MemTotalKB = procField("/proc/meminfo", "MemTotal")
+	m.Kernel = readTrim("/proc/sys/kernel/osrelease")
+	m.LoadStart = readTrim("/proc/loadavg")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return m, fmt.Errorf("connect to database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, name := range settingsShown {
+		var v string
+		if err := conn.QueryRow(ctx, "SHOW "+name).Scan(&v); err != nil {
+			return m, fmt.Errorf("show %s: %w", name, err)
+		}
+		m.Settings[name] = v
+	}
+	m.Postgres = m.Settings["server_version"]
+	return m, nil
+}
+
+// LoadAvg returns /proc/loadavg, for the end-of-run record.
+func LoadAvg() string { return readTrim("/proc/loadavg") }
+
+func readTrim(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func procField(path, field string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == field {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// WriteMarkdown renders r as markdown tables.
+func (r *Results) WriteMarkdown(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	m := r.Machine
+	p("# outbox-relay bench (%s size)\n\n", r.Size)
+	p("Run %s, %.0f s. Machine: %d × %s, %s RAM, Linux %s, %s, PostgreSQL %s (shared_buffers=%s, synchronous_commit=%s, fsync=%s, wal_sync_method=%s, work_mem=%s). Load average at start %s, at end %s.\n\n",
+		r.Started.UTC().Format(time.RFC3339), r.Seconds, m.NProc, m.CPUModel, m.MemTotalKB, m.Kernel, m.GoVersion, m.Postgres,
+		m.Settings["shared_buffers"], m.Settings["synchronous_commit"], m.Settings["fsync"], m.Settings["wal_sync_method"], m.Settings["work_mem"],
+		m.LoadStart, m.LoadEnd)
+
+	p("## Targets\n\n| figure | goal | measured | met |\n|---|---|---:|---|\n")
+	for _, t := range r.Targets {
+		p("| %s | %s | %s | %s |\n", t.Name, t.Goal, fmtPtr(t.Value), fmtMet(t.Met))
+	}
+	p("\n")
+
+	if d := r.Drain; d != nil {
+		p("## 1. Drain throughput (%d events, %d keys, ~300-byte payloads; baseline %d events)\n\n", d.Config.Events, d.Config.Keys, d.Config.BaselineEvents)
+		p("Local QStash delivery: %s.\n\n", d.Delivery)
+		p("| relays | batch | floor ev/s | relay ev/s | relay/floor | baseline ev/s (batch %d) | relay/baseline | relay HTTP requests |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n", d.Config.BaselineBatch)
+		for _, n := range d.Config.Relays {
+			base := d.Baseline(n)
+			for _, b := range d.Config.Batches {
+				f, rl := d.Find(WayFloor, b, n), d.Find(WayRelay, b, n)
+				if f == nil || rl == nil {
+					continue
+				}
+				bs, rb := "–", "–"
+				if base != nil {
+					bs = fmt.Sprintf("%.0f", base.EventsPerSec)
+					rb = fmt.Sprintf("%.1f×", ratio(rl.EventsPerSec, base.EventsPerSec))
+				}
+				p("| %d | %d | %.0f | %.0f | %.2f | %s | %s | %d |\n", n, b, f.EventsPerSec, rl.EventsPerSec, ratio(rl.EventsPerSec, f.EventsPerSec), bs, rb, rl.PublishRequests)
+			}
+		}
+		p("\n")
+	}
+	if c := r.Claim; c != nil {
+		p("## 2. Claim cost vs dispatched history (batch %d, %d claims per case)\n\n", c.Config.Batch, c.Config.Iterations)
+		if c.Config.Note != "" {
+			p("%s.\n\n", c.Config.Note)
+		}
+		p("| dispatched rows | pending rows | claim p50 ms | p99 ms | max ms | rows/claim | table MB | ready idx MB | plan exec ms | seq scan |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, x := range c.Cases {
+			p("| %d | %d | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.2f | %v |\n", x.History, x.Pending, x.Claim.P50, x.Claim.P99, x.Claim.Max,
+				x.RowsPerClaim, mib(x.TableBytes), mib(x.ReadyIdxBytes), x.PlanExecMillis, x.PlanUsesSeqScan)
+		}
+		if v, ok := c.P99Ratio(); ok {
+			p("\np99 ratio, most history vs none: **%.2f**. The EXPLAIN (ANALYZE, BUFFERS) plans are in the JSON (`claim.cases[].plan`).\n", v)
+		}
+		p("\n")
+	}
+	if f := r.FIFO; f != nil {
+		p("## 3. Hot keys, fifo mode (%d events per case)\n\n%s.\n\n| keys | events/s | delivered | order violations | duplicates | relay publish calls |\n|---:|---:|---:|---:|---:|---:|\n", f.Config.Events, f.Path)
+		for _, x := range f.Runs {
+			p("| %d | %.0f | %d | %d | %d | %d |\n", x.Keys, x.EventsPerSec, x.Delivered, x.OrderViolations, x.Duplicates, x.PublishCalls)
+		}
+		p("\n")
+	}
+	if e := r.E2E; e != nil {
+		p("## 4. End-to-end latency (%d events/s for %.0f s per mode)\n\n%s.\n\n| mode | events | p50 ms | p95 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|\n", e.Config.Rate, e.Config.Duration.Seconds(), e.Path)
+		for _, x := range e.Modes {
+			p("| %s | %d | %.1f | %.1f | %.1f | %.1f |\n", x.Mode, x.Latency.Samples, x.Latency.P50, x.Latency.P95, x.Latency.P99, x.Latency.Max)
+		}
+		p("\n")
+	}
+	if c := r.Consumer; c != nil {
+		p("## 5. Consumer throughput (%d messages per level and way)\n\n| concurrency | webhook msg/s | raw transaction msg/s | webhook/raw |\n|---:|---:|---:|---:|\n", c.Config.Messages)
+		for _, x := range c.Runs {
+			p("| %d | %.0f | %.0f | %.2f |\n", x.Concurrency, x.WebhookPerSec, x.RawPerSec, x.WebhookVsRaw)
+		}
+		p("\n")
+	}
+	if mm := r.Memory; mm != nil {
+		p("## 6. Memory and cost (relay drain of %d events at batch %d in a child process)\n\n", mm.Events, mm.Batch)
+		p("| peak RSS MiB | drain events/s | child CPU s | Lambda GB-s per 1M events @128 MB | @512 MB | QStash HTTP requests per 1M events |\n|---:|---:|---:|---:|---:|---:|\n")
+		p("| %.1f | %.0f | %.2f | %.1f | %.1f | %.0f |\n\n", mm.PeakRSSMiB, mm.EventsPerSec, mm.CPUSeconds, mm.LambdaGBsPerMillion[128], mm.LambdaGBsPerMillion[512], mm.QStashRequestsPerMillion)
+		p("%s\n\n", mm.Note)
+	}
+	if len(r.Errors) > 0 {
+		p("## Errors\n\n")
+		for k, v := range r.Errors {
+			p("- %s: %s\n", k, v)
+		}
+		p("\n")
+	}
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+func fmtPtr(v *float64) string {
+	if v == nil {
+		return "not run"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
+func fmtMet(m *bool) string {
+	switch {
+	case m == nil:
+		return "–"
+	case *m:
+		return "yes"
+	default:
+		return "**no**"
+	}
+}
