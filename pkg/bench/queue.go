@@ -6,17 +6,14 @@ package bench
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync/atomic"
 
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -65,68 +62,26 @@ func (q *localQStash) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-type interimPublisher struct {
-	url, token string
-	base       string
-	client     *http.Client
-}
-
 func (q *localQStash) publisher(baseURL string) relay.Publisher {
-	p, _ := newPublisher(q.URL, q.Token, baseURL, false)
+	p, err := newPublisher(q.URL, q.Token, baseURL, false)
+	if err != nil {
+		panic(err) // constant, valid configuration
+	}
 	return p
 }
 
 // newPublisher returns the relay's QStash publisher to qstashURL for events destined to
-// destBase/events/<topic>, in fifo or publish mode.
+// destBase/events/<topic>. In publish mode it sends what the article sends (retries 5,
+// flow control keyed by partition key with parallelism 1); fifo mode enqueues into the
+// publisher's default number of FIFO queues.
 func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher, error) {
-	return &interimPublisher{url: qstashURL, token: token, base: destBase, client: &http.Client{}}, nil
-}
-
-func (p *interimPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	type item struct {
-		Destination string            `json:"destination"`
-		Headers     map[string]string `json:"headers"`
-		Body        string            `json:"body"`
+	cfg := qstash.PublisherConfig{BaseURL: qstashURL, Token: token, DestinationBaseURL: destBase, Retries: 5}
+	if fifo {
+		cfg.Ordering = qstash.OrderingFIFO
+	} else {
+		cfg.FlowControlParallelism = 1
 	}
-	items := make([]item, len(msgs))
-	for i, m := range msgs {
-		items[i] = item{
-			Destination: p.base + "/events/" + m.Topic,
-			Headers: map[string]string{
-				"Content-Type": "application/json", "Upstash-Deduplication-Id": m.DeduplicationID(),
-				"Upstash-Forward-X-Outbox-Id": strconv.FormatInt(int64(m.ID), 10),
-			},
-			Body: string(m.Payload),
-		}
-	}
-	res := make([]relay.Result, len(msgs))
-	fail := func(err error) []relay.Result {
-		for i := range res {
-			res[i].Err = err
-		}
-		return res
-	}
-	body, _ := json.Marshal(items)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/v2/batch", bytes.NewReader(body))
-	if err != nil {
-		return fail(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+p.token)
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return fail(err)
-	}
-	defer resp.Body.Close()
-	var out []struct {
-		MessageID string `json:"messageId"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out) != len(msgs) {
-		return fail(fmt.Errorf("decode batch response: %v", err))
-	}
-	for i := range res {
-		res[i].MessageID = out[i].MessageID
-	}
-	return res
+	return qstash.NewPublisher(cfg)
 }
 
 // deliveringQStash is a local QStash that delivers to its destinations.
