@@ -45,4 +45,4 @@ bench: ## full benchmark on DATABASE_URL (~15 min): docs/bench-results.{json,md}
 
 bench-short: ## every benchmark scenario at its short size (under two minutes), results in tmp/
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
-	./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
+	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
