@@ -2,10 +2,62 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
-// runQStashDev is a placeholder until its issue lands.
+// runQStashDev runs the local QStash-compatible server until ctx is cancelled, printing
+// the environment a client needs, as the official `qstash dev` does.
 func runQStashDev(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlagSet(e, "qstash-dev")
+	port := fs.Int("port", 8080, "port to listen on")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	timeScale := fs.Float64("time-scale", 1, "multiplier for retry delays (1: QStash's real backoff; 0.001 for fast local runs)")
+	dedup := fs.Duration("dedup-window", qstashtest.DefaultDedupWindow, "how long deduplication ids are remembered")
+	allowRemote := fs.Bool("allow-non-loopback", false, "deliver to non-loopback destinations too")
+	nextKey := fs.Bool("sign-with-next-key", false, "sign deliveries with the next signing key")
+	seed := fs.Uint64("seed", 1, "seed for fault injection")
+	pub5xx := fs.Float64("fault-publish-5xx", 0, "probability a publish request is answered 500")
+	pub429 := fs.Float64("fault-publish-429", 0, "probability a publish request is answered 429")
+	drop := fs.Float64("fault-drop-response", 0, "probability a publish is accepted but its response dropped")
+	dup := fs.Float64("fault-duplicate", 0, "probability a successful delivery is repeated")
+	verbose := fs.Bool("v", false, "log every delivery attempt to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *port < 1 || *port > 65535 {
+		return fmt.Errorf("qstash-dev: --port %d is outside 1..65535", *port)
+	}
+	opts := qstashtest.Options{
+		Addr:             net.JoinHostPort(*host, strconv.Itoa(*port)),
+		TimeScale:        *timeScale,
+		DedupWindow:      *dedup,
+		AllowNonLoopback: *allowRemote,
+		SignWithNextKey:  *nextKey,
+		Seed:             *seed,
+		Faults:           qstashtest.Faults{Publish5xxRate: *pub5xx, Publish429Rate: *pub429, DropResponseRate: *drop, DuplicateRate: *dup},
+	}
+	if *verbose {
+		log := slog.New(slog.NewJSONHandler(e.stderr, nil))
+		opts.Logger = log
+		opts.OnAttempt = func(a qstashtest.Attempt) {
+			log.Info("delivery attempt", "message_id", a.MessageID, "url", a.URL, "queue", a.Queue,
+				"retried", a.Retried, "status", a.Status, "error", a.Err, "duplicate", a.Duplicate,
+				"failure_callback", a.FailureCallback, "duration_ms", a.End.Sub(a.Start).Milliseconds())
+		}
+	}
+	srv, err := qstashtest.Start(opts)
+	if err != nil {
+		return fmt.Errorf("qstash-dev: %w", err)
+	}
+	defer srv.Close()
+	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n\n", srv.URL)
+	fmt.Fprintf(e.stdout, "QSTASH_URL=%s\nQSTASH_TOKEN=%s\nQSTASH_CURRENT_SIGNING_KEY=%s\nQSTASH_NEXT_SIGNING_KEY=%s\n",
+		srv.URL, srv.Token, srv.CurrentSigningKey, srv.NextSigningKey)
+	<-ctx.Done()
+	return nil
 }

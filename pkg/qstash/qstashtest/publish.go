@@ -1,0 +1,564 @@
+package qstashtest
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxBody bounds a publish or batch request (QStash's batch limit is 100 MB).
+const maxBody = 100 << 20
+
+// message is a published message, pending until delivered or finally failed.
+type message struct {
+	id        string
+	url       string
+	method    string
+	header    http.Header // sent to the destination (forwarded headers already stripped)
+	body      []byte
+	retries   int
+	timeout   time.Duration
+	notBefore time.Time
+	createdAt time.Time
+	queue     string
+	callerIP  string
+	// retryDelay is a constant Upstash-Retry-Delay, or -1 for QStash's default backoff.
+	retryDelay time.Duration
+
+	callback, failureCallback string
+	fcRetries                 int
+	fcMethod                  string
+	fcTimeout                 time.Duration
+	fcHeader                  http.Header
+	cbHeader                  http.Header
+
+	flowKey         string
+	flowParallelism int
+	flowRate        int
+	flowPeriod      time.Duration
+
+	// kind marks a callback message; its outcome creates no DLQ entry or further callback.
+	kind attemptKind
+
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+type attemptKind int
+
+const (
+	kindMessage attemptKind = iota
+	kindFailureCallback
+	kindCallback
+)
+
+type dedupEntry struct {
+	messageID string
+	url       string
+	at        time.Time
+}
+
+// publishResponse is one element of a publish or batch answer.
+type publishResponse struct {
+	MessageID    string `json:"messageId,omitempty"`
+	URL          string `json:"url,omitempty"`
+	Deduplicated bool   `json:"deduplicated,omitempty"`
+	Error        string `json:"error,omitempty"`
+}
+
+// badRequest is a validation failure answered with 400 {"error"}.
+type badRequest string
+
+func (e badRequest) Error() string { return string(e) }
+
+// fault draws the publish-side fault for one request: "", "5xx", "429" or "drop".
+func (s *Server) fault() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.faults
+	if f.Publish5xxRate <= 0 && f.Publish429Rate <= 0 && f.DropResponseRate <= 0 {
+		return ""
+	}
+	x := s.pubRand.Float64()
+	switch {
+	case x < f.Publish5xxRate:
+		return "5xx"
+	case x < f.Publish5xxRate+f.Publish429Rate:
+		return "429"
+	case x < f.Publish5xxRate+f.Publish429Rate+f.DropResponseRate:
+		return "drop"
+	}
+	return ""
+}
+
+// preFault answers an injected 5xx or 429 and reports whether it did.
+func preFault(w http.ResponseWriter, f string) bool {
+	switch f {
+	case "5xx":
+		writeError(w, http.StatusInternalServerError, "injected fault: internal server error")
+		return true
+	case "429":
+		w.Header().Set("RateLimit-Limit", "1000")
+		w.Header().Set("RateLimit-Remaining", "0")
+		w.Header().Set("RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Second).UnixMilli(), 10))
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, "injected fault: daily quota exceeded")
+		return true
+	}
+	return false
+}
+
+// dropResponse closes the connection without answering: the request was accepted.
+func dropResponse(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if conn, _, err := hj.Hijack(); err == nil {
+			_ = conn.Close()
+			return
+		}
+	}
+	panic(http.ErrAbortHandler)
+}
+
+func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, queue, rawDest string) {
+	f := s.fault()
+	if preFault(w, f) {
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	if len(body) > maxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "message is too large")
+		return
+	}
+	dest, err := destination(rawDest, r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	h := r.Header.Clone()
+	// Configuration can also come as lowercase query parameters (upstash-retries=3).
+	for k, vs := range r.URL.Query() {
+		if strings.HasPrefix(strings.ToLower(k), "upstash-") && h.Get(k) == "" && len(vs) > 0 {
+			h.Set(k, vs[0])
+		}
+	}
+	resp, status, err := s.accept(dest, h, body, queue, callerIP(r))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if f == "drop" {
+		dropResponse(w)
+		return
+	}
+	writeJSON(w, status, resp)
+}
+
+type batchRequestItem struct {
+	Destination string            `json:"destination"`
+	Headers     map[string]string `json:"headers"`
+	Body        *string           `json:"body"`
+	Queue       *string           `json:"queue"`
+}
+
+func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
+	f := s.fault()
+	if preFault(w, f) {
+		return
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(data) > maxBody {
+		writeError(w, http.StatusBadRequest, "batch body unreadable or over 100 MB")
+		return
+	}
+	var items []batchRequestItem
+	if err := json.Unmarshal(data, &items); err != nil {
+		writeError(w, http.StatusBadRequest, "batch body must be a JSON array of messages: "+err.Error())
+		return
+	}
+	ip := callerIP(r)
+	out := make([]publishResponse, len(items))
+	for i, it := range items {
+		h := http.Header{}
+		for k, v := range it.Headers {
+			h.Set(k, v)
+		}
+		var body []byte
+		if it.Body != nil {
+			body = []byte(*it.Body)
+		}
+		queue := ""
+		if it.Queue != nil {
+			queue = *it.Queue
+		}
+		dest, err := destination(it.Destination, nil)
+		if err != nil {
+			out[i] = publishResponse{Error: err.Error()}
+			continue
+		}
+		resp, _, err := s.accept(dest, h, body, queue, ip)
+		if err != nil {
+			out[i] = publishResponse{Error: err.Error()}
+			continue
+		}
+		out[i] = resp
+	}
+	if f == "drop" {
+		dropResponse(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// destination turns the raw path tail (or a batch item's destination) into a URL, adding
+// the request's query minus the token and upstash-* parameters.
+func destination(raw string, q url.Values) (string, error) {
+	if !strings.Contains(raw, "://") {
+		if u, err := url.PathUnescape(raw); err == nil {
+			raw = u
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil || raw == "" {
+		return "", badRequest("invalid destination url: " + strconv.Quote(raw))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", badRequest("invalid destination url: endpoint has invalid scheme, add http:// or https://")
+	}
+	if u.Host == "" {
+		return "", badRequest("invalid destination url: missing host")
+	}
+	extra := url.Values{}
+	for k, vs := range q {
+		if k == "qstash_token" || strings.HasPrefix(strings.ToLower(k), "upstash-") {
+			continue
+		}
+		extra[k] = vs
+	}
+	if len(extra) > 0 {
+		sep := "?"
+		if strings.Contains(raw, "?") {
+			sep = "&"
+		}
+		raw += sep + extra.Encode()
+	}
+	return raw, nil
+}
+
+func isLoopback(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func callerIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// accept validates one message, deduplicates it and schedules it. It returns the answer
+// element and status (201 new, 202 duplicate).
+func (s *Server) accept(dest string, h http.Header, body []byte, queue, ip string) (publishResponse, int, error) {
+	m, dedupKey, err := s.parse(dest, h, body, queue)
+	if err != nil {
+		return publishResponse{}, 0, err
+	}
+	m.callerIP = ip
+	now := time.Now()
+	s.mu.Lock()
+	if dedupKey != "" {
+		if e, ok := s.dedup[dedupKey]; ok && now.Sub(e.at) < s.opts.DedupWindow {
+			s.mu.Unlock()
+			return publishResponse{MessageID: e.messageID, URL: e.url, Deduplicated: true}, http.StatusAccepted, nil
+		}
+		s.dedup[dedupKey] = dedupEntry{messageID: m.id, url: dest, at: now}
+		s.pruneDedupLocked(now)
+	}
+	s.mu.Unlock()
+	if !s.schedule(m) {
+		return publishResponse{}, 0, badRequest("server is shutting down")
+	}
+	return publishResponse{MessageID: m.id, URL: dest}, http.StatusCreated, nil
+}
+
+// pruneDedupLocked drops expired ids once the table has grown, amortised over inserts.
+func (s *Server) pruneDedupLocked(now time.Time) {
+	if len(s.dedup) < 4096 || len(s.dedup)%1024 != 0 {
+		return
+	}
+	for k, e := range s.dedup {
+		if now.Sub(e.at) >= s.opts.DedupWindow {
+			delete(s.dedup, k)
+		}
+	}
+}
+
+var retryDelayConst = regexp.MustCompile(`^\s*[0-9]+\s*$`)
+
+// parse reads QStash's configuration headers into a message.
+func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*message, string, error) {
+	if !s.opts.AllowNonLoopback && !isLoopback(dest) {
+		return nil, "", badRequest("invalid destination url: " + dest + " is not a loopback address (the local server only delivers to this machine; set AllowNonLoopback)")
+	}
+	if queue != "" && !validName(queue) {
+		return nil, "", badRequest("invalid queue name " + strconv.Quote(queue))
+	}
+	now := time.Now()
+	m := &message{
+		id:         "msg_" + randomID(26),
+		url:        dest,
+		method:     http.MethodPost,
+		header:     http.Header{},
+		body:       body,
+		retries:    3,
+		createdAt:  now,
+		queue:      queue,
+		retryDelay: -1,
+		fcHeader:   http.Header{},
+		cbHeader:   http.Header{},
+	}
+	if v := h.Get("Upstash-Method"); v != "" {
+		switch v = strings.ToUpper(v); v {
+		case "GET", "POST", "PUT", "PATCH", "DELETE":
+			m.method = v
+		default:
+			return nil, "", badRequest("Upstash-Method must be one of GET, POST, PUT, PATCH, DELETE")
+		}
+	}
+	if v := h.Get("Upstash-Retries"); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 {
+			return nil, "", badRequest("Upstash-Retries must be a non-negative integer")
+		}
+		m.retries = n
+	}
+	m.fcRetries = m.retries
+	if v := h.Get("Upstash-Retry-Delay"); v != "" {
+		if !retryDelayConst.MatchString(v) {
+			return nil, "", badRequest("Upstash-Retry-Delay: the local server supports only a constant number of milliseconds")
+		}
+		ms, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		m.retryDelay = time.Duration(ms) * time.Millisecond
+	}
+	if v := h.Get("Upstash-Delay"); v != "" {
+		d, err := parseCompoundDuration(v)
+		if err != nil {
+			return nil, "", badRequest("Upstash-Delay: " + err.Error())
+		}
+		m.notBefore = now.Add(d)
+	}
+	if v := h.Get("Upstash-Not-Before"); v != "" {
+		sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return nil, "", badRequest("Upstash-Not-Before must be unix seconds")
+		}
+		m.notBefore = time.Unix(sec, 0)
+	}
+	if v := h.Get("Upstash-Timeout"); v != "" {
+		d, err := parseCompoundDuration(v)
+		if err != nil || d <= 0 {
+			return nil, "", badRequest("Upstash-Timeout: invalid duration")
+		}
+		m.timeout = d
+	}
+	for _, cb := range []struct {
+		name string
+		dst  *string
+	}{{"Upstash-Callback", &m.callback}, {"Upstash-Failure-Callback", &m.failureCallback}} {
+		if v := h.Get(cb.name); v != "" {
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return nil, "", badRequest(cb.name + ": invalid url, add http:// or https://")
+			}
+			if !s.opts.AllowNonLoopback && !isLoopback(v) {
+				return nil, "", badRequest(cb.name + ": " + v + " is not a loopback address")
+			}
+			*cb.dst = v
+		}
+	}
+	if v := h.Get("Upstash-Failure-Callback-Retries"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, "", badRequest("Upstash-Failure-Callback-Retries must be a non-negative integer")
+		}
+		m.fcRetries = n
+	}
+	m.fcMethod = http.MethodPost
+	if v := h.Get("Upstash-Failure-Callback-Method"); v != "" {
+		m.fcMethod = strings.ToUpper(v)
+	}
+	if v := h.Get("Upstash-Failure-Callback-Timeout"); v != "" {
+		d, err := parseCompoundDuration(v)
+		if err != nil || d <= 0 {
+			return nil, "", badRequest("Upstash-Failure-Callback-Timeout: invalid duration")
+		}
+		m.fcTimeout = d
+	}
+	key, value := h.Get("Upstash-Flow-Control-Key"), h.Get("Upstash-Flow-Control-Value")
+	if key != "" || value != "" {
+		if key == "" {
+			return nil, "", badRequest("Upstash-Flow-Control-Key is required with Upstash-Flow-Control-Value")
+		}
+		p, rate, period, err := parseFlowControl(value)
+		if err != nil {
+			return nil, "", err
+		}
+		m.flowKey, m.flowParallelism, m.flowRate, m.flowPeriod = key, p, rate, period
+	}
+	forwardAll := strings.EqualFold(h.Get("Upstash-Header-Forward"), "true")
+	var fwd []string
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		switch {
+		case strings.HasPrefix(ck, "Upstash-Forward-"):
+			name := strings.TrimPrefix(ck, "Upstash-Forward-")
+			if name == "" {
+				continue
+			}
+			m.header[http.CanonicalHeaderKey(name)] = append([]string(nil), vs...)
+			fwd = append(fwd, ck+":"+strings.Join(vs, ","))
+		case strings.HasPrefix(ck, "Upstash-Failure-Callback-Forward-"):
+			m.fcHeader[strings.TrimPrefix(ck, "Upstash-Failure-Callback-Forward-")] = vs
+		case strings.HasPrefix(ck, "Upstash-Callback-Forward-"):
+			m.cbHeader[strings.TrimPrefix(ck, "Upstash-Callback-Forward-")] = vs
+		case ck == "Content-Type":
+			m.header.Set("Content-Type", vs[0])
+		case forwardAll && !strings.HasPrefix(ck, "Upstash-") && !hopByHop[ck]:
+			m.header[ck] = vs
+		}
+	}
+	var dedupKey string
+	if v := h.Get("Upstash-Deduplication-Id"); v != "" {
+		if strings.Contains(v, ":") {
+			return nil, "", badRequest("DeduplicationId cannot contain ':'")
+		}
+		dedupKey = "id:" + v
+	} else if strings.EqualFold(h.Get("Upstash-Content-Based-Deduplication"), "true") {
+		// Content-based: destination, body, Content-Type and the forwarded headers.
+		sort.Strings(fwd)
+		sum := sha256.New()
+		fmt.Fprintf(sum, "%s\n%s\n%s\n", dest, h.Get("Content-Type"), strings.Join(fwd, "\n"))
+		sum.Write(body)
+		dedupKey = "content:" + hex.EncodeToString(sum.Sum(nil))
+	}
+	return m, dedupKey, nil
+}
+
+var hopByHop = map[string]bool{
+	"Authorization": true, "Connection": true, "Content-Length": true, "Host": true,
+	"Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Accept-Encoding": true, "User-Agent": true,
+}
+
+func validName(s string) bool {
+	for _, r := range s {
+		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+const flowControlValueError = "Upstash-Flow-Control-Value should be either rate=X or parallelism=Y, or both as comma-separated values"
+
+// parseFlowControl reads "parallelism=5, rate=10, period=60s" (spaces optional).
+func parseFlowControl(v string) (parallelism, rate int, period time.Duration, err error) {
+	period = time.Second
+	for _, part := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return 0, 0, 0, badRequest(flowControlValueError)
+		}
+		k, val = strings.TrimSpace(k), strings.TrimSpace(val)
+		switch k {
+		case "parallelism", "rate":
+			n, perr := strconv.Atoi(val)
+			if perr != nil || n <= 0 {
+				return 0, 0, 0, badRequest(flowControlValueError)
+			}
+			if k == "parallelism" {
+				parallelism = n
+			} else {
+				rate = n
+			}
+		case "period":
+			d, perr := parseCompoundDuration(val)
+			if perr != nil || d <= 0 || d > 7*24*time.Hour {
+				return 0, 0, 0, badRequest("Upstash-Flow-Control-Value: period must be a duration between 1s and 1 week")
+			}
+			period = d
+		default:
+			return 0, 0, 0, badRequest(flowControlValueError)
+		}
+	}
+	if parallelism == 0 && rate == 0 {
+		return 0, 0, 0, badRequest(flowControlValueError)
+	}
+	return parallelism, rate, period, nil
+}
+
+// parseCompoundDuration reads QStash durations: "10s", "1d10h30m", or a bare number of
+// seconds.
+func parseCompoundDuration(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second, nil
+	}
+	var total time.Duration
+	sc := bufio.NewScanner(strings.NewReader(v))
+	sc.Split(bufio.ScanRunes)
+	num := ""
+	for sc.Scan() {
+		c := sc.Text()
+		if c >= "0" && c <= "9" {
+			num += c
+			continue
+		}
+		if num == "" {
+			return 0, fmt.Errorf("invalid duration %q", v)
+		}
+		n, _ := strconv.ParseInt(num, 10, 64)
+		num = ""
+		switch c {
+		case "s":
+			total += time.Duration(n) * time.Second
+		case "m":
+			total += time.Duration(n) * time.Minute
+		case "h":
+			total += time.Duration(n) * time.Hour
+		case "d":
+			total += time.Duration(n) * 24 * time.Hour
+		default:
+			return 0, fmt.Errorf("invalid duration unit %q in %q", c, v)
+		}
+	}
+	if num != "" || v == "" {
+		return 0, fmt.Errorf("invalid duration %q", v)
+	}
+	return total, nil
+}

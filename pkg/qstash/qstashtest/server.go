@@ -1,0 +1,437 @@
+// Package qstashtest is a QStash-compatible server for tests and the local stack, in the
+// style of net/http/httptest: NewServer starts it on a loopback port, and its URL, Token and
+// signing keys configure a client exactly as the official dev server's would.
+//
+// It implements the parts of the QStash v2 API that this project and qstash-go v1.0.0 use
+// (qstash-contract.md, checklist): publish, batch, enqueue into FIFO queues, deduplication,
+// signed deliveries with QStash's retry and backoff rules, flow control, the DLQ with
+// failure callbacks, signing keys and pending messages, plus seeded fault injection and an
+// attempt log for tests. URL groups, schedules and the success callback's per-attempt
+// semantics are not implemented. State lives in memory.
+package qstashtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+// Defaults for Options.
+const (
+	DefaultAddr            = "127.0.0.1:8080"
+	DefaultDedupWindow     = 10 * time.Minute
+	DefaultDeliveryTimeout = 30 * time.Second
+	// MaxBackoff is QStash's cap on the default retry delay (one day).
+	MaxBackoff = 24 * time.Hour
+)
+
+// Options configures a Server. Zero fields take the defaults.
+type Options struct {
+	// Addr is the listen address for Start. Default DefaultAddr. NewServer ignores it and
+	// listens on a free loopback port.
+	Addr string
+	// Token is the accepted API token. Default qstash.DevToken.
+	Token string
+	// CurrentSigningKey and NextSigningKey default to the dev keys.
+	CurrentSigningKey string
+	NextSigningKey    string
+	// SignWithNextKey signs deliveries with the next key instead of the current one (a
+	// verifier must accept both during rotation).
+	SignWithNextKey bool
+	// ClockSkew shifts the iat/exp of every signature (a negative value ages tokens).
+	ClockSkew time.Duration
+	// TimeScale multiplies every retry delay: QStash's min(86400, e^(2.5n)) s backoff,
+	// Retry-After answers and Upstash-Retry-Delay. Default 1 (QStash's real timing); tests
+	// use e.g. 0.0001 so a 12 s backoff takes 1.2 ms.
+	TimeScale float64
+	// DedupWindow is how long a deduplication id is remembered. Default DefaultDedupWindow
+	// (10 min, as the current QStash docs state).
+	DedupWindow time.Duration
+	// DeliveryTimeout cuts off a delivery attempt unless Upstash-Timeout is shorter.
+	// Default DefaultDeliveryTimeout.
+	DeliveryTimeout time.Duration
+	// AllowNonLoopback permits destinations and callbacks on non-loopback hosts. Default
+	// false: they are refused with 400, so a test cannot post to the internet.
+	AllowNonLoopback bool
+	// Seed seeds the fault-injection random sources, so a run with the same Seed and the
+	// same sequence of requests injects the same faults.
+	Seed uint64
+	// Faults is the initial fault configuration (see SetFaults).
+	Faults Faults
+	// OnAttempt, if set, is called after every delivery attempt (including failure
+	// callbacks), from the delivering goroutine; it must be safe for concurrent use.
+	OnAttempt func(Attempt)
+	// HTTPClient delivers messages. Default a client with its own transport.
+	HTTPClient *http.Client
+	// Logger receives the server's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Faults are injected failures. Rates are probabilities in [0,1]. A Server's faults can be
+// changed at any time with SetFaults.
+type Faults struct {
+	// Publish5xxRate: a publish, enqueue or batch request is answered 500 and not accepted.
+	Publish5xxRate float64
+	// Publish429Rate: such a request is answered 429 with RateLimit-* and Retry-After
+	// headers and not accepted.
+	Publish429Rate float64
+	// DropResponseRate: the request is accepted (messages are created) but the connection
+	// is closed without a response: the ambiguous timeout a publisher must survive.
+	DropResponseRate float64
+	// DuplicateRate: after a successful delivery, the same delivery (same message id and
+	// Upstash-Retried) is made once more, as QStash's at-least-once delivery allows.
+	DuplicateRate float64
+	// DelayRate and MaxDelay: an attempt is held back by a random delay up to MaxDelay
+	// before it is sent, which reorders deliveries that are not in a FIFO queue.
+	DelayRate float64
+	MaxDelay  time.Duration
+}
+
+// Attempt is one delivery attempt as the destination saw it.
+type Attempt struct {
+	MessageID string
+	// URL is the destination (or the failure-callback URL).
+	URL    string
+	Method string
+	// Queue is the FIFO queue, if the message was enqueued.
+	Queue string
+	// Retried is the Upstash-Retried header sent: 0 on the first attempt.
+	Retried int
+	// Status is the response status, 0 if no response arrived (Err says why).
+	Status int
+	Err    string
+	// Duplicate marks an injected duplicate delivery; FailureCallback a failure-callback
+	// delivery; Callback a success-callback delivery.
+	Duplicate       bool
+	FailureCallback bool
+	Callback        bool
+	// Header and Body are what was sent.
+	Header http.Header
+	Body   []byte
+	Start  time.Time
+	End    time.Time
+}
+
+// Server is a running QStash-compatible server.
+type Server struct {
+	// URL is the base URL (QSTASH_URL), e.g. http://127.0.0.1:43121, without a trailing "/".
+	URL string
+	// Token is the accepted API token (QSTASH_TOKEN).
+	Token string
+	// CurrentSigningKey and NextSigningKey are the signing keys at start. Rotation through
+	// the API changes the keys in use; see Keys.
+	CurrentSigningKey string
+	NextSigningKey    string
+
+	opts   Options
+	log    *slog.Logger
+	srv    *http.Server
+	ln     net.Listener
+	client *http.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	wg       sync.WaitGroup
+	keys     [2]string
+	faults   Faults
+	pubRand  *rand.Rand
+	delRand  *rand.Rand
+	seq      uint64
+	dedup    map[string]dedupEntry
+	messages map[string]*message // pending (not yet delivered or failed)
+	queues   map[string]*queue
+	dlq      []*dlqEntry
+	attempts []Attempt
+	idle     chan struct{} // closed and replaced when pending drops to zero
+	flow     *flowControl
+}
+
+// NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
+// httptest.NewServer does. Call Close when done.
+func NewServer(opts Options) *Server {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("qstashtest: listen: %v", err))
+	}
+	return start(ln, opts)
+}
+
+// Start starts a Server on opts.Addr (default DefaultAddr), for running it standalone.
+func Start(opts Options) (*Server, error) {
+	addr := opts.Addr
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("start qstash server: %w", err)
+	}
+	return start(ln, opts), nil
+}
+
+func start(ln net.Listener, opts Options) *Server {
+	if opts.Token == "" {
+		opts.Token = qstash.DevToken
+	}
+	if opts.CurrentSigningKey == "" {
+		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
+	}
+	if opts.NextSigningKey == "" {
+		opts.NextSigningKey = qstash.DevNextSigningKey
+	}
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = DefaultDedupWindow
+	}
+	if opts.DeliveryTimeout <= 0 {
+		opts.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		URL:               "http://" + ln.Addr().String(),
+		Token:             opts.Token,
+		CurrentSigningKey: opts.CurrentSigningKey,
+		NextSigningKey:    opts.NextSigningKey,
+		opts:              opts,
+		log:               opts.Logger,
+		ln:                ln,
+		ctx:               ctx,
+		cancel:            cancel,
+		keys:              [2]string{opts.CurrentSigningKey, opts.NextSigningKey},
+		faults:            opts.Faults,
+		pubRand:           rand.New(rand.NewPCG(opts.Seed, 1)),
+		delRand:           rand.New(rand.NewPCG(opts.Seed, 2)),
+		dedup:             map[string]dedupEntry{},
+		messages:          map[string]*message{},
+		queues:            map[string]*queue{},
+		idle:              make(chan struct{}),
+	}
+	s.flow = newFlowControl()
+	if opts.HTTPClient != nil {
+		s.client = opts.HTTPClient
+	} else {
+		s.client = &http.Client{
+			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+			// QStash does not follow redirects as far as anyone has documented; a 3xx is a
+			// failed attempt.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("qstash server stopped", "error", err)
+		}
+	}()
+	return s
+}
+
+// Close stops accepting requests, cancels pending deliveries and waits for every
+// goroutine the server started. Pending messages are lost, as with the dev server.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = s.srv.Shutdown(sctx)
+	cancel()
+	_ = s.srv.Close()
+	s.wg.Wait()
+	if t, ok := s.client.Transport.(*http.Transport); ok && s.opts.HTTPClient == nil {
+		t.CloseIdleConnections()
+	}
+}
+
+// go runs f on a tracked goroutine, unless the server is closed.
+func (s *Server) goTracked(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// SetFaults replaces the fault configuration; it applies to requests and attempts that
+// start afterwards.
+func (s *Server) SetFaults(f Faults) {
+	s.mu.Lock()
+	s.faults = f
+	s.mu.Unlock()
+}
+
+// Faults returns the current fault configuration.
+func (s *Server) Faults() Faults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faults
+}
+
+// Attempts returns a copy of every delivery attempt so far, in completion order.
+func (s *Server) Attempts() []Attempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Attempt(nil), s.attempts...)
+}
+
+// Keys returns the signing keys in use (they change on rotation).
+func (s *Server) Keys() (current, next string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keys[0], s.keys[1]
+}
+
+// Pending is the number of messages not yet delivered or finally failed (including their
+// failure callbacks).
+func (s *Server) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.messages)
+}
+
+// WaitIdle blocks until no message is pending, or ctx ends.
+func (s *Server) WaitIdle(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, ch := len(s.messages), s.idle
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for qstash server idle: %d pending: %w", n, ctx.Err())
+		}
+	}
+}
+
+// ServeHTTP routes on the raw path: http.ServeMux would clean /v2/publish/https://x into
+// /v2/publish/https:/x and answer with a redirect.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.authorized(r) {
+		writeError(w, http.StatusUnauthorized, "invalid token")
+		return
+	}
+	path := r.URL.EscapedPath()
+	switch {
+	case strings.HasPrefix(path, "/v2/publish/"):
+		s.onlyPost(w, r, func() { s.handlePublish(w, r, "", strings.TrimPrefix(path, "/v2/publish/")) })
+	case strings.HasPrefix(path, "/v2/enqueue/"):
+		rest := strings.TrimPrefix(path, "/v2/enqueue/")
+		q, dest, ok := strings.Cut(rest, "/")
+		if !ok || q == "" {
+			writeError(w, http.StatusBadRequest, "queue name and destination are required")
+			return
+		}
+		s.onlyPost(w, r, func() { s.handlePublish(w, r, q, dest) })
+	case path == "/v2/batch":
+		s.onlyPost(w, r, func() { s.handleBatch(w, r) })
+	case path == "/v2/keys":
+		s.handleKeys(w, r)
+	case path == "/v2/keys/rotate" || path == "/v2/rotate":
+		s.onlyPost(w, r, func() { s.handleRotate(w) })
+	case path == "/v2/dlq" || strings.HasPrefix(path, "/v2/dlq/"):
+		s.handleDLQ(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "/v2/dlq"), "/"))
+	case strings.HasPrefix(path, "/v2/messages/"):
+		s.handleMessage(w, r, strings.TrimPrefix(path, "/v2/messages/"))
+	case path == "/v2/queues" || strings.HasPrefix(path, "/v2/queues/"):
+		s.handleQueues(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "/v2/queues"), "/"))
+	case path == "/v2/flowControl" || strings.HasPrefix(path, "/v2/flowControl/"):
+		s.handleFlowControl(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "/v2/flowControl"), "/"))
+	default:
+		writeError(w, http.StatusNotFound, "not found: "+r.Method+" "+path)
+	}
+}
+
+func (s *Server) onlyPost(w http.ResponseWriter, r *http.Request, f func()) {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	f()
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	tok := r.URL.Query().Get("qstash_token")
+	if h := r.Header.Get("Authorization"); h != "" {
+		t, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok {
+			return false
+		}
+		tok = t
+	}
+	return tok != "" && tok == s.Token
+}
+
+func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	cur, next := s.Keys()
+	writeJSON(w, http.StatusOK, map[string]string{"current": cur, "next": next})
+}
+
+func (s *Server) handleRotate(w http.ResponseWriter) {
+	s.mu.Lock()
+	s.keys = [2]string{s.keys[1], "sig_" + randomID(28)}
+	cur, next := s.keys[0], s.keys[1]
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"current": cur, "next": next})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+const base58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+// randomID is n base58 characters from a CSPRNG-seeded source (ids, not faults, so it
+// does not consume the seeded fault streams).
+func randomID(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = base58[rand.IntN(len(base58))]
+	}
+	return string(b)
+}
