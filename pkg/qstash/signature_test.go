@@ -1,0 +1,190 @@
+package qstash_test
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	upstash "github.com/upstash/qstash-go"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+const testURL = "https://hooks.example.com/events/order.created"
+
+var testBody = []byte(`{"order_id":"o-1","amount_cents":1200}`)
+
+func newVerifier(t *testing.T, now time.Time) *qstash.Verifier {
+	t.Helper()
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{
+		CurrentSigningKey: qstash.DevCurrentSigningKey,
+		NextSigningKey:    qstash.DevNextSigningKey,
+		Tolerance:         5 * time.Second,
+		Now:               func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// token signs claims with key and method, for hand-made (and hostile) tokens.
+func token(t *testing.T, method jwt.SigningMethod, key any, claims jwt.MapClaims) string {
+	t.Helper()
+	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func claims(now time.Time, sub string, body []byte, padded bool) jwt.MapClaims {
+	sum := sha256.Sum256(body)
+	h := base64.URLEncoding.EncodeToString(sum[:])
+	if !padded {
+		h = strings.TrimRight(h, "=")
+	}
+	return jwt.MapClaims{"iss": "Upstash", "sub": sub, "iat": now.Unix(), "exp": now.Add(5 * time.Minute).Unix(), "nbf": 0, "jti": "jwt_x", "body": h}
+}
+
+func TestVerifierAccepts(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	v := newVerifier(t, now)
+	cur, next := []byte(qstash.DevCurrentSigningKey), []byte(qstash.DevNextSigningKey)
+	signed, err := qstash.Sign(qstash.DevCurrentSigningKey, testURL, testBody, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sig := range map[string]string{
+		"Sign":                signed,
+		"padded body claim":   token(t, jwt.SigningMethodHS256, cur, claims(now, testURL, testBody, true)),
+		"unpadded body claim": token(t, jwt.SigningMethodHS256, cur, claims(now, testURL, testBody, false)),
+		"next key":            token(t, jwt.SigningMethodHS256, next, claims(now, testURL, testBody, true)),
+		"expired within tolerance": token(t, jwt.SigningMethodHS256, cur,
+			claims(now.Add(-5*time.Minute-3*time.Second), testURL, testBody, true)),
+	} {
+		if err := v.Verify(sig, testURL, testBody); err != nil {
+			t.Errorf("%s: Verify = %v, want nil", name, err)
+		}
+	}
+}
+
+func TestVerifierRejects(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	v := newVerifier(t, now)
+	cur := []byte(qstash.DevCurrentSigningKey)
+	noExp := claims(now, testURL, testBody, true)
+	delete(noExp, "exp")
+	badIss := claims(now, testURL, testBody, true)
+	badIss["iss"] = "Evil"
+	tests := []struct {
+		name   string
+		sig    string
+		url    string
+		body   []byte
+		reason qstash.VerifyReason
+	}{
+		{"empty key", token(t, jwt.SigningMethodHS256, []byte(""), claims(now, testURL, testBody, true)), testURL, testBody, qstash.ReasonBadSignature},
+		{"unknown key", token(t, jwt.SigningMethodHS256, []byte("sig_other"), claims(now, testURL, testBody, true)), testURL, testBody, qstash.ReasonBadSignature},
+		{"no exp", token(t, jwt.SigningMethodHS256, cur, noExp), testURL, testBody, qstash.ReasonMalformed},
+		{"HS512", token(t, jwt.SigningMethodHS512, cur, claims(now, testURL, testBody, true)), testURL, testBody, qstash.ReasonAlgorithm},
+		{"alg none", token(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, claims(now, testURL, testBody, true)), testURL, testBody, qstash.ReasonAlgorithm},
+		{"wrong subject", token(t, jwt.SigningMethodHS256, cur, claims(now, "https://evil.example/events/order.created", testBody, true)), testURL, testBody, qstash.ReasonSubject},
+		{"subject with trailing slash", token(t, jwt.SigningMethodHS256, cur, claims(now, testURL+"/", testBody, true)), testURL, testBody, qstash.ReasonSubject},
+		{"empty url", token(t, jwt.SigningMethodHS256, cur, claims(now, testURL, testBody, true)), "", testBody, qstash.ReasonSubject},
+		{"expired beyond tolerance", token(t, jwt.SigningMethodHS256, cur, claims(now.Add(-5*time.Minute-6*time.Second), testURL, testBody, true)), testURL, testBody, qstash.ReasonExpired},
+		{"body mismatch", token(t, jwt.SigningMethodHS256, cur, claims(now, testURL, testBody, true)), testURL, []byte(`{"order_id":"o-2"}`), qstash.ReasonBodyMismatch},
+		{"wrong issuer", token(t, jwt.SigningMethodHS256, cur, badIss), testURL, testBody, qstash.ReasonIssuer},
+		{"garbage", "not.a.jwt", testURL, testBody, qstash.ReasonMalformed},
+		{"missing", "", testURL, testBody, qstash.ReasonMissing},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := v.Verify(tt.sig, tt.url, tt.body)
+			var ve *qstash.VerifyError
+			if !errors.As(err, &ve) || !errors.Is(err, qstash.ErrBadSignature) {
+				t.Fatalf("Verify = %v, want a *VerifyError wrapping ErrBadSignature", err)
+			}
+			if ve.Reason != tt.reason {
+				t.Fatalf("reason = %q, want %q (%v)", ve.Reason, tt.reason, err)
+			}
+		})
+	}
+}
+
+func TestNewVerifierRefusesEmptyKeys(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]qstash.VerifierConfig{
+		"no current": {NextSigningKey: qstash.DevNextSigningKey},
+		"no next":    {CurrentSigningKey: qstash.DevCurrentSigningKey},
+		"neither":    {},
+		"negative tolerance": {CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey,
+			Tolerance: -time.Second},
+	} {
+		if v, err := qstash.NewVerifier(cfg); err == nil || v != nil {
+			t.Errorf("%s: NewVerifier = %v, %v; want an error", name, v, err)
+		}
+	}
+}
+
+// TestSDKReceiverAcceptsWhatVerifierRejects shows the hardening matters: qstash-go v1.0.0's
+// Receiver accepts each of these tokens; the Verifier rejects them (TestVerifierRejects).
+func TestSDKReceiverAcceptsWhatVerifierRejects(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	noExp := claims(now, testURL, testBody, true)
+	delete(noExp, "exp")
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := []byte(qstash.DevCurrentSigningKey)
+	for name, tc := range map[string]struct {
+		receiver *upstash.Receiver
+		sig      string
+	}{
+		// A deployment that left QSTASH_NEXT_SIGNING_KEY unset: anyone can forge.
+		"empty key": {upstash.NewReceiver(qstash.DevCurrentSigningKey, ""), token(t, jwt.SigningMethodHS256, []byte(""), claims(now, testURL, testBody, true))},
+		"no exp":    {upstash.NewReceiver(qstash.DevCurrentSigningKey, qstash.DevNextSigningKey), token(t, jwt.SigningMethodHS256, cur, noExp)},
+		"HS512":     {upstash.NewReceiver(qstash.DevCurrentSigningKey, qstash.DevNextSigningKey), token(t, jwt.SigningMethodHS512, cur, claims(now, testURL, testBody, true))},
+	} {
+		if err := tc.receiver.Verify(upstash.VerifyOptions{Signature: tc.sig, Url: testURL, Body: string(testBody)}); err != nil {
+			t.Errorf("%s: SDK Receiver rejected it (%v); the premise of the hardening changed", name, err)
+		}
+		if err := v.Verify(tc.sig, testURL, testBody); err == nil {
+			t.Errorf("%s: Verifier accepted it", name)
+		}
+	}
+}
+
+func TestSignIsVerified(t *testing.T) {
+	t.Parallel()
+	if _, err := qstash.Sign("", testURL, testBody, time.Now()); err == nil {
+		t.Fatal("Sign with an empty key succeeded")
+	}
+	now := time.Now()
+	sig, err := qstash.Sign(qstash.DevNextSigningKey, testURL, testBody, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := jwt.NewParser().ParseUnverified(sig, jwt.MapClaims{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tok.Claims.(jwt.MapClaims)
+	if c["iss"] != "Upstash" || c["sub"] != testURL || c["nbf"].(float64) != 0 ||
+		int64(c["exp"].(float64))-int64(c["iat"].(float64)) != 300 || !strings.HasPrefix(c["jti"].(string), "jwt_") ||
+		c["body"] != qstash.BodyHash(testBody) || !strings.HasSuffix(c["body"].(string), "=") {
+		t.Fatalf("claims %v are not QStash's", c)
+	}
+	if err := upstash.NewReceiver(qstash.DevCurrentSigningKey, qstash.DevNextSigningKey).Verify(upstash.VerifyOptions{Signature: sig, Url: testURL, Body: string(testBody)}); err != nil {
+		t.Fatalf("SDK Receiver rejects Sign's token: %v", err)
+	}
+}
