@@ -1,0 +1,171 @@
+package relayconfig
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/retention"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func minimal() map[string]string {
+	return map[string]string{
+		"DATABASE_URL":    "postgres://relay@db.internal:5432/app?sslmode=require",
+		"QSTASH_TOKEN":    "tok",
+		"PUBLIC_BASE_URL": "https://abc.lambda-url.eu-west-1.on.aws/",
+	}
+}
+
+func TestFromEnvDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(minimal()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Relay.BatchSize != relay.DefaultBatchSize || c.Relay.Lease != relay.DefaultLease || c.Relay.MaxAttempts != relay.DefaultMaxAttempts {
+		t.Fatalf("relay defaults: %+v", c.Relay)
+	}
+	p := c.Publisher
+	if p.BaseURL != qstash.DefaultBaseURL || p.Retries != qstash.DefaultRetries || p.Ordering != qstash.OrderingPublish ||
+		p.RequestTimeout != relay.DefaultPublishTimeout || p.DestinationBaseURL != "https://abc.lambda-url.eu-west-1.on.aws/" {
+		t.Fatalf("publisher defaults: %+v", p)
+	}
+	if c.Retention.OutboxRetention != retention.DefaultOutboxRetention || c.Retention.DedupeTTL != retention.DefaultDedupeTTL {
+		t.Fatalf("retention defaults: %+v", c.Retention)
+	}
+	if c.Linger != 0 || c.MetricsNamespace != "OutboxRelay" || c.LogLevel.String() != "INFO" {
+		t.Fatalf("defaults: linger %v ns %q level %v", c.Linger, c.MetricsNamespace, c.LogLevel)
+	}
+	if _, err := qstash.NewPublisher(c.Publisher); err != nil {
+		t.Fatalf("publisher config does not build: %v", err)
+	}
+}
+
+func TestFromEnvEverySetting(t *testing.T) {
+	t.Parallel()
+	m := minimal()
+	for k, v := range map[string]string{
+		"QSTASH_URL": "http://127.0.0.1:8080", "FAILURE_CALLBACK_URL": "https://fail.example.com/",
+		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
+		"PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
+		"LINGER": "40s", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
+	} {
+		m[k] = v
+	}
+	c, err := FromEnv(env(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Publisher.Retries != qstash.NoRetries || c.Publisher.Ordering != qstash.OrderingFIFO || c.Publisher.FIFOQueues != 4 ||
+		c.Publisher.BaseURL != "http://127.0.0.1:8080" || c.Publisher.FailureCallbackURL != "https://fail.example.com/" ||
+		c.Publisher.RequestTimeout != 5*time.Second {
+		t.Fatalf("publisher: %+v", c.Publisher)
+	}
+	if c.Relay.BatchSize != 250 || c.Relay.Lease != 45*time.Second || c.Relay.PublishTimeout != 5*time.Second ||
+		c.Relay.MaxAttempts != 6 || c.Relay.BackoffBase != 10*time.Second || c.Relay.BackoffMax != 10*time.Minute {
+		t.Fatalf("relay: %+v", c.Relay)
+	}
+	if c.Linger != 40*time.Second || c.Retention.OutboxRetention != 72*time.Hour || c.Retention.DedupeTTL != 30*24*time.Hour ||
+		c.MetricsNamespace != "Shop" || c.LogLevel.String() != "DEBUG" {
+		t.Fatalf("rest: %+v", c)
+	}
+	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
+	c, err = FromEnv(env(m))
+	if err != nil || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
+		t.Fatalf("flow control: %+v %v", c.Publisher, err)
+	}
+}
+
+// TestFromEnvReportsEverythingAtOnce sets every variable wrong and expects every one named.
+func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
+	t.Parallel()
+	bad := map[string]string{
+		"DATABASE_URL": "postgres://u:secret@host:notaport/db", "QSTASH_URL": "ftp://x", "PUBLIC_BASE_URL": "not a url",
+		"FAILURE_CALLBACK_URL": "mailto:x", "QSTASH_RETRIES": "-2", "ORDERING": "lifo", "FIFO_QUEUES": "0",
+		"FLOW_CONTROL_PARALLELISM": "x", "FLOW_CONTROL_RATE": "-1", "FLOW_CONTROL_PERIOD": "soon",
+		"BATCH_SIZE": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
+		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
+	}
+	_, err := FromEnv(env(bad))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	msg := err.Error()
+	for name := range bad {
+		if !strings.Contains(msg, name) {
+			t.Errorf("error does not name %s", name)
+		}
+	}
+	if !strings.Contains(msg, "QSTASH_TOKEN is not set") {
+		t.Error("missing QSTASH_TOKEN not reported")
+	}
+	if strings.Contains(msg, "secret") {
+		t.Errorf("error leaks the database password: %s", msg)
+	}
+}
+
+func TestFromEnvConsistency(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct {
+		set  map[string]string
+		want []string
+	}{
+		"missing required": {map[string]string{"DATABASE_URL": "", "QSTASH_TOKEN": "", "PUBLIC_BASE_URL": ""},
+			[]string{"DATABASE_URL is not set", "QSTASH_TOKEN is not set", "PUBLIC_BASE_URL is not set"}},
+		"lease under publish timeout":  {map[string]string{"LEASE": "5s", "PUBLISH_TIMEOUT": "10s"}, []string{"Lease"}},
+		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL 2h0m0s", "retry horizon"}},
+		"flow control in fifo":         {map[string]string{"ORDERING": "fifo", "FLOW_CONTROL_RATE": "5"}, []string{"flow control is for publish ordering"}},
+		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BackoffMax"}},
+		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30"}, []string{"QStash 30 retries"}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := minimal()
+			for k, v := range c.set {
+				m[k] = v
+			}
+			_, err := FromEnv(env(m))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q: %v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestVariablesListed(t *testing.T) {
+	t.Parallel()
+	read := map[string]bool{}
+	_, _ = FromEnv(func(k string) string { read[k] = true; return "" })
+	for _, v := range Variables {
+		if !read[v] {
+			t.Errorf("Variables lists %s, which FromEnv does not read", v)
+		}
+	}
+	if len(read) != len(Variables) {
+		t.Errorf("FromEnv reads %d variables, Variables lists %d", len(read), len(Variables))
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "0d": 0, "90s": 90 * time.Second, "1h30m": 90 * time.Minute} {
+		if got, err := ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"d", "1.5d", "x", "-d"} {
+		if _, err := ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q) accepted", in)
+		}
+	}
+}
