@@ -222,3 +222,49 @@ func TestSummaryAndMarkdown(t *testing.T) {
 		t.Errorf("%d of the schemas %v were not dropped", left, schemas)
 	}
 }
+
+func TestFIFO(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.FIFOConfigFor(bench.Tiny)
+	res, err := bench.FIFO(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != len(cfg.Keys) {
+		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Keys))
+	}
+	for _, r := range res.Runs {
+		if r.Delivered != cfg.Events || r.OrderViolations != 0 || r.EventsPerSec <= 0 {
+			t.Errorf("%d keys: delivered %d of %d, %d order violations", r.Keys, r.Delivered, cfg.Events, r.OrderViolations)
+		}
+	}
+}
+
+func TestE2E(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.E2EConfigFor(bench.Tiny)
+	res, err := bench.E2E(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int(float64(cfg.Rate) * cfg.Duration.Seconds())
+	for _, mode := range []string{bench.ModeLinger, bench.ModePoll} {
+		m := res.Mode(mode)
+		if m == nil {
+			t.Fatalf("no %s mode", mode)
+		}
+		if m.Produced != want || m.Delivered != want || m.Latency.Samples != want || m.Latency.P50 <= 0 || m.Latency.P99 < m.Latency.P50 {
+			t.Errorf("%s: %+v, want %d events", mode, m, want)
+		}
+	}
+	// Every event was charged once by the real handler.
+	var charges int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&charges); err != nil {
+		t.Fatal(err)
+	}
+	if charges != want {
+		t.Errorf("%d billing_charges rows after the poll run, want %d", charges, want)
+	}
+}

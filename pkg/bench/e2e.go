@@ -122,12 +122,9 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 		return m, err
 	}
 	defer srv.Close()
-	q, err := startDelivering()
-	if err != nil {
-		return m, err
-	}
+	q := startDelivering()
 	defer q.Close()
-	pub, err := q.publisher(srv.URL, false)
+	pub, err := newPublisher(q.URL, q.Token, srv.URL, false)
 	if err != nil {
 		return m, err
 	}

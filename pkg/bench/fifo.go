@@ -79,15 +79,11 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 		}
 		rec := newOrderRecorder(cfg.Events)
 		sink := httptest.NewServer(rec)
-		q, err := startDelivering()
-		if err != nil {
-			sink.Close()
-			return res, err
-		}
+		q := startDelivering()
 		run, err := func() (FIFORun, error) {
 			defer sink.Close()
 			defer q.Close()
-			pub, err := q.publisher(sink.URL, true)
+			pub, err := newPublisher(q.URL, q.Token, sink.URL, true)
 			if err != nil {
 				return FIFORun{}, err
 			}

@@ -143,10 +143,12 @@ func Memory(ctx context.Context, url string, cfg MemoryConfig, spawn Spawner, pr
 	if err := Analyze(ctx, pool); err != nil {
 		return nil, err
 	}
-	q := startQStash()
+	// The local QStash and its sink run in this process, not the child's, so the child's
+	// memory is the relay's alone.
+	q := startSinkQStash()
 	defer q.Close()
 
-	in, err := json.Marshal(ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: "http://127.0.0.1:9/sink", Batch: cfg.Batch})
+	in, err := json.Marshal(ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: q.SinkURL, Batch: cfg.Batch})
 	if err != nil {
 		return nil, err
 	}
