@@ -142,9 +142,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	c.Publisher.HTTPClient = nil // let the caller choose; WithDefaults fills it again
 
 	// Consistency checks, reported with the variable names a user sets.
-	if err := c.Relay.Validate(); err != nil {
-		p.errs = append(p.errs, fmt.Errorf("BATCH_SIZE/LEASE/PUBLISH_TIMEOUT/MAX_ATTEMPTS/BACKOFF_*: %w", err))
-	}
+	p.named(c.Relay.Validate(), "relay config ")
 	{
 		// Missing variables were reported above; stand-ins keep them from being reported twice.
 		check := c.Publisher.WithDefaults()
@@ -154,13 +152,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		if check.DestinationBaseURL == "" {
 			check.DestinationBaseURL = "https://unset.invalid"
 		}
-		if err := check.Validate(); err != nil {
-			p.errs = append(p.errs, fmt.Errorf("QSTASH_URL/PUBLIC_BASE_URL/FAILURE_CALLBACK_URL/ORDERING/FIFO_QUEUES/FLOW_CONTROL_*: %w", err))
-		}
+		p.named(check.Validate(), "qstash publisher config ")
 	}
-	if err := c.Retention.Validate(); err != nil {
-		p.errs = append(p.errs, fmt.Errorf("OUTBOX_RETENTION/DEDUPE_TTL: %w", err))
-	}
+	p.named(c.Retention.Validate(), "retention config ")
 	if c.Linger < 0 {
 		p.fail("LINGER %v must not be negative (0 turns it off)", c.Linger)
 	}
@@ -172,6 +166,40 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		p.errs = append(p.errs, err)
 	}
 	return c, errors.Join(p.errs...)
+}
+
+// fieldVars maps config struct fields to the variables that set them.
+var fieldVars = map[string]string{
+	"BatchSize": "BATCH_SIZE", "Lease": "LEASE", "PublishTimeout": "PUBLISH_TIMEOUT", "MaxAttempts": "MAX_ATTEMPTS",
+	"BackoffBase": "BACKOFF_BASE", "BackoffMax": "BACKOFF_MAX",
+	"BaseURL": "QSTASH_URL", "Token": "QSTASH_TOKEN", "DestinationBaseURL": "PUBLIC_BASE_URL",
+	"FailureCallbackURL": "FAILURE_CALLBACK_URL", "Retries": "QSTASH_RETRIES", "Ordering": "ORDERING",
+	"FIFOQueues": "FIFO_QUEUES", "FlowControlParallelism": "FLOW_CONTROL_PARALLELISM",
+	"FlowControlRate": "FLOW_CONTROL_RATE", "FlowControlPeriod": "FLOW_CONTROL_PERIOD",
+	"RequestTimeout": "PUBLISH_TIMEOUT", "OutboxRetention": "OUTBOX_RETENTION", "DedupeTTL": "DEDUPE_TTL",
+}
+
+// named adds each error joined in err, prefixed with the variable that sets the field it
+// names ("relay config Lease: ..." becomes "LEASE: relay config Lease: ...").
+func (p *parser) named(err error, prefix string) {
+	if err == nil {
+		return
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		msg := e.Error()
+		if i := strings.Index(msg, prefix); i >= 0 {
+			field, _, _ := strings.Cut(msg[i+len(prefix):], ":")
+			if v, ok := fieldVars[field]; ok {
+				p.errs = append(p.errs, fmt.Errorf("%s: %w", v, e))
+				continue
+			}
+		}
+		p.errs = append(p.errs, e)
+	}
 }
 
 type parser struct {

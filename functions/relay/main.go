@@ -1,0 +1,267 @@
+// Command relay is the scheduled relay Lambda: each invocation drains the outbox through
+// QStash ({"task":"drain"}, also what an EventBridge envelope without Input means) or runs
+// retention ({"task":"retention"}), writes one EMF metrics line, and returns its counts.
+//
+// Environment: see package relayconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
+// required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
+// FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, LEASE,
+// PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
+// DEDUPE_TTL, METRICS_NAMESPACE, LOG_LEVEL optional).
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
+	"github.com/outbox-relay/outbox-relay/pkg/retention"
+)
+
+const (
+	// maxConns: one environment runs one invocation at a time. The drain uses one
+	// connection at a time and the backlog gauge another; linger adds the LISTEN session.
+	maxConns = 2
+	// deadlineReserve is kept back from the Lambda deadline: the runtime is killed at the
+	// deadline itself, so the metrics line and the response must be out before it.
+	deadlineReserve = 2 * time.Second
+	// gaugeTimeout bounds the backlog query run after the drain, inside the reserve.
+	gaugeTimeout = 1500 * time.Millisecond
+)
+
+type config struct {
+	relayconfig.Config
+}
+
+// loadConfig reads the environment through getenv and reports every missing or invalid
+// variable at once.
+func loadConfig(getenv func(string) string) (config, error) {
+	c, err := relayconfig.FromEnv(getenv)
+	return config{c}, err
+}
+
+func main() {
+	cfg, err := loadConfig(os.Getenv)
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if err != nil {
+		logger.Error("load relay config", slog.Any("error", err))
+		os.Exit(1)
+	}
+	pool, err := newPool(context.Background(), cfg, logger)
+	if err != nil {
+		logger.Error("start relay", slog.Any("error", err))
+		os.Exit(1)
+	}
+	defer pool.Close()
+	h, err := newHandler(cfg, pool, nil, os.Stdout, logger)
+	if err != nil {
+		logger.Error("start relay", slog.Any("error", err))
+		os.Exit(1)
+	}
+	lambda.Start(h.handle)
+}
+
+// newPool opens the pool once per cold start.
+func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = maxConns
+	if cfg.Linger > 0 {
+		pc.MaxConns++
+	}
+	// A connection that died while the environment was frozen must not eat the invocation.
+	pc.PingTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	// Not fatal: each invocation fails while the database is down and the next tick retries.
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		logger.Warn("database not reachable at start; invocations will fail until it is", slog.Any("error", err))
+	}
+	return pool, nil
+}
+
+// handler runs one invocation. pub nil means the QStash publisher from cfg.
+type handler struct {
+	pool      *pgxpool.Pool
+	relay     *relay.Relay
+	retention retention.Config
+	linger    time.Duration
+	emf       *metrics.EMF
+	log       *slog.Logger
+	reserve   time.Duration
+}
+
+func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
+	if pub == nil {
+		p, err := qstash.NewPublisher(cfg.Publisher)
+		if err != nil {
+			return nil, err
+		}
+		pub = p
+	}
+	rc := cfg.Relay
+	rc.Logger = logger
+	r, err := relay.New(pool, pub, rc)
+	if err != nil {
+		return nil, err
+	}
+	ret := cfg.Retention
+	ret.Logger = logger
+	return &handler{
+		pool:      pool,
+		relay:     r,
+		retention: ret,
+		linger:    cfg.Linger,
+		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
+		log:       logger,
+		reserve:   deadlineReserve,
+	}, nil
+}
+
+// Tasks.
+const (
+	taskDrain     = "drain"
+	taskRetention = "retention"
+)
+
+// request is the invocation payload. Unknown fields (an EventBridge envelope, a Scheduler
+// placeholder such as scheduledTime) are ignored; no task means drain.
+type request struct {
+	Task string `json:"task"`
+}
+
+// result is the invocation's response: the counts of what it did.
+type result struct {
+	Task              string  `json:"task"`
+	Claimed           int     `json:"claimed,omitempty"`
+	Dispatched        int     `json:"dispatched,omitempty"`
+	Retried           int     `json:"retried,omitempty"`
+	DeadLettered      int     `json:"dead_lettered,omitempty"`
+	Released          int     `json:"released,omitempty"`
+	LeaseLost         int     `json:"lease_lost,omitempty"`
+	Batches           int     `json:"batches,omitempty"`
+	StoppedAtDeadline bool    `json:"stopped_at_deadline,omitempty"`
+	BacklogPending    *int64  `json:"backlog_pending,omitempty"`
+	OldestPendingAge  float64 `json:"oldest_pending_age_seconds,omitempty"`
+	OutboxDeleted     int64   `json:"outbox_deleted,omitempty"`
+	ProcessedDeleted  int64   `json:"processed_deleted,omitempty"`
+	Complete          *bool   `json:"complete,omitempty"`
+	DurationMS        int64   `json:"duration_ms"`
+}
+
+func parseTask(payload json.RawMessage) (string, error) {
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return taskDrain, nil
+	}
+	if trimmed[0] != '{' {
+		return "", fmt.Errorf(`decode relay payload: want a JSON object such as {"task":"drain"}, got %.40s`, trimmed)
+	}
+	var req request
+	if err := json.Unmarshal(trimmed, &req); err != nil {
+		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"} or {"task":"retention"})`, err)
+	}
+	switch req.Task {
+	case "", taskDrain:
+		return taskDrain, nil
+	case taskRetention:
+		return taskRetention, nil
+	}
+	return "", fmt.Errorf("unknown relay task %q: want %q or %q", req.Task, taskDrain, taskRetention)
+}
+
+// handle runs the task named by payload under ctx (the Lambda deadline) minus the reserve.
+func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, error) {
+	start := time.Now()
+	task, err := parseTask(payload)
+	if err != nil {
+		h.log.Error("reject relay invocation", slog.Any("error", err))
+		return result{}, err
+	}
+	work := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		work, cancel = context.WithDeadline(ctx, dl.Add(-h.reserve))
+		defer cancel()
+	}
+	switch task {
+	case taskRetention:
+		return h.runRetention(ctx, work, start)
+	default:
+		return h.runDrain(ctx, work, start)
+	}
+}
+
+func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, error) {
+	var st relay.Stats
+	var err error
+	if h.linger > 0 {
+		// Linger itself stops claiming DeadlineMargin before work's deadline.
+		st, err = h.relay.Linger(work, start.Add(h.linger))
+	} else {
+		st, err = h.relay.Drain(work)
+	}
+	res := result{
+		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
+		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
+		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
+	}
+	values := metrics.RelayStats(st)
+	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
+	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
+	timeout := gaugeTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl)-h.reserve/4)
+	}
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(timeout, 0))
+	pending, age, gerr := health.Backlog(gctx, h.pool)
+	cancel()
+	if gerr == nil {
+		values = append(values, metrics.Backlog(pending, age)...)
+		res.BacklogPending, res.OldestPendingAge = &pending, age.Seconds()
+	} else {
+		h.log.Warn("backlog gauge skipped", slog.Any("error", gerr))
+	}
+	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: values}); merr != nil {
+		h.log.Error("write relay metrics", slog.Any("error", merr))
+	}
+	res.DurationMS = time.Since(start).Milliseconds()
+	if err != nil {
+		h.log.Error("relay drain", slog.Any("error", err), slog.Any("stats", st))
+		return res, fmt.Errorf("drain outbox: %w", err)
+	}
+	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", pending), slog.Float64("oldest_pending_age_seconds", age.Seconds()))
+	return res, nil
+}
+
+func (h *handler) runRetention(_, work context.Context, start time.Time) (result, error) {
+	r, err := retention.Run(work, h.pool, h.retention)
+	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: metrics.Retention(r.OutboxDeleted, r.ProcessedDeleted)}); merr != nil {
+		h.log.Error("write retention metrics", slog.Any("error", merr))
+	}
+	complete := r.Complete
+	res := result{Task: taskRetention, OutboxDeleted: r.OutboxDeleted, ProcessedDeleted: r.ProcessedDeleted,
+		Batches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
+	if err != nil {
+		return res, fmt.Errorf("run retention: %w", err)
+	}
+	return res, nil
+}

@@ -1,0 +1,382 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+)
+
+// consumer is the webhook stand-in behind the local QStash server: it counts deliveries
+// per outbox id.
+type consumer struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (c *consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	c.mu.Lock()
+	c.seen[r.Header.Get("X-Outbox-Id")]++
+	c.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+func (c *consumer) distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+type stack struct {
+	db      *pgtest.DB
+	qs      *qstashtest.Server
+	cons    *consumer
+	env     map[string]string
+	metrics *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			panic(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	db := pgtest.New(t)
+	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+	t.Cleanup(qs.Close)
+	cons := &consumer{seen: map[string]int{}}
+	dest := httptest.NewServer(cons)
+	t.Cleanup(dest.Close)
+	return &stack{db: db, qs: qs, cons: cons, metrics: &syncBuffer{}, env: map[string]string{
+		"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL,
+		"BATCH_SIZE": "50",
+	}}
+}
+
+func (s *stack) handler(t *testing.T) *handler {
+	t.Helper()
+	cfg, err := loadConfig(func(k string) string { return s.env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h, err := newHandler(cfg, s.db.Pool, nil, s.metrics, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (s *stack) enqueue(t *testing.T, n int) {
+	t.Helper()
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", i%7), Payload: json.RawMessage(`{"n":1}`)}
+	}
+	if _, err := outbox.EnqueueBatch(context.Background(), s.db.Pool, evs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *stack) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (result, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return h.handle(ctx, json.RawMessage(payload))
+}
+
+func TestDrainTask(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.enqueue(t, 230)
+	h := s.handler(t)
+
+	res, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Task != "drain" || res.Claimed != 230 || res.Dispatched != 230 || res.Batches < 5 || res.BacklogPending == nil || *res.BacklogPending != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	if n := s.count(t, "dispatched_at IS NULL OR lease_token IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows not dispatched or still leased", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.qs.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.cons.distinct(); d != 230 {
+		t.Fatalf("consumer saw %d distinct events, want 230", d)
+	}
+	lines := s.metrics.lines()
+	if len(lines) != 1 {
+		t.Fatalf("want one EMF line per invocation, got %d", len(lines))
+	}
+	m := lines[0]
+	if m["Function"] != "relay" || m["Dispatched"] != 230.0 || m["Claimed"] != 230.0 || m["BacklogPending"] != 0.0 || m["_aws"] == nil {
+		t.Fatalf("EMF line %v", m)
+	}
+	if _, ok := m["PublishLatency"].([]any); !ok {
+		t.Fatalf("EMF line lacks PublishLatency samples: %v", m)
+	}
+	b, _ := json.Marshal(res)
+	if !strings.Contains(string(b), `"dispatched":230`) {
+		t.Fatalf("response JSON %s", b)
+	}
+}
+
+// TestPayloadShapes: what the schedule may send. An envelope without Input, an empty or
+// null payload, and unknown fields mean drain; a non-object or an unknown task is refused.
+func TestPayloadShapes(t *testing.T) {
+	t.Parallel()
+	envelope := `{"version":"0","id":"89d1a02d-5ec7-412e-82f5-13505f849b41","detail-type":"Scheduled Event","source":"aws.events",` +
+		`"account":"123456789012","time":"2026-12-02T20:00:00Z","region":"eu-west-1","resources":["arn:aws:events:eu-west-1:123456789012:rule/tick"],"detail":{}}`
+	scheduler := `{"version":"0","detail-type":"Scheduled Event","source":"aws.scheduler","detail":"{}"}`
+	for _, c := range []struct {
+		payload, task, err string
+	}{
+		{envelope, taskDrain, ""},
+		{scheduler, taskDrain, ""},
+		{``, taskDrain, ""},
+		{`null`, taskDrain, ""},
+		{`{}`, taskDrain, ""},
+		{`{"task":"drain","scheduledTime":"2026-12-02T20:00:00Z"}`, taskDrain, ""},
+		{`{"task":"retention"}`, taskRetention, ""},
+		{`{"task":"vacuum"}`, "", `unknown relay task "vacuum"`},
+		{`"drain"`, "", "want a JSON object"},
+		{`[1]`, "", "want a JSON object"},
+		{`{"task":1}`, "", "decode relay payload"},
+		{`{"task":`, "", "decode relay payload"},
+	} {
+		task, err := parseTask(json.RawMessage(c.payload))
+		if c.err == "" && (err != nil || task != c.task) {
+			t.Errorf("%s: task %q err %v, want %q", c.payload, task, err, c.task)
+		}
+		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s: err %v, want %q", c.payload, err, c.err)
+		}
+	}
+}
+
+func TestUnknownTaskChangesNothing(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.enqueue(t, 3)
+	h := s.handler(t)
+	_, err := invoke(t, h, 10*time.Second, `{"task":"drian"}`)
+	if err == nil || !strings.Contains(err.Error(), `unknown relay task "drian"`) {
+		t.Fatalf("err = %v", err)
+	}
+	if n := s.count(t, "dispatched_at IS NULL AND attempts = 0 AND lease_token IS NULL"); n != 3 {
+		t.Fatalf("an unknown task touched rows: %d untouched of 3", n)
+	}
+	if len(s.metrics.lines()) != 0 {
+		t.Fatal("an unknown task wrote metrics")
+	}
+}
+
+func TestEnvelopeDrains(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.enqueue(t, 5)
+	res, err := invoke(t, s.handler(t), 30*time.Second, `{"version":"0","detail-type":"Scheduled Event","source":"aws.events","detail":{}}`)
+	if err != nil || res.Dispatched != 5 {
+		t.Fatalf("envelope: %+v %v", res, err)
+	}
+}
+
+func TestRetentionTask(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	ctx := context.Background()
+	if _, err := s.db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
+		SELECT 't', 'k', '{}', now() - interval '8 days' FROM generate_series(1, 12)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at)
+		SELECT 'webhook', g::text, now() - interval '15 days' FROM generate_series(1, 4) g`); err != nil {
+		t.Fatal(err)
+	}
+	s.enqueue(t, 2) // pending: kept
+	res, err := invoke(t, s.handler(t), 30*time.Second, `{"task":"retention"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Task != "retention" || res.OutboxDeleted != 12 || res.ProcessedDeleted != 4 || res.Complete == nil || !*res.Complete {
+		t.Fatalf("result %+v", res)
+	}
+	if n := s.count(t, "true"); n != 2 {
+		t.Fatalf("%d outbox rows left, want the 2 pending", n)
+	}
+	lines := s.metrics.lines()
+	if len(lines) != 1 || lines[0]["RetentionDeletedOutbox"] != 12.0 || lines[0]["RetentionDeletedProcessed"] != 4.0 {
+		t.Fatalf("EMF %v", lines)
+	}
+}
+
+// TestDeadlineReserve: with less time than the reserve plus the relay's margin, nothing is
+// claimed, yet the metrics line (with the backlog) is written and the response returned
+// before the deadline.
+func TestDeadlineReserve(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.enqueue(t, 4)
+	h := s.handler(t)
+	start := time.Now()
+	timeout := deadlineReserve + 5*time.Second // below reserve + DeadlineMargin (15s)
+	res, err := invoke(t, h, timeout, `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > timeout {
+		t.Fatalf("returned after the deadline (%v)", time.Since(start))
+	}
+	if res.Claimed != 0 || !res.StoppedAtDeadline || res.BacklogPending == nil || *res.BacklogPending != 4 {
+		t.Fatalf("result %+v", res)
+	}
+	if n := s.count(t, "lease_token IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows left leased", n)
+	}
+	if l := s.metrics.lines(); len(l) != 1 || l[0]["BacklogPending"] != 4.0 {
+		t.Fatalf("EMF %v", l)
+	}
+}
+
+// TestLinger: with LINGER set, events enqueued after the first drain are dispatched by the
+// same invocation (woken by NOTIFY), which returns once the linger time is over.
+func TestLinger(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.env["LINGER"] = "2s"
+	s.enqueue(t, 10)
+	h := s.handler(t)
+	type out struct {
+		res result
+		err error
+	}
+	done := make(chan out, 1)
+	start := time.Now()
+	go func() {
+		r, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
+		done <- out{r, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.count(t, "dispatched_at IS NOT NULL") < 10 {
+		if time.Now().After(deadline) {
+			t.Fatal("first drain did not finish")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.enqueue(t, 5)
+	o := <-done
+	if o.err != nil || o.res.Dispatched != 15 {
+		t.Fatalf("linger: %+v %v", o.res, o.err)
+	}
+	if el := time.Since(start); el < 2*time.Second || el > 10*time.Second {
+		t.Fatalf("linger returned after %v, want about 2s", el)
+	}
+}
+
+// TestDatabaseDown: the invocation fails with the cause, and still writes its counters.
+func TestDatabaseDown(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cfg, err := loadConfig(func(k string) string { return s.env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(cfg, pool, nil, s.metrics, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = invoke(t, h, 30*time.Second, `{"task":"drain"}`)
+	if err == nil || !strings.Contains(err.Error(), "drain outbox") {
+		t.Fatalf("err = %v", err)
+	}
+	if l := s.metrics.lines(); len(l) != 1 || l[0]["Batches"] != 1.0 {
+		t.Fatalf("EMF %v", l)
+	}
+}
+
+func TestLoadConfigReportsEveryBadVariable(t *testing.T) {
+	t.Parallel()
+	bad := map[string]string{
+		"BATCH_SIZE": "0", "LEASE": "x", "PUBLISH_TIMEOUT": "y", "MAX_ATTEMPTS": "-1", "BACKOFF_BASE": "z",
+		"BACKOFF_MAX": "w", "LINGER": "v", "OUTBOX_RETENTION": "u", "DEDUPE_TTL": "1m", "QSTASH_RETRIES": "x",
+		"ORDERING": "random", "FIFO_QUEUES": "-3", "FLOW_CONTROL_PARALLELISM": "p", "FLOW_CONTROL_RATE": "r",
+		"FLOW_CONTROL_PERIOD": "q", "LOG_LEVEL": "chatty", "QSTASH_URL": "nope", "PUBLIC_BASE_URL": "nope",
+		"FAILURE_CALLBACK_URL": "nope",
+	}
+	_, err := loadConfig(func(k string) string { return bad[k] })
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, name := range append([]string{"DATABASE_URL", "QSTASH_TOKEN"}, keys(bad)...) {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error does not name %s:\n%v", name, err)
+		}
+	}
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
