@@ -113,10 +113,13 @@ WHERE o.id = ANY (ARRAY(SELECT id FROM eligible))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
           (SELECT count(*) FROM win) AS window_rows`
 
-	// qMarkDispatched marks the published rows of one lease.
+	// qMarkDispatched marks the published rows of one lease. QStash's failure callback can
+	// beat this statement (a 489 answered within the publish round trip); its dead letter
+	// and error then stay authoritative.
 	qMarkDispatched = `
 UPDATE outbox
-SET dispatched_at = coalesce($3::timestamptz, now()), locked_until = NULL, lease_token = NULL, last_error = NULL
+SET dispatched_at = coalesce($3::timestamptz, now()), locked_until = NULL, lease_token = NULL,
+    last_error = CASE WHEN dead_lettered_at IS NULL THEN NULL ELSE last_error END
 WHERE id = ANY($1::bigint[]) AND lease_token = $2`
 
 	// qReschedule puts retryable failures back with a per-row backoff.
