@@ -2,10 +2,130 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/devstack"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// runDev is a placeholder until its issue lands.
 func runDev(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlagSet(e, "dev")
+	events := fs.Int("events", 1000, "orders (and events) the demo producer writes")
+	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
+	keys := fs.Int("keys", 50, "partition keys (customers) the orders spread over")
+	poison := fs.Float64("poison", 1, "percent of events with a payload the handler rejects as permanent (exactly floor(events*poison/100))")
+	ordering := fs.String("ordering", "fifo", "QStash ordering mode: fifo (per-key order end to end) or publish")
+	asJSON := fs.Bool("json", false, "print the summary as one JSON object on the last line")
+	forever := fs.Bool("forever", false, "keep the stack up after the demo until Ctrl-C")
+	keep := fs.Bool("keep", false, "keep the dev schema for inspection")
+	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the pipeline to settle")
+	dataDir := fs.String("data-dir", "", "directory for the throwaway Postgres cluster (default: a temporary one)")
+	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var bad []string
+	if *events < 1 {
+		bad = append(bad, "--events must be at least 1")
+	}
+	if *keys < 1 {
+		bad = append(bad, "--keys must be at least 1")
+	}
+	if *poison < 0 || *poison > 100 {
+		bad = append(bad, "--poison must be a percentage in 0..100")
+	}
+	if *rate < 0 {
+		bad = append(bad, "--rate must not be negative")
+	}
+	if *ordering != string(qstash.OrderingFIFO) && *ordering != string(qstash.OrderingPublish) {
+		bad = append(bad, "--ordering must be fifo or publish")
+	}
+	if len(bad) > 0 {
+		for _, b := range bad {
+			fmt.Fprintln(e.stderr, b)
+		}
+		return &exitError{code: 2, err: fmt.Errorf("invalid flags")}
+	}
+
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if *verbose {
+		logger = slog.New(slog.NewJSONHandler(e.stderr, nil))
+	}
+	progress := e.stdout
+	if *asJSON {
+		progress = e.stderr
+	}
+	pc := devstack.ProducerConfig{Events: *events, Rate: *rate, Keys: *keys, PoisonPercent: *poison}
+	opts := devstack.Options{
+		DatabaseURL:       e.getenv("DATABASE_URL"),
+		DataDir:           *dataDir,
+		QStashURL:         e.getenv("QSTASH_URL"),
+		QStashToken:       e.getenv("QSTASH_TOKEN"),
+		CurrentSigningKey: e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		NextSigningKey:    e.getenv("QSTASH_NEXT_SIGNING_KEY"),
+		Producer:          pc,
+		Ordering:          qstash.Ordering(*ordering),
+		Forever:           *forever,
+		Keep:              *keep,
+		Timeout:           *timeout,
+		Progress:          progress,
+		Terminal:          isTerminal(progress),
+		Logger:            logger,
+	}
+	where := "DATABASE_URL (own schema)"
+	if opts.DatabaseURL == "" {
+		where = "a throwaway cluster"
+	}
+	qs := "the built-in QStash server"
+	if opts.QStashURL != "" {
+		qs = opts.QStashURL
+	}
+	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
+		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
+
+	s, err := devstack.Run(ctx, opts)
+	if err != nil && s.Produced == 0 {
+		return err
+	}
+	if *asJSON {
+		b, _ := json.Marshal(s)
+		fmt.Fprintln(e.stdout, string(b))
+	} else {
+		printSummary(e.stdout, s)
+	}
+	if err != nil {
+		return err
+	}
+	if !s.OK() {
+		return &exitError{code: 1, err: fmt.Errorf("lost %d, applied twice %d, unexpected dead letters %d", s.Lost, s.DuplicateEffects, s.DeadLetters-s.PoisonDeadLettered)}
+	}
+	return nil
+}
+
+func printSummary(w io.Writer, s devstack.Summary) {
+	fmt.Fprintf(w, `
+summary (from the database)
+  produced              %d
+  processed once        %d
+  applied twice         %d
+  duplicates absorbed   %d
+  dead-lettered         %d (poison %d)
+  lost                  %d
+  order violations      %d (%s mode)
+  latency p50 / p99     %.1f ms / %.1f ms
+`, s.Produced, s.Processed, s.DuplicateEffects, s.DuplicatesAbsorbed, s.DeadLetters, s.Poison, s.Lost, s.OrderViolations, s.Ordering, s.LatencyP50ms, s.LatencyP99ms)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
