@@ -2,10 +2,171 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/health"
 )
 
-// runStatus is a placeholder until its issue lands.
+const statusUsage = `usage: outboxctl status [--json] [--max-oldest-age 5m] [--max-dead-letters 0] [--max-stuck-leases 0]
+                        [--max-flapping 0] [--max-transaction-age 5m] [--max-xmin-age 10000000]
+
+Exit status: 0 healthy, 1 degraded, 2 unhealthy (the oldest pending event is older than
+--max-oldest-age). Counts are how many are tolerated; a negative value or duration turns
+that check off.`
+
+// statusOutput is the --json document: the verdict, its reasons, and the whole report.
+type statusOutput struct {
+	Status   health.Status `json:"status"`
+	ExitCode int           `json:"exit_code"`
+	Reasons  []string      `json:"reasons"`
+	health.Report
+}
+
 func runStatus(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlagSet(e, "status")
+	fs.Usage = func() { fmt.Fprintln(e.stderr, statusUsage) }
+	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	var th health.Thresholds
+	fs.DurationVar(&th.MaxOldestPendingAge, "max-oldest-age", health.DefaultMaxOldestPendingAge, "unhealthy when the oldest pending event is older")
+	fs.Int64Var(&th.MaxDeadLetters, "max-dead-letters", 0, "degraded above this many unresolved dead letters")
+	fs.Int64Var(&th.MaxStuckLeases, "max-stuck-leases", 0, "degraded above this many expired, unmarked leases")
+	fs.Int64Var(&th.MaxFlapping, "max-flapping", 0, fmt.Sprintf("degraded above this many pending events with more than %d attempts", health.FlappingAttempts))
+	fs.DurationVar(&th.MaxTransactionAge, "max-transaction-age", health.DefaultMaxTransactionAge, "degraded when a transaction has been open longer")
+	fs.Int64Var(&th.MaxXminAge, "max-xmin-age", health.DefaultMaxXminAge, "degraded when the xmin horizon is older, in transaction ids")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer pool.Close()
+	report, err := health.Collect(ctx, pool)
+	if err != nil {
+		// Not knowing is as bad as knowing it is broken.
+		return &exitError{code: 2, err: err}
+	}
+	st, reasons := report.Check(th)
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		if err := enc.Encode(statusOutput{Status: st, ExitCode: int(st), Reasons: reasons, Report: report}); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
+	} else {
+		printStatus(e.stdout, report, st, reasons)
+	}
+	if st == health.Healthy {
+		return nil
+	}
+	return &exitError{code: int(st), err: errors.New(st.String() + ": " + strings.Join(reasons, "; "))}
+}
+
+func printStatus(w io.Writer, r health.Report, st health.Status, reasons []string) {
+	q, h := r.Queue, r.Horizon
+	fmt.Fprintf(w, "outbox is %s\n\n", strings.ToUpper(st.String()))
+	fmt.Fprintf(w, "  pending         %d (ready %d, leased %d, stuck leases %d, flapping %d)\n",
+		q.Pending, q.Ready, q.Leased, q.StuckLeases, q.Flapping)
+	if q.Pending > 0 {
+		fmt.Fprintf(w, "  oldest pending  %s (id %d)\n", secs(q.OldestPendingAgeSeconds), q.OldestPendingID)
+	} else {
+		fmt.Fprintf(w, "  oldest pending  -\n")
+	}
+	fmt.Fprintf(w, "  dispatched/min  %s  %d in the last hour, %d in the last minute\n",
+		sparkline(r.DispatchedPerMinute), r.DispatchedLastHour, last(r.DispatchedPerMinute))
+	if r.DeadLettersUnresolved == 0 {
+		fmt.Fprintf(w, "  dead letters    none unresolved\n")
+	} else {
+		var parts []string
+		for _, g := range r.DeadLetters {
+			topic := g.Topic
+			if topic == "" {
+				topic = "(no topic)"
+			}
+			parts = append(parts, fmt.Sprintf("%s %s: %d", g.Source, topic, g.Count))
+		}
+		fmt.Fprintf(w, "  dead letters    %d unresolved (%s)\n", r.DeadLettersUnresolved, strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(w, "  outbox table    %s (%s table + %s indexes), ~%d rows, %d dead tuples, last autovacuum %s\n",
+		bytesize(r.Outbox.TotalBytes), bytesize(r.Outbox.TableBytes), bytesize(r.Outbox.IndexBytes),
+		r.Outbox.RowsEstimate, r.Outbox.DeadTuples, when(r.Outbox.LastAutovacuum))
+	fmt.Fprintf(w, "  processed msgs  ~%d rows (estimate), %s\n", r.ProcessedMessages.RowsEstimate, bytesize(r.ProcessedMessages.TotalBytes))
+	if h.OpenTransactions > 0 {
+		fmt.Fprintf(w, "  oldest xact     %s (pid %d, %s, application %q); %d open\n",
+			secs(h.OldestTransactionAgeSeconds), h.OldestTransactionPID, h.OldestTransactionState, h.OldestTransactionApp, h.OpenTransactions)
+	} else {
+		fmt.Fprintf(w, "  oldest xact     none open\n")
+	}
+	fmt.Fprintf(w, "  xmin horizon    %d xids (backends %d, replication slots %d, prepared %d)\n",
+		h.XminHorizonAge, h.BackendXminAge, h.SlotXminAge, h.PreparedXminAge)
+	if len(reasons) > 0 {
+		fmt.Fprintln(w, "\nreasons:")
+		for _, r := range reasons {
+			fmt.Fprintf(w, "  - %s\n", r)
+		}
+	}
+}
+
+// sparkline draws one character per minute, scaled to the busiest minute; '·' is a minute
+// with no dispatch at all, so "idle" and "slow" look different.
+func sparkline(counts []int64) string {
+	const bars = "▁▂▃▄▅▆▇█"
+	levels := []rune(bars)
+	var peak int64
+	for _, n := range counts {
+		peak = max(peak, n)
+	}
+	var b strings.Builder
+	for _, n := range counts {
+		if n == 0 {
+			b.WriteRune('·')
+			continue
+		}
+		i := int((n*int64(len(levels)) - 1) / peak)
+		b.WriteRune(levels[min(i, len(levels)-1)])
+	}
+	return b.String()
+}
+
+func last(xs []int64) int64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return xs[len(xs)-1]
+}
+
+func secs(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func bytesize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func when(t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

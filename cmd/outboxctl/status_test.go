@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+func statusJSON(t *testing.T, url string, flags ...string) (int, map[string]any, string) {
+	t.Helper()
+	code, out, stderr := runCLI(t, url, append([]string{"status", "--json"}, flags...)...)
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("status --json printed no JSON (code %d): %v\n%s\n%s", code, err, out, stderr)
+	}
+	return code, m, stderr
+}
+
+func field(m map[string]any, path ...string) any {
+	var v any = m
+	for _, p := range path {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = mm[p]
+	}
+	return v
+}
+
+func mustExec(t *testing.T, db *pgtest.DB, sql string) {
+	t.Helper()
+	if _, err := db.Pool.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// relaxed keeps the shared server's other sessions (other tests) out of the verdict.
+var relaxed = []string{"--max-transaction-age", "1h", "--max-xmin-age", "-1"}
+
+func TestStatusHealthy(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at) SELECT 't', 'k', '{}', now() - interval '3 minutes' FROM generate_series(1, 7)`)
+	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k2', '{}')`) // young backlog
+	code, m, stderr := statusJSON(t, db.URL, relaxed...)
+	if code != 0 || m["status"] != "healthy" || m["exit_code"] != 0.0 || len(m["reasons"].([]any)) != 0 {
+		t.Fatalf("code %d %v %s", code, m, stderr)
+	}
+	if field(m, "queue", "pending") != 1.0 || m["dispatched_last_hour"] != 7.0 || len(m["dispatched_per_minute"].([]any)) != 60 {
+		t.Fatalf("report %v", m)
+	}
+	for _, k := range []string{"outbox_table", "processed_messages_table", "xmin_horizon", "dead_letters_unresolved", "checked_at"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON lacks %s", k)
+		}
+	}
+}
+
+func TestStatusBacklogIsUnhealthy(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, created_at) VALUES ('t', 'k', '{}', now() - interval '20 minutes'), ('t', 'k', '{}', now())`)
+	code, m, stderr := statusJSON(t, db.URL, relaxed...)
+	if code != 2 || m["status"] != "unhealthy" || field(m, "queue", "pending") != 2.0 {
+		t.Fatalf("code %d %v", code, m)
+	}
+	if age := field(m, "queue", "oldest_pending_age_seconds").(float64); age < 1199 {
+		t.Fatalf("oldest age %v", age)
+	}
+	if !strings.Contains(stderr, "unhealthy: oldest pending event") {
+		t.Fatalf("stderr %q", stderr)
+	}
+	// The threshold is a flag: 30 minutes tolerates it.
+	if code, m, _ := statusJSON(t, db.URL, append(relaxed, "--max-oldest-age", "30m")...); code != 0 {
+		t.Fatalf("with --max-oldest-age 30m: %d %v", code, m["reasons"])
+	}
+	// Text mode says the same.
+	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
+	if code != 2 || !strings.Contains(out, "outbox is UNHEALTHY") || !strings.Contains(out, "pending         2") || !strings.Contains(out, "reasons:") {
+		t.Fatalf("text: %d\n%s", code, out)
+	}
+}
+
+func TestStatusStuckLeaseIsDegraded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, attempts, lease_token, locked_until, available_at)
+		VALUES ('t', 'k', '{}', 1, gen_random_uuid(), now() - interval '1 minute', now() - interval '1 minute')`)
+	code, m, _ := statusJSON(t, db.URL, relaxed...)
+	if code != 1 || m["status"] != "degraded" || field(m, "queue", "stuck_leases") != 1.0 {
+		t.Fatalf("code %d %v", code, m)
+	}
+	if code, _, _ := statusJSON(t, db.URL, append(relaxed, "--max-stuck-leases", "1")...); code != 0 {
+		t.Fatalf("tolerated stuck lease: code %d", code)
+	}
+}
+
+func TestStatusDeadLettersAreDegraded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mustExec(t, db, `INSERT INTO dead_letters (source, topic, error) VALUES ('relay', 'order.created', 'x'), ('delivery', 'order.created', 'y'), ('delivery', 'order.created', 'z')`)
+	code, m, _ := statusJSON(t, db.URL, relaxed...)
+	if code != 1 || m["dead_letters_unresolved_total"] != 3.0 {
+		t.Fatalf("code %d %v", code, m)
+	}
+	groups := m["dead_letters_unresolved"].([]any)
+	first := groups[0].(map[string]any)
+	if len(groups) != 2 || first["source"] != "delivery" || first["topic"] != "order.created" || first["count"] != 2.0 {
+		t.Fatalf("groups %v", groups)
+	}
+	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
+	if code != 1 || !strings.Contains(out, "3 unresolved (delivery order.created: 2, relay order.created: 1)") {
+		t.Fatalf("text %d\n%s", code, out)
+	}
+}
+
+// TestStatusOpenTransaction holds a snapshot open on another connection: status names the
+// transaction and degrades once it is older than --max-transaction-age.
+func TestStatusOpenTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	cfg := db.Pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = "status-test-holder"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	opened := time.Now()
+	deadline := opened.Add(15 * time.Second)
+	for {
+		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")
+		age, _ := field(m, "xmin_horizon", "oldest_transaction_age_seconds").(float64)
+		if code == 1 && age >= 0.2 && field(m, "xmin_horizon", "open_transactions").(float64) >= 1 {
+			if !strings.Contains(strings.Join(toStrings(m["reasons"]), "\n"), "a transaction has been open for") {
+				t.Fatalf("reasons %v", m["reasons"])
+			}
+			if time.Since(opened) < 200*time.Millisecond {
+				t.Fatal("degraded before the transaction was old enough")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("open transaction not reported: code %d %v", code, m["xmin_horizon"])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestStatusUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCLI(t, "postgres://postgres@127.0.0.1:1/none?connect_timeout=1", "status")
+	if code != 2 || !strings.Contains(stderr, "connect to database") {
+		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+func TestSparkline(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct {
+		in   []int64
+		want string
+	}{
+		"empty":  {nil, ""},
+		"idle":   {[]int64{0, 0, 0}, "···"},
+		"ramp":   {[]int64{0, 1, 2, 3, 4, 5, 6, 7, 8}, "·▁▂▃▄▅▆▇█"},
+		"single": {[]int64{5}, "█"},
+		"spike":  {[]int64{1, 1000, 1}, "▁█▁"},
+	}
+	for name, c := range cases {
+		if got := sparkline(c.in); got != c.want {
+			t.Errorf("%s: sparkline(%v) = %q, want %q", name, c.in, got, c.want)
+		}
+	}
+}
