@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/outbox-relay/outbox-relay/pkg/bench"
@@ -27,6 +28,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	size := fs.String("size", "", "scenario size: tiny, short or full (default full; --short means short)")
 	out := fs.String("out", "", "write the results as JSON to this file")
 	chart := fs.String("chart", "", "write an SVG chart of drain throughput by batch size to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relay, local QStash, webhook) to this file")
 	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
@@ -58,6 +60,17 @@ func runBench(ctx context.Context, e env, args []string) error {
 	url, err := databaseURL(e)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("create cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("start cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	self, err := os.Executable()
 	if err != nil {
