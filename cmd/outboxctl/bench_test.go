@@ -1,0 +1,64 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+// TestBenchCommand runs outboxctl bench at the tiny size (the memory scenario re-executes
+// outboxctl itself, which a test binary is not, so it is covered in pkg/bench).
+func TestBenchCommand(t *testing.T) {
+	t.Parallel()
+	_ = pgtest.New(t) // fails under CI when Postgres is unreachable
+	dir := t.TempDir()
+	out, chart := filepath.Join(dir, "r.json"), filepath.Join(dir, "d.svg")
+	code, stdout, stderr := runCLI(t, pgtest.URL(), "bench", "--size", "tiny", "--scenarios", "drain,claim", "--out", out, "--chart", chart)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"## Targets", "## 1. Drain throughput", "## 2. Claim cost"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	if !strings.Contains(stderr, "drain relay") {
+		t.Errorf("no progress on stderr:\n%s", stderr)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Size    string
+		Summary map[string]*float64
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Size != "tiny" || res.Summary["relay_vs_floor"] == nil || res.Summary["claim_p99_ratio_5m_vs_0"] == nil {
+		t.Errorf("results: size %q, summary %v", res.Size, res.Summary)
+	}
+	svg, err := os.ReadFile(chart)
+	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
+		t.Errorf("chart: %v %.40q", err, svg)
+	}
+}
+
+func TestBenchArgumentErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"bench", "--scenarios", "drain,nope"},
+		{"bench", "--size", "huge"},
+		{"bench", "extra"},
+	} {
+		code, _, stderr := runCLI(t, "postgres://unused", args...)
+		if code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and a message", args, code, stderr)
+		}
+	}
+}
