@@ -3,9 +3,253 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
+	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-// runRelay is a placeholder until its issue lands.
+const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-interval 1s] [--listen 127.0.0.1:9090]
+                       [--retention-interval 24h] [--gauge-interval 15s]
+
+Runs the relay engine as a long-lived process (a container or a VM): drains continuously,
+woken by LISTEN/NOTIFY with polling as the safety net, and runs retention every
+--retention-interval (0 turns it off). It reads the same environment as the relay Lambda
+(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayconfig);
+flags override it. Serves /healthz and /metrics (Prometheus text format) on --listen, a
+loopback address. SIGTERM or Ctrl-C stops it after the batch in flight is published and
+marked. Any number of instances may run against one database.`
+
+// relayChunk is how long one relay.Run lasts before the process records its counters and
+// starts the next; a stop request ends the current chunk at once.
+const relayChunk = 5 * time.Second
+
 func runRelay(ctx context.Context, e env, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlagSet(e, "relay")
+	fs.Usage = func() { fmt.Fprintln(e.stderr, relayUsage) }
+	sf := stringFlags{}
+	sf.add(fs, "batch", "BATCH_SIZE", "rows per claim")
+	sf.add(fs, "lease", "LEASE", "lease per claimed batch")
+	pollInterval := fs.Duration("poll-interval", relay.DefaultPollInterval, "drain at least this often when no notification arrives")
+	listen := fs.String("listen", "127.0.0.1:9090", "loopback address for /healthz and /metrics (port 0 picks one)")
+	retentionEvery := fs.Duration("retention-interval", 24*time.Hour, "run retention this often (0: never)")
+	gaugeEvery := fs.Duration("gauge-interval", 15*time.Second, "refresh the backlog gauges this often")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	if err := checkLoopback(*listen); err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 {
+		return &exitError{code: 2, err: errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval not negative")}
+	}
+	cfg, err := relayconfig.FromEnv(overlayEnv(e.getenv, sf.overlay()))
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	pub, err := qstash.NewPublisher(cfg.Publisher)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	rc := cfg.Relay
+	rc.PollInterval, rc.Logger = *pollInterval, logger
+	r, err := relay.New(pool, pub, rc)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	ret := cfg.Retention
+	ret.Logger = logger
+	p := &relayProcess{
+		pool: pool, relay: r, retention: ret, retentionEvery: *retentionEvery, gaugeEvery: *gaugeEvery,
+		reg: metrics.NewRegistry(metrics.RegistryConfig{Functions: []string{metrics.FunctionRelay}}),
+		log: logger,
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *listen, err)
+	}
+	return p.run(ctx, ln)
+}
+
+// checkLoopback refuses a non-loopback listen address: /metrics and /healthz carry
+// operational detail and have no authentication; put a proxy in front to expose them.
+func checkLoopback(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("--listen %q: bad port", addr)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("--listen %q must be a loopback address (127.0.0.1, ::1, localhost)", addr)
+	}
+	return nil
+}
+
+// relayProcess is the long-lived relay: a drain loop, a retention loop, a gauge loop and
+// an HTTP server for health and metrics.
+type relayProcess struct {
+	pool           *pgxpool.Pool
+	relay          *relay.Relay
+	retention      retention.Config
+	retentionEvery time.Duration
+	gaugeEvery     time.Duration
+	reg            *metrics.Registry
+	log            *slog.Logger
+
+	// lastOK is when the drain loop last completed a chunk without error (unix nanos);
+	// lastErr the error of the last failed chunk.
+	lastOK  atomic.Int64
+	lastErr atomic.Pointer[string]
+}
+
+// run serves until ctx ends, then stops in order: no new claims, the batch in flight is
+// published and marked, retention stops between batches, the HTTP server shuts down.
+func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
+	p.lastOK.Store(time.Now().UnixNano())
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", p.healthz)
+	mux.Handle("GET /metrics", p.reg)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	p.log.Info("relay started", slog.String("addr", ln.Addr().String()),
+		slog.Int("batch_size", p.relay.Config().BatchSize), slog.Duration("lease", p.relay.Config().Lease),
+		slog.Duration("retention_interval", p.retentionEvery))
+
+	var wg sync.WaitGroup
+	wg.Go(func() { p.gauges(ctx) })
+	if p.retentionEvery > 0 {
+		wg.Go(func() { p.retentionLoop(ctx) })
+	}
+	p.drainLoop(ctx)
+	wg.Wait()
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down metrics server: %w", err)
+	}
+	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve metrics: %w", err)
+	}
+	p.log.Info("relay stopped")
+	return nil
+}
+
+// drainLoop runs relay.Run in chunks, so counters reach /metrics while it runs. On a
+// database error it backs off (1s doubling to 30s) and tries again: the process outlives
+// an outage, and /healthz reports it.
+func (p *relayProcess) drainLoop(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, relayChunk)
+		st, err := p.relay.Run(cctx)
+		cancel()
+		p.record(metrics.RelayStats(st))
+		if err == nil || ctx.Err() != nil {
+			p.lastOK.Store(time.Now().UnixNano())
+			p.lastErr.Store(nil)
+			backoff = time.Second
+			continue
+		}
+		msg := err.Error()
+		p.lastErr.Store(&msg)
+		p.log.Error("relay drain failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func (p *relayProcess) retentionLoop(ctx context.Context) {
+	t := time.NewTicker(p.retentionEvery)
+	defer t.Stop()
+	for {
+		res, err := retention.Run(ctx, p.pool, p.retention)
+		p.record(metrics.Retention(res.OutboxDeleted, res.ProcessedDeleted))
+		if err != nil {
+			p.log.Error("retention run failed", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *relayProcess) gauges(ctx context.Context) {
+	t := time.NewTicker(p.gaugeEvery)
+	defer t.Stop()
+	for {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pending, age, err := health.Backlog(gctx, p.pool)
+		cancel()
+		if err == nil {
+			p.record(metrics.Backlog(pending, age))
+		} else if ctx.Err() == nil {
+			p.log.Warn("backlog gauge failed", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *relayProcess) record(values []metrics.Value) {
+	if err := p.reg.Record(metrics.Event{Function: metrics.FunctionRelay, Values: values}); err != nil {
+		p.log.Error("record metrics", slog.Any("error", err))
+	}
+}
+
+// healthz answers 200 while the drain loop completes chunks, 503 with the last error when
+// it has not for three chunks (the database is down, or the loop is stuck).
+func (p *relayProcess) healthz(w http.ResponseWriter, _ *http.Request) {
+	since := time.Since(time.Unix(0, p.lastOK.Load()))
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if last := p.lastErr.Load(); last != nil && since > 3*relayChunk {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "unhealthy: no successful drain for %s: %s\n", since.Round(time.Second), strings.TrimSpace(*last))
+		return
+	}
+	if since > 3*relayChunk+p.relay.Config().Lease {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "unhealthy: the drain loop has not completed for %s\n", since.Round(time.Second))
+		return
+	}
+	fmt.Fprintln(w, "ok")
 }

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// deliveries counts what the webhook stand-in received, per outbox id.
+type deliveries struct {
+	mu    sync.Mutex
+	count map[string]int
+}
+
+func (d *deliveries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	d.mu.Lock()
+	d.count[r.Header.Get("X-Outbox-Id")]++
+	d.mu.Unlock()
+}
+
+func (d *deliveries) snapshot() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]int, len(d.count))
+	for k, v := range d.count {
+		out[k] = v
+	}
+	return out
+}
+
+type relayInstance struct {
+	stderr *lockedBuffer
+	done   chan int
+	addr   string
+}
+
+var startedAddr = regexp.MustCompile(`"msg":"relay started".*?"addr":"([^"]+)"`)
+
+func startRelay(t *testing.T, ctx context.Context, vars map[string]string) *relayInstance {
+	t.Helper()
+	inst := &relayInstance{stderr: &lockedBuffer{}, done: make(chan int, 1)}
+	e := env{stdout: io.Discard, stderr: inst.stderr, getenv: func(k string) string { return vars[k] }}
+	go func() {
+		inst.done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--gauge-interval", "50ms", "--batch", "40"})
+	}()
+	waitFor(t, 15*time.Second, "relay start", func() bool {
+		m := startedAddr.FindStringSubmatch(inst.stderr.String())
+		if m != nil {
+			inst.addr = m[1]
+		}
+		return m != nil
+	})
+	return inst
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// scrape returns the value of an unlabeled sample in the instance's /metrics.
+func scrape(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+func countRows(t *testing.T, db *pgtest.DB, where string) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) {
+	t.Helper()
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", i%keys), Payload: json.RawMessage(`{"ok":true}`)}
+	}
+	if _, err := outbox.EnqueueBatch(context.Background(), db.Pool, evs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRelayTwoInstances runs two relay processes on one table: every event is claimed once
+// and delivered once, the counters of both add up, and a stop in the middle of a load
+// leaves nothing leased and nothing half-done.
+func TestRelayTwoInstances(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+	defer qs.Close()
+	got := &deliveries{count: map[string]int{}}
+	dest := httptest.NewServer(got)
+	defer dest.Close()
+	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, b := startRelay(t, ctx, vars), startRelay(t, ctx, vars)
+
+	const n = 1500
+	for range 3 {
+		enqueueN(t, db, n/3, 500)
+	}
+	waitFor(t, 60*time.Second, "all events dispatched", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n })
+	if bad := countRows(t, db, "attempts <> 1 OR lease_token IS NOT NULL OR dead_lettered_at IS NOT NULL"); bad != 0 {
+		t.Fatalf("%d rows claimed more than once, still leased or dead-lettered", bad)
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := qs.WaitIdle(wctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := got.snapshot()
+	if len(seen) != n {
+		t.Fatalf("consumer saw %d distinct events, want %d", len(seen), n)
+	}
+	for id, c := range seen {
+		if c != 1 {
+			t.Fatalf("event %s delivered %d times", id, c)
+		}
+	}
+	// Counters reach /metrics at the end of each chunk.
+	waitFor(t, 3*relayChunk, "dispatched counters to add up", func() bool {
+		return scrape(t, a.addr, "outbox_dispatched_total")+scrape(t, b.addr, "outbox_dispatched_total") == n
+	})
+	// With 500 keys and batches of 40 both instances find claimable heads; with fewer keys
+	// than a batch, one relay holds every key's head and the other finds nothing ready.
+	da, dbn := scrape(t, a.addr, "outbox_dispatched_total"), scrape(t, b.addr, "outbox_dispatched_total")
+	t.Logf("dispatched by instance: %v and %v", da, dbn)
+	if da == 0 || dbn == 0 {
+		t.Fatalf("one instance did all the work (%v, %v): the test did not exercise two relays", da, dbn)
+	}
+	waitFor(t, 5*time.Second, "backlog gauge", func() bool { return scrape(t, a.addr, "outbox_backlog_pending") == 0 })
+	for _, inst := range []*relayInstance{a, b} {
+		resp, err := http.Get("http://" + inst.addr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "ok\n" {
+			t.Fatalf("healthz %d %q", resp.StatusCode, body)
+		}
+	}
+
+	// Stop both in the middle of a second load.
+	enqueueN(t, db, 1000, 500)
+	waitFor(t, 30*time.Second, "the second load to start", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n })
+	cancel()
+	for _, inst := range []*relayInstance{a, b} {
+		select {
+		case code := <-inst.done:
+			if code != 0 {
+				t.Fatalf("relay exited %d:\n%s", code, inst.stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("relay did not stop")
+		}
+	}
+	if leased := countRows(t, db, "lease_token IS NOT NULL"); leased != 0 {
+		t.Fatalf("%d rows left leased after a clean stop", leased)
+	}
+	// Every row is either dispatched (claimed once) or untouched: the batch in flight at the
+	// stop was published and marked, nothing was retried or released half-done.
+	if bad := countRows(t, db, "NOT ((dispatched_at IS NOT NULL AND attempts = 1) OR (dispatched_at IS NULL AND attempts = 0))"); bad != 0 {
+		t.Fatalf("%d rows in a half-done state", bad)
+	}
+	if err := qs.WaitIdle(wctx); err != nil {
+		t.Fatal(err)
+	}
+	dispatched := countRows(t, db, "dispatched_at IS NOT NULL")
+	seen = got.snapshot()
+	if len(seen) != dispatched {
+		t.Fatalf("consumer saw %d events, %d dispatched", len(seen), dispatched)
+	}
+	for id, c := range seen {
+		if c != 1 {
+			t.Fatalf("event %s delivered %d times", id, c)
+		}
+	}
+	for _, inst := range []*relayInstance{a, b} {
+		if !strings.Contains(inst.stderr.String(), `"msg":"relay stopped"`) {
+			t.Fatalf("no clean stop logged:\n%s", inst.stderr.String())
+		}
+	}
+}
+
+func TestRelayFlags(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1:1/x", "QSTASH_TOKEN": "t", "PUBLIC_BASE_URL": "https://h.example.com"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "0.0.0.0:9090"}, "must be a loopback address"},
+		{[]string{"--listen", "nohost"}, "--listen"},
+		{[]string{"--batch", "0"}, "BATCH_SIZE"},
+		{[]string{"--lease", "1s"}, "LEASE"},
+		{[]string{"--gauge-interval", "0s"}, "must be positive"},
+	} {
+		var stderr lockedBuffer
+		e := env{stdout: io.Discard, stderr: &stderr, getenv: func(k string) string { return vars[k] }}
+		if code := run(context.Background(), e, append([]string{"relay"}, c.args...)); code != 2 || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: code %d stderr %q, want %q", c.args, code, stderr.String(), c.want)
+		}
+	}
+	var stderr lockedBuffer
+	e := env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}
+	if code := run(context.Background(), e, []string{"relay"}); code != 2 || !strings.Contains(stderr.String(), "DATABASE_URL is not set") {
+		t.Errorf("no environment: %d %s", code, stderr.String())
+	}
+}
+
+func TestCheckLoopback(t *testing.T) {
+	t.Parallel()
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:9090": true, "[::1]:9090": true, "localhost:0": true, "127.0.0.2:80": true,
+		"0.0.0.0:9090": false, ":9090": false, "10.0.0.1:9090": false, "example.com:80": false, "127.0.0.1:http": false,
+	} {
+		if err := checkLoopback(addr); (err == nil) != ok {
+			t.Errorf("checkLoopback(%q) = %v", addr, err)
+		}
+	}
+}
