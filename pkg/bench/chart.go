@@ -62,7 +62,7 @@ func WriteDrainSVG(w io.Writer, d *DrainResult, caption string) error {
 		points       [][2]float64
 	}
 	var all []series
-	colors := map[string][2]string{WayFloor: {"#2b6cb0", "#90cdf4"}, WayRelay: {"#c05621", "#fbd38d"}}
+	colors := map[string][2]string{WayFloor: {"#2b6cb0", "#63b3ed"}, WayRelay: {"#c05621", "#ed8936"}}
 	for ri, n := range d.Config.Relays {
 		for _, way := range []string{WayFloor, WayRelay} {
 			s := series{label: fmt.Sprintf("%s, %d relay%s", way, n, plural(n)), color: colors[way][min(ri, 1)]}
@@ -77,7 +77,7 @@ func WriteDrainSVG(w io.Writer, d *DrainResult, caption string) error {
 			yy := y(base.EventsPerSec)
 			all = append(all, series{
 				label: fmt.Sprintf("article baseline (batch %d), %d relay%s", base.Batch, n, plural(n)),
-				color: []string{"#2f855a", "#9ae6b4"}[min(ri, 1)], dash: "6 4",
+				color: []string{"#2f855a", "#68d391"}[min(ri, 1)], dash: "6 4",
 				points: [][2]float64{{left, yy}, {left + plotW, yy}},
 			})
 		}
