@@ -23,7 +23,9 @@ SELECT count(*),
        count(*) FILTER (WHERE attempts > $1),
        coalesce(max(attempts), 0),
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
-       coalesce((array_agg(id ORDER BY created_at, id))[1], 0)
+       coalesce((SELECT o.id FROM outbox o
+                 WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+                 ORDER BY o.created_at LIMIT 1), 0)
 FROM outbox
 WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
 
