@@ -80,6 +80,10 @@ type DrainRun struct {
 	// trip: encode, HTTP, the local QStash's accept, decode), from relay.Stats samples; times
 	// PublishRequests it is the time the relay spends not in the database.
 	PublishMillisMean float64 `json:"publish_ms_mean,omitempty"`
+	// ClaimMillisMean and MarkMillisMean are the floor's mean Store.Claim and
+	// Store.MarkDispatched latencies: where the database's own limit goes.
+	ClaimMillisMean float64 `json:"claim_ms_mean,omitempty"`
+	MarkMillisMean  float64 `json:"mark_ms_mean,omitempty"`
 	// LoadSeconds is the untimed COPY + VACUUM ANALYZE before the drain.
 	LoadSeconds float64 `json:"load_seconds"`
 }
@@ -180,8 +184,9 @@ type drainer interface {
 
 type drained struct {
 	dispatched, requests int
-	// publish are sampled Publish latencies (relay only).
-	publish []time.Duration
+	// publish are sampled Publish latencies (relay only); claim and mark the floor's
+	// statement latencies.
+	publish, claim, mark []time.Duration
 }
 
 // drainOnce loads events, analyses, and times relays drainers (one pool each) until no row
@@ -214,7 +219,7 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 		ds[i] = mk(pool)
 	}
 
-	var publish []time.Duration
+	var publish, claim, mark []time.Duration
 	start := time.Now()
 	for {
 		var wg sync.WaitGroup
@@ -230,6 +235,8 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 				run.Dispatched += dd.dispatched
 				run.PublishRequests += dd.requests
 				publish = append(publish, dd.publish...)
+				claim = append(claim, dd.claim...)
+				mark = append(mark, dd.mark...)
 				if err != nil {
 					errs = append(errs, err)
 				}
@@ -258,6 +265,9 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	if len(publish) > 0 {
 		run.PublishMillisMean = summarise(publish).Mean
 	}
+	if len(claim) > 0 {
+		run.ClaimMillisMean, run.MarkMillisMean = summarise(claim).Mean, summarise(mark).Mean
+	}
 	if run.Dispatched != events {
 		return run, fmt.Errorf("drain %s batch %d relays %d: dispatched %d of %d events", way, batch, relays, run.Dispatched, events)
 	}
@@ -281,28 +291,32 @@ type floorDrainer struct {
 }
 
 func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
-	total := 0
+	var out drained
 	ids := make([]outbox.ID, 0, d.batch)
 	for {
 		lease, err := outbox.NewLease()
 		if err != nil {
-			return drained{dispatched: total}, err
+			return out, err
 		}
+		t0 := time.Now()
 		msgs, more, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultLease, nil)
+		out.claim = append(out.claim, time.Since(t0))
 		if err != nil {
-			return drained{dispatched: total}, err
+			return out, err
 		}
 		ids = ids[:0]
 		for _, m := range msgs {
 			ids = append(ids, m.ID)
 		}
+		t1 := time.Now()
 		n, err := d.store.MarkDispatched(ctx, lease, ids, nil)
+		out.mark = append(out.mark, time.Since(t1))
 		if err != nil {
-			return drained{dispatched: total}, err
+			return out, err
 		}
-		total += int(n)
+		out.dispatched += int(n)
 		if !more {
-			return drained{dispatched: total}, nil
+			return out, nil
 		}
 	}
 }
