@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
@@ -24,11 +25,19 @@ type MigrationStatus struct {
 
 // provider opens goose over the pool's connection settings. goose needs database/sql, so the
 // pool's config (including search_path and auth hooks) is reused through pgx's stdlib bridge.
-func provider(pool *pgxpool.Pool, logger *slog.Logger) (*goose.Provider, *sql.DB, error) {
+func provider(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*goose.Provider, *sql.DB, error) {
 	db := stdlib.OpenDBFromPool(pool)
-	// Two migrators at once (a deploy job and a developer, parallel tests) take turns on an
-	// advisory lock instead of racing to create the same tables.
-	locker, err := lock.NewPostgresSessionLocker()
+	// Two migrators of one schema at once (a deploy job and a developer) take turns on an
+	// advisory lock instead of racing to create the same tables. The lock id is derived from
+	// the schema, so migrations of different schemas (parallel tests) do not wait on each other.
+	var schema string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("open migrations: read current schema: %w", err)
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("outbox-relay migrations " + schema))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64()>>1)), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("open migrations: %w", err)
@@ -49,7 +58,7 @@ func migrationsFS() fs.FS { return migrations.FS }
 
 // Migrate applies every pending migration and returns the versions it applied.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]int64, error) {
-	p, db, err := provider(pool, logger)
+	p, db, err := provider(ctx, pool, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +76,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]in
 
 // Status reports every embedded migration and whether the database has it.
 func Status(ctx context.Context, pool *pgxpool.Pool) ([]MigrationStatus, error) {
-	p, db, err := provider(pool, nil)
+	p, db, err := provider(ctx, pool, nil)
 	if err != nil {
 		return nil, err
 	}
