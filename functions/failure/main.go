@@ -5,7 +5,8 @@
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
 // FAILURE_PUBLIC_URL (the exact failure-callback URL the relay publishes; default: the
 // Function URL's own origin plus the request path), MAX_BODY_BYTES (default 4 MiB),
-// LOG_LEVEL (debug|info|warn|error, default info), LISTEN_ADDR (optional).
+// LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
+// LISTEN_ADDR (optional).
 package main
 
 import (
@@ -25,6 +26,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -38,19 +40,22 @@ type config struct {
 	failureURL   string
 	maxBodyBytes int64
 	logLevel     slog.Level
-	listenAddr   string
+	// metricsNamespace is METRICS_NAMESPACE (default metrics.DefaultNamespace).
+	metricsNamespace string
+	listenAddr       string
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
-		databaseURL:  getenv("DATABASE_URL"),
-		currentKey:   getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		nextKey:      getenv("QSTASH_NEXT_SIGNING_KEY"),
-		failureURL:   getenv("FAILURE_PUBLIC_URL"),
-		maxBodyBytes: deadletter.DefaultCallbackMaxBodyBytes,
-		listenAddr:   getenv("LISTEN_ADDR"),
+		databaseURL:      getenv("DATABASE_URL"),
+		currentKey:       getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		metricsNamespace: getenv("METRICS_NAMESPACE"),
+		nextKey:          getenv("QSTASH_NEXT_SIGNING_KEY"),
+		failureURL:       getenv("FAILURE_PUBLIC_URL"),
+		maxBodyBytes:     deadletter.DefaultCallbackMaxBodyBytes,
+		listenAddr:       getenv("LISTEN_ADDR"),
 	}
 	var errs []error
 	if c.databaseURL == "" {
@@ -126,6 +131,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 		FailureURL:   cfg.failureURL,
 		MaxBodyBytes: cfg.maxBodyBytes,
 		Logger:       logger,
+		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.metricsNamespace}), logger),
 	})
 	if err != nil {
 		pool.Close()
@@ -153,4 +159,18 @@ func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Poo
 		logger.Warn("database not reachable at start; callbacks will be retried", slog.Any("error", err))
 	}
 	return pool, nil
+}
+
+// observer counts every newly recorded dead letter (DeliveryDeadLetters, Function=failure):
+// the "any delivery dead letter" alarm watches it. Duplicated callbacks are not counted.
+func observer(em *metrics.EMF, logger *slog.Logger) func(outcome string) {
+	return func(outcome string) {
+		if outcome != deadletter.OutcomeRecorded {
+			return
+		}
+		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(metrics.DeliveryDeadLetters, 1)}}
+		if err := em.Record(ev); err != nil {
+			logger.Warn("record failure metric", slog.Any("error", err))
+		}
+	}
 }

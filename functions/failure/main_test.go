@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -79,5 +83,21 @@ func TestBuildServesRecorder(t *testing.T) {
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/failure", strings.NewReader(`{}`)))
 	if w.Code != http.StatusUnauthorized {
 		t.Fatalf("unsigned callback: %d", w.Code)
+	}
+}
+
+func TestObserverCountsNewDeadLettersOnly(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	obs := observer(metrics.NewEMF(&buf, metrics.EMFConfig{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	obs(deadletter.OutcomeDuplicate)
+	obs(deadletter.OutcomeUnauthorized)
+	if buf.Len() != 0 {
+		t.Fatalf("duplicates or forgeries counted: %q", buf.String())
+	}
+	obs(deadletter.OutcomeRecorded)
+	var doc map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil || doc["DeliveryDeadLetters"] != float64(1) || doc["Function"] != "failure" {
+		t.Fatalf("EMF line %q (%v)", buf.String(), err)
 	}
 }

@@ -4,7 +4,7 @@
 //
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
 // PUBLIC_BASE_URL (the base URL the relay publishes to; default: the Function URL's own
-// origin), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info),
+// origin), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
 // LISTEN_ADDR (optional).
 package main
 
@@ -13,9 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -40,18 +43,21 @@ type config struct {
 	maxBodyBytes  int64
 	logLevel      slog.Level
 	listenAddr    string
+	// metricsNamespace is METRICS_NAMESPACE (default metrics.DefaultNamespace).
+	metricsNamespace string
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
-		databaseURL:   getenv("DATABASE_URL"),
-		currentKey:    getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		nextKey:       getenv("QSTASH_NEXT_SIGNING_KEY"),
-		publicBaseURL: getenv("PUBLIC_BASE_URL"),
-		maxBodyBytes:  webhook.DefaultMaxBodyBytes,
-		listenAddr:    getenv("LISTEN_ADDR"),
+		databaseURL:      getenv("DATABASE_URL"),
+		currentKey:       getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		nextKey:          getenv("QSTASH_NEXT_SIGNING_KEY"),
+		publicBaseURL:    getenv("PUBLIC_BASE_URL"),
+		maxBodyBytes:     webhook.DefaultMaxBodyBytes,
+		listenAddr:       getenv("LISTEN_ADDR"),
+		metricsNamespace: getenv("METRICS_NAMESPACE"),
 	}
 	var errs []error
 	if c.databaseURL == "" {
@@ -122,20 +128,46 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		pool.Close()
 		return nil, nil, err
 	}
+	// Register your topics here; order.created is the example.
+	handlers := webhook.Handlers{"order.created": webhook.OrderCreated}
 	h, err := webhook.New(webhook.Config{
-		Pool:     pool,
-		Verifier: v,
-		// Register your topics here; order.created is the example.
-		Handlers:      webhook.Handlers{"order.created": webhook.OrderCreated},
+		Pool:          pool,
+		Verifier:      v,
+		Handlers:      handlers,
 		MaxBodyBytes:  cfg.maxBodyBytes,
 		PublicBaseURL: cfg.publicBaseURL,
 		Logger:        logger,
+		Observe:       observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.metricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
 	})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return h, pool, nil
+}
+
+// outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use.
+var outcomeMetric = map[string]string{
+	webhook.OutcomeProcessed:    metrics.Processed,
+	webhook.OutcomeDuplicate:    metrics.Duplicate,
+	webhook.OutcomePermanent:    metrics.PermanentFailure,
+	webhook.OutcomeTransient:    metrics.TransientFailure,
+	webhook.OutcomeUnauthorized: metrics.Unauthorized,
+}
+
+// observer writes one EMF line per delivery (Function=webhook, plus Topic for registered
+// topics).
+func observer(em *metrics.EMF, logger *slog.Logger) func(topic, outcome string) {
+	return func(topic, outcome string) {
+		name, ok := outcomeMetric[outcome]
+		if !ok {
+			return
+		}
+		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: []metrics.Value{metrics.Count(name, 1)}}
+		if err := em.Record(ev); err != nil {
+			logger.Warn("record webhook metric", slog.Any("error", err))
+		}
+	}
 }
 
 func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Pool, error) {

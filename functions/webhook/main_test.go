@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -93,5 +96,27 @@ func TestBuildServesWebhook(t *testing.T) {
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/events/order.created", strings.NewReader(`{}`)))
 	if w.Code != http.StatusUnauthorized {
 		t.Fatalf("unsigned request: %d", w.Code)
+	}
+}
+
+func TestObserverEmitsConsumerMetrics(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	obs := observer(metrics.NewEMF(&buf, metrics.EMFConfig{Topics: []string{"order.created"}}), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for outcome, name := range outcomeMetric {
+		buf.Reset()
+		obs("order.created", outcome)
+		var doc map[string]any
+		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+			t.Fatalf("%s: not one EMF line: %v: %q", outcome, err, buf.String())
+		}
+		if doc[name] != float64(1) || doc["Function"] != "webhook" || doc["Topic"] != "order.created" {
+			t.Fatalf("%s: EMF line %v lacks %s=1 with Function=webhook, Topic=order.created", outcome, doc, name)
+		}
+	}
+	buf.Reset()
+	obs("order.created", "no-such-outcome")
+	if buf.Len() != 0 {
+		t.Fatalf("unknown outcome emitted %q", buf.String())
 	}
 }
