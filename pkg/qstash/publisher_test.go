@@ -1,0 +1,589 @@
+package qstash_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+func TestMain(m *testing.M) {
+	os.Unsetenv("QSTASH_URL") // qstash-go lets it override Options.Url
+	os.Exit(m.Run())
+}
+
+// countingTransport counts the requests that pass through it.
+type countingTransport struct{ n atomic.Int64 }
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// consumer is the webhook side: it verifies every delivery and records accepted ones.
+type consumer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	accepted []accepted
+	attempts map[string]int
+	fail     func(outboxID string, attempt int) bool
+	bad      []string
+}
+
+type accepted struct {
+	outboxID string
+	key      string
+	path     string
+	body     []byte
+	header   http.Header
+}
+
+// newConsumer starts the endpoint; a non-nil fail makes it answer 500 to some attempts.
+// The path prefix is what DestinationBaseURL adds (e.g. "/base/"), to test joining.
+func newConsumer(t *testing.T, fail func(string, int) bool) *consumer {
+	t.Helper()
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &consumer{attempts: map[string]int{}, fail: fail}
+	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id := r.Header.Get("X-Outbox-Id")
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err := v.Verify(r.Header.Get("Upstash-Signature"), c.URL+r.URL.RequestURI(), body); err != nil {
+			c.bad = append(c.bad, fmt.Sprintf("%s %s: %v", r.URL.Path, id, err))
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		c.attempts[id]++
+		if c.fail != nil && c.fail(id, c.attempts[id]) {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		c.accepted = append(c.accepted, accepted{outboxID: id, key: r.Header.Get("X-Partition-Key"), path: r.URL.Path, body: body, header: r.Header.Clone()})
+	}))
+	t.Cleanup(c.Close)
+	return c
+}
+
+func (c *consumer) snapshot() ([]accepted, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]accepted(nil), c.accepted...), append([]string(nil), c.bad...)
+}
+
+func newLocal(t testing.TB, opts qstashtest.Options) *qstashtest.Server {
+	t.Helper()
+	if opts.TimeScale == 0 {
+		opts.TimeScale = 0.0001
+	}
+	srv := qstashtest.NewServer(opts)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func newPublisher(t testing.TB, cfg qstash.PublisherConfig) *qstash.Publisher {
+	t.Helper()
+	p, err := qstash.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func idle(t testing.TB, srv *qstashtest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := srv.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// messages builds n messages over keys partition keys, ids from first, in id order; each
+// carries its key in a header so the consumer can check per-key order.
+func messages(first, n, keys int) []outbox.Message {
+	out := make([]outbox.Message, n)
+	for i := range out {
+		id := outbox.ID(first + i)
+		key := fmt.Sprintf("customer-%d", i%keys)
+		out[i] = outbox.Message{
+			ID: id, Topic: "order.created", PartitionKey: key,
+			Payload: []byte(fmt.Sprintf(`{"order_id":"o-%d","key":%q}`, id, key)),
+			Headers: map[string]string{"X-Partition-Key": key, "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+			Attempt: 1,
+		}
+	}
+	return out
+}
+
+func TestPublisherConfig(t *testing.T) {
+	t.Parallel()
+	ok := qstash.PublisherConfig{Token: "t", DestinationBaseURL: "https://x.lambda-url.us-east-1.on.aws/"}
+	if err := ok.WithDefaults().Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for field, cfg := range map[string]qstash.PublisherConfig{
+		"Token":                  {DestinationBaseURL: "https://x"},
+		"DestinationBaseURL":     {Token: "t", DestinationBaseURL: "x.example.com"},
+		"BaseURL":                {Token: "t", DestinationBaseURL: "https://x", BaseURL: "ftp://q"},
+		"FailureCallbackURL":     {Token: "t", DestinationBaseURL: "https://x", FailureCallbackURL: "/relative"},
+		"Ordering":               {Token: "t", DestinationBaseURL: "https://x", Ordering: "lifo"},
+		"FIFOQueues":             {Token: "t", DestinationBaseURL: "https://x", FIFOQueues: -1},
+		"FlowControlParallelism": {Token: "t", DestinationBaseURL: "https://x", Ordering: qstash.OrderingFIFO, FlowControlParallelism: 2},
+		"FlowControlPeriod":      {Token: "t", DestinationBaseURL: "https://x", FlowControlPeriod: time.Minute},
+		"Retries":                {Token: "t", DestinationBaseURL: "https://x", Retries: -2},
+		"MaxBatchItems":          {Token: "t", DestinationBaseURL: "https://x", MaxBatchItems: -1},
+		"QueuePrefix":            {Token: "t", DestinationBaseURL: "https://x", QueuePrefix: "a b"},
+	} {
+		err := cfg.WithDefaults().Validate()
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate = %v, want an error naming it", field, err)
+		}
+		if _, err := qstash.NewPublisher(cfg); err == nil {
+			t.Errorf("%s: NewPublisher accepted it", field)
+		}
+	}
+	p := newPublisher(t, ok)
+	if got := p.Destination("order.created"); got != "https://x.lambda-url.us-east-1.on.aws/events/order.created" {
+		t.Fatalf("Destination = %q", got)
+	}
+	if a, b := qstash.QueueName("outbox", 8, "customer-1"), qstash.QueueName("outbox", 8, "customer-1"); a != b || !strings.HasPrefix(a, "outbox-") {
+		t.Fatalf("QueueName unstable: %q %q", a, b)
+	}
+	// FNV-1a 32 of "customer-1" is fixed forever; changing the hash would move keys between
+	// queues and break order for events in flight during a deploy.
+	if got := qstash.QueueName("outbox", 1000, "customer-1"); got != "outbox-"+strconv.Itoa(int(fnv1a("customer-1")%1000)) {
+		t.Fatalf("QueueName = %q", got)
+	}
+}
+
+func fnv1a(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// TestPublishBatchMinimumRequests: 500 messages with MaxBatchItems 200 take exactly 3
+// requests; every message is delivered once, verbatim, with its headers.
+func TestPublishBatchMinimumRequests(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{})
+	ct := &countingTransport{}
+	p := newPublisher(t, qstash.PublisherConfig{
+		BaseURL: srv.URL + "/", Token: srv.Token, DestinationBaseURL: cons.URL + "/", MaxBatchItems: 200,
+		HTTPClient: &http.Client{Transport: ct}, Retries: 2,
+	})
+	msgs := messages(1, 500, 50)
+	res := p.Publish(context.Background(), msgs)
+	if got := ct.n.Load(); got != 3 {
+		t.Fatalf("%d requests for 500 messages at 200 per batch, want 3", got)
+	}
+	ids := map[string]bool{}
+	for i, r := range res {
+		if r.Err != nil || !strings.HasPrefix(r.MessageID, "msg_") || ids[r.MessageID] {
+			t.Fatalf("result %d: %+v", i, r)
+		}
+		ids[r.MessageID] = true
+	}
+	idle(t, srv)
+	got, bad := cons.snapshot()
+	if len(bad) > 0 || len(got) != 500 {
+		t.Fatalf("%d accepted, bad signatures %v", len(got), bad)
+	}
+	byID := map[string]accepted{}
+	for _, a := range got {
+		byID[a.outboxID] = a
+	}
+	for _, m := range msgs {
+		a, ok := byID[m.ID.String()]
+		if !ok || !bytes.Equal(a.body, m.Payload) || a.path != "/events/order.created" ||
+			a.header.Get("Content-Type") != "application/json" || a.header.Get("Traceparent") != m.Headers["Traceparent"] ||
+			!ids[a.header.Get("Upstash-Message-Id")] {
+			t.Fatalf("message %d delivered as %+v", m.ID, a)
+		}
+	}
+	// The publish-side settings reached the server.
+	for _, at := range srv.Attempts()[:1] {
+		if at.Header.Get("Upstash-Retried") != "0" {
+			t.Fatalf("attempt %+v", at)
+		}
+	}
+}
+
+// TestPublishDedup: publishing the same outbox message twice yields one delivery and the
+// same QStash message id; a redrive (new generation) is a new message.
+func TestPublishDedup(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL})
+	m := messages(77, 1, 1)
+	r1 := p.Publish(context.Background(), m)
+	r2 := p.Publish(context.Background(), m)
+	if r1[0].Err != nil || r2[0].Err != nil || r1[0].MessageID != r2[0].MessageID {
+		t.Fatalf("twice: %+v %+v", r1, r2)
+	}
+	idle(t, srv)
+	redrive := m[0]
+	redrive.Generation = 1
+	r3 := p.Publish(context.Background(), []outbox.Message{redrive})
+	if r3[0].Err != nil || r3[0].MessageID == r1[0].MessageID {
+		t.Fatalf("redrive: %+v", r3)
+	}
+	idle(t, srv)
+	if got, _ := cons.snapshot(); len(got) != 2 {
+		t.Fatalf("%d deliveries, want 2 (one per generation)", len(got))
+	}
+}
+
+// TestPublishItemFailureIsolation: a proxy corrupts one item's dedup id so the real server
+// rejects that item; it fails alone and permanently, the others publish. A message the
+// publisher cannot send fails alone too, and later messages of its key are held back.
+func TestPublishItemFailureIsolation(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{})
+	target, _ := url.Parse(srv.URL)
+	var requests atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var items []map[string]any
+		_ = json.Unmarshal(body, &items)
+		if requests.Add(1) == 1 {
+			items[2]["headers"].(map[string]any)["Upstash-Deduplication-Id"] = "outbox:3"
+		}
+		body, _ = json.Marshal(items)
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), 502)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(proxy.Close)
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4})
+	msgs := messages(1, 10, 10)
+	msgs[0].Headers = map[string]string{"Bad Header": "x"}
+	msgs[9].PartitionKey = msgs[0].PartitionKey // later message of the bad one's key
+	res := p.Publish(context.Background(), msgs)
+	var ie *qstash.ItemError
+	var inv *qstash.InvalidMessageError
+	if !errors.As(res[0].Err, &inv) || !relay.IsPermanent(res[0].Err) {
+		t.Fatalf("bad header: %v", res[0].Err)
+	}
+	// items[2] of the first request is msgs[3] (msgs[0] was never sent).
+	if !errors.As(res[3].Err, &ie) || ie.Index != 3 || !relay.IsPermanent(res[3].Err) || !strings.Contains(ie.Message, "cannot contain ':'") {
+		t.Fatalf("corrupted item: %v", res[3].Err)
+	}
+	if !errors.Is(res[9].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[9].Err) {
+		t.Fatalf("same key as the invalid message: %v", res[9].Err)
+	}
+	for i, r := range res {
+		if i != 0 && i != 3 && i != 9 && r.Err != nil {
+			t.Fatalf("message %d failed with its neighbours: %v", i, r.Err)
+		}
+	}
+	idle(t, srv)
+	if got, _ := cons.snapshot(); len(got) != 7 {
+		t.Fatalf("%d delivered, want 7", len(got))
+	}
+}
+
+// TestPublishErrorClasses maps every kind of QStash answer to the relay's classes.
+func TestPublishErrorClasses(t *testing.T) {
+	t.Parallel()
+	type answer struct {
+		status int
+		header http.Header
+		body   string
+		hang   bool
+	}
+	tests := []struct {
+		name      string
+		answer    answer
+		n         int
+		permanent bool
+		status    int
+		check     func(t *testing.T, err error)
+	}{
+		{name: "400 validation", answer: answer{400, nil, `{"error":"invalid destination url"}`, false}, n: 2, permanent: true, status: 400,
+			check: func(t *testing.T, err error) {
+				var ae *qstash.APIError
+				if !errors.As(err, &ae) || ae.Message != "invalid destination url" {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 1, permanent: true, status: 401},
+		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 1, permanent: true, status: 404},
+		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, status: 408},
+		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 1, status: 429,
+			check: func(t *testing.T, err error) {
+				var ae *qstash.APIError
+				if !errors.As(err, &ae) || ae.RateLimit.Limit != 500 || ae.RateLimit.Remaining != 0 || ae.RateLimit.Reset != "1700000000" || ae.Burst.Limit != 100 || ae.RetryAfter != 7*time.Second {
+					t.Fatalf("%+v", ae)
+				}
+			}},
+		{name: "500", answer: answer{500, nil, `{"error":"internal"}`, false}, n: 1, status: 500},
+		{name: "502 html from a proxy", answer: answer{502, http.Header{"Content-Type": {"text/html"}}, "<html><body><h1>502 Bad Gateway</h1></body></html>", false}, n: 2, status: 502,
+			check: func(t *testing.T, err error) {
+				var ae *qstash.APIError
+				if !errors.As(err, &ae) || !strings.Contains(ae.Message, "502 Bad Gateway") {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "200 not json", answer: answer{200, nil, "<html>ok</html>", false}, n: 2,
+			check: func(t *testing.T, err error) {
+				if !errors.Is(err, qstash.ErrBadResponse) {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "200 wrong length", answer: answer{200, nil, `[{"messageId":"msg_1"}]`, false}, n: 2,
+			check: func(t *testing.T, err error) {
+				if !errors.Is(err, qstash.ErrBadResponse) {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "200 item without id", answer: answer{200, nil, `[{"url":"x"}]`, false}, n: 1,
+			check: func(t *testing.T, err error) {
+				if !errors.Is(err, qstash.ErrNoMessageID) {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "200 item rate limited", answer: answer{200, nil, `[{"error":"rate limit exceeded, try again later"}]`, false}, n: 1},
+		{name: "200 item validation", answer: answer{200, nil, `[{"error":"DeduplicationId cannot contain ':'"}]`, false}, n: 1, permanent: true},
+		{name: "timeout", answer: answer{hang: true}, n: 1,
+			check: func(t *testing.T, err error) {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("%v", err)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// Reading the body lets the server notice the client hanging up.
+				io.Copy(io.Discard, r.Body)
+				if tt.answer.hang {
+					<-r.Context().Done()
+					return
+				}
+				for k, v := range tt.answer.header {
+					w.Header()[k] = v
+				}
+				w.WriteHeader(tt.answer.status)
+				io.WriteString(w, tt.answer.body)
+			}))
+			defer srv.Close()
+			p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", RequestTimeout: 100 * time.Millisecond})
+			res := p.Publish(context.Background(), messages(1, tt.n, tt.n))
+			if len(res) != tt.n {
+				t.Fatalf("%d results for %d messages", len(res), tt.n)
+			}
+			for _, r := range res {
+				if r.Err == nil || r.MessageID != "" {
+					t.Fatalf("result %+v: want a failure", r)
+				}
+				if relay.IsPermanent(r.Err) != tt.permanent || relay.StatusCode(r.Err) != tt.status {
+					t.Fatalf("%v: permanent %v status %d, want %v %d", r.Err, relay.IsPermanent(r.Err), relay.StatusCode(r.Err), tt.permanent, tt.status)
+				}
+				if tt.check != nil {
+					tt.check(t, r.Err)
+				}
+			}
+		})
+	}
+	t.Run("network error", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.NotFoundHandler())
+		srv.Close()
+		p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1"})
+		r := p.Publish(context.Background(), messages(1, 1, 1))[0]
+		if r.Err == nil || relay.IsPermanent(r.Err) {
+			t.Fatalf("%v", r.Err)
+		}
+	})
+}
+
+// TestPublishAgainstInjectedFaults: 5xx, 429 and dropped responses from the local server
+// are all retryable, and retrying until success yields exactly one delivery per message.
+func TestPublishAgainstInjectedFaults(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{Seed: 3, Faults: qstashtest.Faults{Publish5xxRate: 0.2, Publish429Rate: 0.2, DropResponseRate: 0.2}})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 5})
+	pending := messages(1, 60, 60)
+	for round := 0; len(pending) > 0; round++ {
+		if round > 100 {
+			t.Fatal("faults never cleared")
+		}
+		var next []outbox.Message
+		for i, r := range p.Publish(context.Background(), pending) {
+			if r.Err != nil {
+				if relay.IsPermanent(r.Err) {
+					t.Fatalf("injected fault classified permanent: %v", r.Err)
+				}
+				next = append(next, pending[i])
+			}
+		}
+		pending = next
+	}
+	idle(t, srv)
+	got, _ := cons.snapshot()
+	seen := map[string]int{}
+	for _, a := range got {
+		seen[a.outboxID]++
+	}
+	if len(seen) != 60 || len(got) != 60 {
+		t.Fatalf("%d deliveries of %d ids, want 60 of 60 (dedup absorbs the resends)", len(got), len(seen))
+	}
+}
+
+// checkPerKeyOrder: every id arrives, and within each key in increasing id order.
+func checkPerKeyOrder(t *testing.T, got []accepted, msgs []outbox.Message) {
+	t.Helper()
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, a := range got {
+		id, _ := strconv.Atoi(a.outboxID)
+		if id <= last[a.key] {
+			t.Fatalf("key %s: id %d arrived after %d", a.key, id, last[a.key])
+		}
+		last[a.key] = id
+		seen[a.outboxID] = true
+	}
+	for _, m := range msgs {
+		if !seen[m.ID.String()] {
+			t.Fatalf("message %d never arrived (%d of %d did)", m.ID, len(seen), len(msgs))
+		}
+	}
+}
+
+// failFirst30 fails the first delivery of a seeded 30% of the ids.
+func failFirst30(seed uint64) func(string, int) bool {
+	r := rand.New(rand.NewPCG(seed, 0))
+	var mu sync.Mutex
+	decided := map[string]bool{}
+	return func(id string, attempt int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		f, ok := decided[id]
+		if !ok {
+			f = r.Float64() < 0.3
+			decided[id] = f
+		}
+		return f && attempt == 1
+	}
+}
+
+// TestFIFOModeKeepsPerKeyOrder: 20 keys x 50 events, 30% of first deliveries failing
+// (retryable) and random delivery delays, arrive in per-key id order in FIFO mode.
+func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, failFirst30(11))
+	srv := newLocal(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.3, MaxDelay: 2 * time.Millisecond}})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
+	msgs := messages(1, 1000, 20)
+	for i, r := range p.Publish(context.Background(), msgs) {
+		if r.Err != nil {
+			t.Fatalf("message %d: %v", i, r.Err)
+		}
+	}
+	idle(t, srv)
+	got, bad := cons.snapshot()
+	if len(bad) > 0 || len(got) != 1000 {
+		t.Fatalf("%d accepted, bad %v", len(got), bad)
+	}
+	checkPerKeyOrder(t, got, msgs)
+	queues := map[string]bool{}
+	for _, a := range srv.Attempts() {
+		queues[a.Queue] = true
+	}
+	if len(queues) != 4 {
+		t.Fatalf("used queues %v, want 4", queues)
+	}
+}
+
+// TestPublishModeDeliversEverything: the same load in publish mode (with flow control)
+// arrives complete; its order is not asserted, because QStash does not keep it.
+func TestPublishModeDeliversEverything(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, failFirst30(11))
+	srv := newLocal(t, qstashtest.Options{})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FlowControlParallelism: 2, FlowControlRate: 1000, FlowControlPeriod: time.Second})
+	msgs := messages(1, 1000, 20)
+	for i, r := range p.Publish(context.Background(), msgs) {
+		if r.Err != nil {
+			t.Fatalf("message %d: %v", i, r.Err)
+		}
+	}
+	idle(t, srv)
+	got, bad := cons.snapshot()
+	ids := map[string]bool{}
+	for _, a := range got {
+		ids[a.outboxID] = true
+	}
+	if len(bad) > 0 || len(got) != 1000 || len(ids) != 1000 {
+		t.Fatalf("%d accepted, %d distinct, bad %v", len(got), len(ids), bad)
+	}
+	var keys []string
+	for _, a := range srv.Attempts() {
+		if a.Retried == 0 {
+			keys = append(keys, a.Header.Get("X-Partition-Key"))
+		}
+	}
+	slices.Sort(keys)
+	if len(slices.Compact(keys)) != 20 {
+		t.Fatal("flow-control keys lost")
+	}
+}
+
+func BenchmarkPublishBatch(b *testing.B) {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	defer sink.Close()
+	srv := newLocal(b, qstashtest.Options{})
+	p := newPublisher(b, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: sink.URL})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		msgs := messages(i*500+1, 500, 50)
+		for _, r := range p.Publish(ctx, msgs) {
+			if r.Err != nil {
+				b.Fatal(r.Err)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*500)/b.Elapsed().Seconds(), "msgs/s")
+	idle(b, srv)
+}
