@@ -353,3 +353,6 @@ func dbKiller(ctx context.Context, admin outbox.Querier, appNames []string, rate
 		}
 	}
 }
+
+// FaultKinds lists the fault kinds of Report.Faults in a fixed order.
+func FaultKinds() []string { return append([]string(nil), faultKinds...) }
