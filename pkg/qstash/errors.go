@@ -49,10 +49,16 @@ func (e *APIError) Error() string {
 }
 
 // Permanent reports whether resending the same request cannot succeed: every 4xx except
-// 408 (timeout) and 429 (rate limit). 5xx, 3xx and everything else are transient.
+// 408 (timeout), 429 (rate limit), and 401/403. A rejected token is the deployment's fault,
+// not the message's: dead-lettering would sweep the whole backlog into dead_letters on one
+// rotated token, while retrying holds it (the oldest-pending-age alarm fires) and drains by
+// itself once the token is fixed. 5xx, 3xx and everything else are transient.
 func (e *APIError) Permanent() bool {
-	return e.StatusCode >= 400 && e.StatusCode < 500 &&
-		e.StatusCode != http.StatusRequestTimeout && e.StatusCode != http.StatusTooManyRequests
+	switch e.StatusCode {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusForbidden:
+		return false
+	}
+	return e.StatusCode >= 400 && e.StatusCode < 500
 }
 
 // HTTPStatus returns StatusCode (relay.StatusCode reads it).

@@ -147,6 +147,9 @@ func (p *Publisher) item(i int, m outbox.Message) (batchItem, error) {
 	}
 	h["Content-Type"] = "application/json"
 	h["Upstash-Forward-X-Outbox-Id"] = m.ID.String()
+	// The failure-callback recorder compares it with the outbox row, so a late callback of
+	// an earlier generation cannot dead-letter an event that was redriven since.
+	h["Upstash-Forward-X-Outbox-Generation"] = strconv.Itoa(m.Generation)
 	h["Upstash-Deduplication-Id"] = m.DeduplicationID()
 	retries := p.cfg.Retries
 	if retries == NoRetries {

@@ -343,7 +343,7 @@ func TestPublishErrorClasses(t *testing.T) {
 					t.Fatalf("%v", err)
 				}
 			}},
-		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 1, permanent: true, status: 401},
+		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 1, permanent: false, status: 401},
 		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 1, permanent: true, status: 404},
 		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, status: 408},
 		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 1, status: 429,
