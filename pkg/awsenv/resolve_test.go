@@ -1,0 +1,273 @@
+package awsenv_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+const secretARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:outbox/db-AbCdEf"
+
+// resolver returns a Resolver whose real SDK clients talk to a fresh stub.
+func resolver(t *testing.T) (awsenv.Resolver, *awsenvtest.Server) {
+	t.Helper()
+	stub := awsenvtest.NewServer()
+	t.Cleanup(stub.Close)
+	cfg := aws.Config{
+		Region:       "eu-west-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
+		BaseEndpoint: aws.String(stub.URL),
+	}
+	return awsenv.Resolver{AWSConfig: &cfg}, stub
+}
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	server, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password := server.Password
+	if password == "" {
+		password = "ignored by trust auth" // the secret must hold one
+	}
+	r, stub := resolver(t)
+	// The rotation-template shape, port as a number; the password is the server's own
+	// (trust auth ignores it locally, a CI server may not).
+	stub.PutSecret(secretARN, `{"engine":"postgres","username":`+jsonString(server.User)+`,"password":`+jsonString(password)+
+		`,"host":`+jsonString(server.Host)+`,"port":`+strconv.Itoa(int(server.Port))+`,"dbname":`+jsonString(server.Database)+`}`)
+	sslmode := "require"
+	if strings.Contains(db.URL, "sslmode=disable") {
+		sslmode = "disable"
+	}
+	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: sslmode}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := getenv("DATABASE_URL")
+	pool, err := awsenv.NewPool(context.Background(), dsn, awsenv.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var one int
+	if err := pool.QueryRow(context.Background(), "select 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("query through the resolved DSN: %v", err)
+	}
+	if got := pool.Config().MaxConns; got != awsenv.DefaultMaxConns {
+		t.Errorf("MaxConns = %d, want %d", got, awsenv.DefaultMaxConns)
+	}
+}
+
+func TestResolveDSNEscapesEveryPart(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	password := `p@ss:w/rd?#%20&x y'"\`
+	stub.PutSecret(secretARN, `{"username":"app user","password":`+jsonString(password)+`,"host":"db.internal","port":"6432","dbname":"my db"}`)
+	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pgx.ParseConfig(getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatalf("parse resolved DSN: %v", err)
+	}
+	if cc.User != "app user" || cc.Password != password || cc.Host != "db.internal" || cc.Port != 6432 || cc.Database != "my db" {
+		t.Fatalf("parsed %q:%q@%s:%d/%s", cc.User, cc.Password, cc.Host, cc.Port, cc.Database)
+	}
+	if cc.TLSConfig == nil || len(cc.Fallbacks) != 0 {
+		t.Errorf("default sslmode must be require (TLS, no plaintext fallback)")
+	}
+	if cc.ConnectTimeout != awsenv.DefaultConnectTimeout*time.Second {
+		t.Errorf("connect timeout = %v", cc.ConnectTimeout)
+	}
+	if cc.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		t.Errorf("exec mode %v without DB_PROXY", cc.DefaultQueryExecMode)
+	}
+}
+
+func TestResolveRDSManagedSecretWithEndpointVariables(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	// ManageMasterUserPassword secrets hold only username and password.
+	stub.PutSecret(secretARN, `{"username":"relay","password":"pw"}`)
+	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+		awsenv.VarDBSecretARN: secretARN, awsenv.VarDBHost: "proxy.proxy-abc.eu-west-1.rds.amazonaws.com",
+		awsenv.VarDBPort: "5433", awsenv.VarDBName: "outbox", awsenv.VarDBProxy: "true",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pgx.ParseConfig(getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.User != "relay" || cc.Password != "pw" || cc.Host != "proxy.proxy-abc.eu-west-1.rds.amazonaws.com" || cc.Port != 5433 || cc.Database != "outbox" {
+		t.Fatalf("parsed %s:%s@%s:%d/%s", cc.User, cc.Password, cc.Host, cc.Port, cc.Database)
+	}
+	if cc.DefaultQueryExecMode != pgx.QueryExecModeExec {
+		t.Errorf("DB_PROXY=true: exec mode %v, want exec", cc.DefaultQueryExecMode)
+	}
+}
+
+func TestResolveIAMAuthWithoutSecret(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+		awsenv.VarDBHost: "db.internal", awsenv.VarDBUser: "relay", awsenv.VarDBIAMAuth: "true",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, has := u.User.Password(); has || u.User.Username() != "relay" || u.Query().Get("rds_iam_auth") != "true" {
+		t.Fatalf("DSN %s: want user relay, no password, rds_iam_auth=true", u.Redacted())
+	}
+	if n := stub.Requests(awsenvtest.TargetGetSecretValue); n != 0 {
+		t.Errorf("%d secret reads without DB_SECRET_ARN", n)
+	}
+}
+
+func TestResolveQStashParametersInOneCall(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	stub.PutParameter("/outbox/qstash/token", "tok-123\n")
+	stub.PutParameter("/outbox/qstash/current", "sig_current")
+	stub.PutParameter("/outbox/qstash/next", "sig_next")
+	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+		"QSTASH_TOKEN_PARAM":               "/outbox/qstash/token",
+		"QSTASH_CURRENT_SIGNING_KEY_PARAM": "/outbox/qstash/current",
+		"QSTASH_NEXT_SIGNING_KEY_PARAM":    "/outbox/qstash/next",
+		"QSTASH_URL":                       "http://127.0.0.1:1",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // the overlay never calls AWS again
+		for k, want := range map[string]string{
+			"QSTASH_TOKEN": "tok-123", "QSTASH_CURRENT_SIGNING_KEY": "sig_current",
+			"QSTASH_NEXT_SIGNING_KEY": "sig_next", "QSTASH_URL": "http://127.0.0.1:1",
+		} {
+			if got := getenv(k); got != want {
+				t.Errorf("%s = %q, want %q", k, got, want)
+			}
+		}
+	}
+	if n := stub.Requests(awsenvtest.TargetGetParameters); n != 1 {
+		t.Errorf("GetParameters called %d times, want 1 (batched, once per cold start)", n)
+	}
+}
+
+func TestResolveWithoutReferencesCallsNothing(t *testing.T) {
+	t.Parallel()
+	stub := awsenvtest.NewServer()
+	defer stub.Close()
+	// No AWSConfig: loading one would be the bug (local runs have no AWS configuration).
+	env := map[string]string{"DATABASE_URL": "postgres://u@h/db", "QSTASH_TOKEN": "t"}
+	getenv, err := awsenv.Resolver{}.Resolve(context.Background(), envOf(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if getenv("DATABASE_URL") != env["DATABASE_URL"] || getenv("QSTASH_TOKEN") != "t" {
+		t.Fatal("values not passed through")
+	}
+}
+
+func TestResolveErrorsNameTheSecret(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		secret string // "" = absent
+		params map[string]string
+		env    map[string]string
+		want   []string
+	}{
+		{"missing secret", "", nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{secretARN, "DB_SECRET_ARN", "ResourceNotFoundException"}},
+		{"malformed JSON", `{"username":`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{secretARN, "not RDS credentials JSON"}},
+		{"not an object", `"just-a-password"`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{secretARN, "not RDS credentials JSON"}},
+		{"no password", `{"username":"u","host":"h"}`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{secretARN, `no "password" field`}},
+		{"managed secret without DB_HOST", `{"username":"u","password":"p"}`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{secretARN, `no "host" field and DB_HOST is not set`}},
+		{"bad port", `{"username":"u","password":"p","host":"h","port":true}`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN},
+			[]string{`"port" must be a number`}},
+		{"both DATABASE_URL and secret", `{}`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN, "DATABASE_URL": "postgres://x"},
+			[]string{"DATABASE_URL and DB_SECRET_ARN are both set"}},
+		{"host without credentials", "", nil, map[string]string{awsenv.VarDBHost: "h", awsenv.VarDBUser: "u"},
+			[]string{"DB_HOST is set without DB_SECRET_ARN"}},
+		{"bad sslmode", `{"username":"u","password":"p","host":"h"}`, nil, map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "on"},
+			[]string{`DB_SSLMODE "on"`}},
+		{"missing parameters", "", map[string]string{"/p/next": "n", "/p/empty": " "},
+			map[string]string{"QSTASH_CURRENT_SIGNING_KEY_PARAM": "/p/current", "QSTASH_NEXT_SIGNING_KEY_PARAM": "/p/next", "QSTASH_TOKEN_PARAM": "/p/empty"},
+			[]string{"SSM parameter /p/current (QSTASH_CURRENT_SIGNING_KEY_PARAM) does not exist", "SSM parameter /p/empty (QSTASH_TOKEN_PARAM) is empty"}},
+		{"value and parameter", "", nil, map[string]string{"QSTASH_TOKEN": "t", "QSTASH_TOKEN_PARAM": "/p/token"},
+			[]string{"QSTASH_TOKEN and QSTASH_TOKEN_PARAM are both set"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r, stub := resolver(t)
+			if tt.secret != "" {
+				stub.PutSecret(secretARN, tt.secret)
+			}
+			for k, v := range tt.params {
+				stub.PutParameter(k, v)
+			}
+			_, err := r.Resolve(context.Background(), envOf(tt.env))
+			if err == nil {
+				t.Fatal("Resolve succeeded")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), `"p"`) || strings.Contains(err.Error(), ":p@") {
+				t.Errorf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
+
+func TestResolveUnreachableEndpointIsBounded(t *testing.T) {
+	t.Parallel()
+	stub := awsenvtest.NewServer()
+	endpoint := stub.URL
+	stub.Close() // nothing listens there any more
+	cfg := aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("a", "b", ""), BaseEndpoint: aws.String(endpoint)}
+	start := time.Now()
+	_, err := awsenv.Resolver{AWSConfig: &cfg, Timeout: 2 * time.Second}.Resolve(context.Background(),
+		envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
+	if err == nil || !strings.Contains(err.Error(), secretARN) {
+		t.Fatalf("err = %v, want one naming %s", err, secretARN)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v with a 2s timeout", d)
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
