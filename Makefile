@@ -27,6 +27,69 @@ build-WebhookFunction: ## sam build target: webhook Lambda
 build-FailureFunction: ## sam build target: failure-callback Lambda
 	$(LAMBDA_BUILD) -o "$(ARTIFACTS_DIR)/bootstrap" ./functions/failure
 
+LAMBDA_FUNCTIONS := RelayFunction WebhookFunction FailureFunction
+build: ## the three Lambda bootstraps as sam build makes them, in bin/lambda/<LogicalId>/bootstrap
+	@for f in $(LAMBDA_FUNCTIONS); do $(MAKE) --no-print-directory build-$$f ARTIFACTS_DIR=$(CURDIR)/bin/lambda/$$f || exit 1; done
+
+# ---- Local invokes: sam local (Docker) or aws-lambda-rie (no Docker) -------------------
+# Both read the function variables from ENV_JSON (sam's --env-vars format: "Parameters"
+# for every function, then one object per LogicalId). Receiver events are re-signed first
+# (outboxctl sign-event): a QStash signature expires after five minutes.
+SAM ?= sam
+ENV_JSON ?= env.example.json
+RIE ?= $(shell command -v aws-lambda-rie 2>/dev/null || echo "$$($(GO) env GOPATH)/bin/aws-lambda-rie")
+RIE_PORT ?= 9000
+RIE_API_PORT ?= 9001
+RIE_TIMEOUT ?= 30
+.PHONY: sam-build invoke-relay invoke-retention invoke-webhook invoke-failure rie-install rie-relay rie-retention rie-webhook rie-failure FORCE
+
+sam-build: ## sam build (runs the build-<LogicalId> targets into .aws-sam/build)
+	$(SAM) build
+
+bin/events/%.json: events/%.json FORCE
+	@mkdir -p bin/events
+	$(GO) run ./cmd/outboxctl sign-event -in $< > $@
+
+invoke-relay: sam-build ## sam local invoke RelayFunction -e events/schedule.json (drain)
+	$(SAM) local invoke RelayFunction -e events/schedule.json --env-vars $(ENV_JSON)
+invoke-retention: sam-build ## sam local invoke RelayFunction -e events/retention.json
+	$(SAM) local invoke RelayFunction -e events/retention.json --env-vars $(ENV_JSON)
+invoke-webhook: sam-build bin/events/webhook.json ## sam local invoke WebhookFunction with the re-signed events/webhook.json
+	$(SAM) local invoke WebhookFunction -e bin/events/webhook.json --env-vars $(ENV_JSON)
+invoke-failure: sam-build bin/events/failure.json ## sam local invoke FailureFunction with the re-signed events/failure.json
+	$(SAM) local invoke FailureFunction -e bin/events/failure.json --env-vars $(ENV_JSON)
+
+rie-install: ## install aws-lambda-rie (the emulator sam local runs in its container) into $(go env GOPATH)/bin
+	$(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@latest
+
+# $(call rie_invoke,<functions/ dir>,<LogicalId>,<event file>): host-arch bootstrap under
+# aws-lambda-rie with ENV_JSON's variables only, one invoke, response on stdout; fails if
+# the emulator's 200 carries a function error or a timeout.
+define rie_invoke
+	@command -v jq >/dev/null || { echo "rie targets read $(ENV_JSON) with jq: install jq" >&2; exit 1; }
+	@test -x "$(RIE)" || { echo "aws-lambda-rie not found at $(RIE): make rie-install" >&2; exit 1; }
+	@CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -o bin/rie/$(1)/bootstrap ./functions/$(1)
+	@set -euo pipefail; \
+	mapfile -t vars < <(jq -r --arg f $(2) '((.Parameters // {}) + (.[$$f] // {})) | to_entries[] | "\(.key)=\(.value)"' $(ENV_JSON)); \
+	env -i PATH="$$PATH" HOME="$$HOME" AWS_REGION="$${AWS_REGION:-eu-west-1}" "$${vars[@]}" \
+	  AWS_LAMBDA_FUNCTION_NAME=$(2) AWS_LAMBDA_FUNCTION_TIMEOUT=$(RIE_TIMEOUT) \
+	  "$(RIE)" --runtime-interface-emulator-address 127.0.0.1:$(RIE_PORT) \
+	  --runtime-api-address 127.0.0.1:$(RIE_API_PORT) --log-level error bin/rie/$(1)/bootstrap >&2 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null || true' EXIT; \
+	for _ in $$(seq 100); do curl -so /dev/null http://127.0.0.1:$(RIE_PORT)/ && break; sleep 0.1; done; \
+	out=$$(curl -sS -XPOST http://127.0.0.1:$(RIE_PORT)/2015-03-31/functions/function/invocations --data-binary @$(3)); \
+	echo "$$out"; ! grep -qE '"errorType"|^Task timed out' <<<"$$out"
+endef
+
+rie-relay: ## the relay under aws-lambda-rie with events/schedule.json (no Docker)
+	$(call rie_invoke,relay,RelayFunction,events/schedule.json)
+rie-retention: ## the relay under aws-lambda-rie with events/retention.json
+	$(call rie_invoke,relay,RelayFunction,events/retention.json)
+rie-webhook: bin/events/webhook.json ## the webhook under aws-lambda-rie with the re-signed events/webhook.json
+	$(call rie_invoke,webhook,WebhookFunction,bin/events/webhook.json)
+rie-failure: bin/events/failure.json ## the failure callback under aws-lambda-rie with the re-signed events/failure.json
+	$(call rie_invoke,failure,FailureFunction,bin/events/failure.json)
+
 test: ## run every test against real Postgres (DATABASE_URL), with the race detector
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) test -race -count=1 -timeout 20m ./...
 
