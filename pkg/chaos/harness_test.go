@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"strconv"
 	"testing"
@@ -78,3 +79,5 @@ func TestChaosPublishOrdering(t *testing.T) {
 	seed := chaosSeed(t)
 	runChaos(t, chaos.Options{Events: chaosEvents(t, 2000), Seed: seed, Relays: 2, Ordering: qstash.OrderingPublish, Faults: chaos.DefaultFaults()})
 }
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
