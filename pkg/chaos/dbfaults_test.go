@@ -170,8 +170,8 @@ func enqueueN(t *testing.T, pool *pgxpool.Pool, n, keys int) {
 // lease token), pending without a lease; and checks every dispatched row was published.
 type rowStates struct {
 	dispatched, dead, leased, free int
-	dispatchedUnpublished         []outbox.ID
-	negativeAttempts              int
+	dispatchedUnpublished          []outbox.ID
+	negativeAttempts               int
 }
 
 func readStates(t *testing.T, pool *pgxpool.Pool, published map[outbox.ID]int) rowStates {
