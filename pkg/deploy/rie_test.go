@@ -86,7 +86,9 @@ type buildError struct {
 	out []byte
 }
 
-func (e *buildError) Error() string { return "build " + e.pkg + ": " + e.err.Error() + "\n" + string(e.out) }
+func (e *buildError) Error() string {
+	return "build " + e.pkg + ": " + e.err.Error() + "\n" + string(e.out)
+}
 
 // signEvent runs `outboxctl sign-event` on a sample event, as a user does before a local
 // invoke.
