@@ -3,6 +3,8 @@ package chaos_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -81,3 +83,9 @@ func TestChaosPublishOrdering(t *testing.T) {
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
