@@ -370,4 +370,3 @@ func TestChaosFlags(t *testing.T) {
 		}
 	}
 }
-
