@@ -109,3 +109,21 @@ bench: ## full benchmark on DATABASE_URL (~15 min): docs/bench-results.{json,md}
 bench-short: ## every benchmark scenario at its short size (under two minutes), results in tmp/
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
+
+.PHONY: fuzz
+FUZZTIME ?= 20s
+# Every fuzz target, each for FUZZTIME (go test -fuzz takes one target in one package).
+FUZZ_TARGETS := \
+	./pkg/chaos:FuzzVerify \
+	./pkg/chaos:FuzzLimitsValidate \
+	./pkg/chaos:FuzzRelayConfig \
+	./pkg/qstash:FuzzDecodeFailureCallback \
+	./pkg/deadletter:FuzzFailureCallback \
+	./pkg/webhook:FuzzWebhookRequest
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 20s): verifier, failure callback, Enqueue validation, config, webhook
+	@fail=""; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || fail="$$fail $$name"; \
+	done; if [ -n "$$fail" ]; then echo "fuzz failures:$$fail (inputs in the packages' testdata/fuzz)"; exit 1; fi
+
