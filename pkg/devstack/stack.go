@@ -143,7 +143,8 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/events/", hook)
 	mux.Handle("/failure", cb)
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// A slow body must not hold a handler (and its database connection) forever.
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() { _ = httpSrv.Serve(ln) }()
 	defer httpSrv.Close()
 

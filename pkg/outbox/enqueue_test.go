@@ -108,6 +108,10 @@ func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
 		{"non-JSON payload", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
 		{"invalid utf8 payload", mod(func(e *outbox.Event) { e.Payload = []byte("\"\xff\"") }), outbox.ErrInvalidPayload},
 		{"NUL in payload", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":"\u0000"}`) }), outbox.ErrInvalidPayload},
+		{"unpaired surrogate", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":"\ud800"}`) }), outbox.ErrInvalidPayload},
+		{"lone low surrogate", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`"\udc00x"`) }), outbox.ErrInvalidPayload},
+		{"number beyond numeric", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`{"a":1e1000000}`) }), outbox.ErrInvalidPayload},
+		{"fraction beyond numeric", mod(func(e *outbox.Event) { e.Payload = json.RawMessage(`[1e-16384]`) }), outbox.ErrInvalidPayload},
 		{"deep nesting", mod(func(e *outbox.Event) {
 			e.Payload = json.RawMessage(strings.Repeat("[", 65) + strings.Repeat("]", 65))
 		}), outbox.ErrInvalidPayload},
@@ -139,6 +143,20 @@ func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
 	}
 	if n := count(t, db); n != 0 {
 		t.Fatalf("invalid events wrote %d rows", n)
+	}
+}
+
+// Edge values Postgres does accept must not be rejected.
+func TestEnqueueAcceptsWhatPostgresStores(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for _, p := range []string{`"\\u0000"`, `"\ud83d\ude00"`, `[1e131071, 1e-16383, -0.5e3]`, `{"k\u00e9":"\u00e9"}`} {
+		ev := validEvent()
+		ev.Payload = json.RawMessage(p)
+		if _, err := outbox.Enqueue(ctx, db.Pool, ev); err != nil {
+			t.Errorf("payload %s: %v", p, err)
+		}
 	}
 }
 

@@ -158,25 +158,60 @@ func validJSON(p []byte) error {
 	if !json.Valid(p) {
 		return errors.New("not valid JSON")
 	}
-	// jsonb cannot store the NUL character, and deep nesting is a denial-of-service shape.
-	if bytes.Contains(p, []byte(`\u0000`)) {
-		return errors.New(`contains \u0000, which Postgres jsonb cannot store`)
-	}
-	depth, maxDepth, inString, escaped := 0, 0, false, false
-	for _, c := range p {
-		switch {
-		case escaped:
-			escaped = false
-		case inString && c == '\\':
-			escaped = true
+	return checkJSONForPostgres(p)
+}
+
+// Postgres numeric limits: at most 131072 digits before the decimal point and 16383 after.
+const (
+	maxNumericIntDigits  = 131072
+	maxNumericFracDigits = 16383
+)
+
+// checkJSONForPostgres rejects valid JSON that jsonb would still refuse, so Enqueue returns
+// a typed error instead of aborting the caller's transaction: \u0000 (jsonb cannot store
+// NUL), unpaired UTF-16 surrogate escapes, numbers beyond numeric's range, and nesting deeper
+// than MaxJSONDepth (a denial-of-service shape). p is already known to be valid JSON.
+func checkJSONForPostgres(p []byte) error {
+	depth, maxDepth := 0, 0
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
 		case c == '"':
-			inString = !inString
-		case inString:
+			for i++; i < len(p) && p[i] != '"'; i++ {
+				if p[i] != '\\' {
+					continue
+				}
+				i++
+				if p[i] != 'u' {
+					continue
+				}
+				r := hex4(p[i+1 : i+5])
+				i += 4
+				switch {
+				case r == 0:
+					return errors.New(`contains \u0000, which Postgres jsonb cannot store`)
+				case r >= 0xD800 && r <= 0xDBFF:
+					if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' {
+						return errors.New("contains an unpaired UTF-16 surrogate escape")
+					}
+					if lo := hex4(p[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
+						return errors.New("contains an unpaired UTF-16 surrogate escape")
+					}
+					i += 6
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return errors.New("contains an unpaired UTF-16 surrogate escape")
+				}
+			}
 		case c == '{' || c == '[':
 			depth++
 			maxDepth = max(maxDepth, depth)
 		case c == '}' || c == ']':
 			depth--
+		case c == '-' || c >= '0' && c <= '9':
+			end, err := checkNumber(p, i)
+			if err != nil {
+				return err
+			}
+			i = end - 1
 		}
 	}
 	if maxDepth > MaxJSONDepth {
@@ -185,7 +220,62 @@ func validJSON(p []byte) error {
 	return nil
 }
 
-// reservedHeader reports names the relay or QStash own.
+// checkNumber scans the number starting at p[i] and returns the index after it.
+func checkNumber(p []byte, i int) (int, error) {
+	digits := func() int {
+		n := 0
+		for i < len(p) && p[i] >= '0' && p[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if p[i] == '-' {
+		i++
+	}
+	intDigits, fracDigits, exp := digits(), 0, 0
+	if i < len(p) && p[i] == '.' {
+		i++
+		fracDigits = digits()
+	}
+	if i < len(p) && (p[i] == 'e' || p[i] == 'E') {
+		i++
+		neg := false
+		if p[i] == '+' || p[i] == '-' {
+			neg = p[i] == '-'
+			i++
+		}
+		for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+			if exp < 1<<30 {
+				exp = exp*10 + int(p[i]-'0')
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	if intDigits+exp > maxNumericIntDigits || fracDigits-exp > maxNumericFracDigits {
+		return i, errors.New("contains a number beyond the range Postgres numeric can store")
+	}
+	return i, nil
+}
+
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		}
+	}
+	return r
+}
+
 func reservedHeader(name string) bool {
 	n := strings.ToLower(name)
 	return strings.HasPrefix(n, "upstash-") || strings.HasPrefix(n, "x-outbox-") ||

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -261,7 +262,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	case !known:
 		respond(replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
 		return
-	case !json.Valid(body):
+	case !utf8.Valid(body) || !json.Valid(body): // json.Valid alone lets invalid UTF-8 through
 		respond(replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
 		return
 	}
