@@ -24,6 +24,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
@@ -90,7 +91,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 }
 
 func main() {
-	cfg, err := loadConfig(os.Getenv)
+	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
+	getenv, err := awsenv.Resolve(context.Background(), os.Getenv)
+	if err != nil {
+		slog.New(slog.NewJSONHandler(os.Stdout, nil)).Error("resolve secrets", slog.Any("error", err))
+		os.Exit(1)
+	}
+	cfg, err := loadConfig(getenv)
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.logLevel}))
 	if err != nil {
 		logger.Error("load failure-callback config", slog.Any("error", err))
@@ -141,24 +148,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 }
 
 func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
-	}
-	pc.MaxConns = maxConns
-	// A connection that died while the environment was frozen must not eat the invoke.
-	pc.PingTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
-	}
-	// Not fatal: callbacks answer 500 while the database is down and QStash retries them.
-	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		logger.Warn("database not reachable at start; callbacks will be retried", slog.Any("error", err))
-	}
-	return pool, nil
+	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger})
 }
 
 // observer counts every newly recorded dead letter (DeliveryDeadLetters, Function=failure):

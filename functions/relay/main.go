@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -53,7 +54,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 }
 
 func main() {
-	cfg, err := loadConfig(os.Getenv)
+	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
+	getenv, err := awsenv.Resolve(context.Background(), os.Getenv)
+	if err != nil {
+		slog.New(slog.NewJSONHandler(os.Stdout, nil)).Error("resolve secrets", slog.Any("error", err))
+		os.Exit(1)
+	}
+	cfg, err := loadConfig(getenv)
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load relay config", slog.Any("error", err))
@@ -75,27 +82,11 @@ func main() {
 
 // newPool opens the pool once per cold start.
 func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
-	}
-	pc.MaxConns = maxConns
+	conns := int32(maxConns)
 	if cfg.Linger > 0 {
-		pc.MaxConns++
+		conns++
 	}
-	// A connection that died while the environment was frozen must not eat the invocation.
-	pc.PingTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
-	}
-	// Not fatal: each invocation fails while the database is down and the next tick retries.
-	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		logger.Warn("database not reachable at start; invocations will fail until it is", slog.Any("error", err))
-	}
-	return pool, nil
+	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger})
 }
 
 // handler runs one invocation. pub nil means the QStash publisher from cfg.
