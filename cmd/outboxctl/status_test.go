@@ -134,6 +134,9 @@ func TestStatusOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// Taken before BEGIN: the server dates the transaction from BEGIN, so a clock read after
+	// the first statement could lag the reported age under load.
+	opened := time.Now()
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +145,6 @@ func TestStatusOpenTransaction(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil { // takes the snapshot
 		t.Fatal(err)
 	}
-	opened := time.Now()
 	deadline := opened.Add(15 * time.Second)
 	for {
 		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")
