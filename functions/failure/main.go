@@ -14,12 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -111,7 +109,7 @@ func main() {
 	defer pool.Close()
 	if cfg.listenAddr != "" {
 		logger.Info("failure-callback recorder listening", slog.String("addr", cfg.listenAddr))
-		srv := &http.Server{Addr: cfg.listenAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		srv := funcurl.NewLocalServer(cfg.listenAddr, h)
 		if err := srv.ListenAndServe(); err != nil {
 			logger.Error("serve failure callbacks", slog.Any("error", err))
 			os.Exit(1)

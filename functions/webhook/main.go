@@ -14,13 +14,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -113,7 +111,7 @@ func main() {
 	defer pool.Close()
 	if cfg.listenAddr != "" {
 		logger.Info("webhook listening", slog.String("addr", cfg.listenAddr))
-		srv := &http.Server{Addr: cfg.listenAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		srv := funcurl.NewLocalServer(cfg.listenAddr, h)
 		if err := srv.ListenAndServe(); err != nil {
 			logger.Error("serve webhook", slog.Any("error", err))
 			os.Exit(1)

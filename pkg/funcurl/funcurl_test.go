@@ -230,3 +230,11 @@ func TestWebhookThroughAdapter(t *testing.T) {
 		t.Fatalf("billing_charges %d, %v", n, err)
 	}
 }
+
+func TestNewLocalServerSetsEveryTimeout(t *testing.T) {
+	t.Parallel()
+	s := funcurl.NewLocalServer("127.0.0.1:0", http.NotFoundHandler())
+	if s.ReadHeaderTimeout == 0 || s.ReadTimeout == 0 || s.WriteTimeout == 0 || s.IdleTimeout == 0 {
+		t.Fatalf("a timeout is unset: %+v", s)
+	}
+}
