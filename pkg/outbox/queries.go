@@ -28,8 +28,11 @@ const (
 	//
 	// heads keeps the heads of up to $1 keys seen in the window, in walk order (a head itself
 	// may lie beyond the window, e.g. after a redrive). runs extends each head with its key's
-	// next pending ids
-	// while they are ready, so a hot key's backlog goes out in one batch, not one per claim.
+	// next pending ids while they are ready, so a hot key's backlog goes out in one batch, not
+	// one per claim. When there are at least $1 heads every key gets one row, the head itself,
+	// whose readiness win already checked: the first branch of runs answers that case without
+	// the second branch's index probe per key (measured: about a quarter of the claim's time at
+	// batch 500 over 1,000 keys).
 	// chosen takes the first event of every key, then the second, ... up to $1: a prefix of
 	// each key's run.
 	//
@@ -73,6 +76,10 @@ WITH win AS MATERIALIZED (
 ), per_key AS (
     SELECT ceil($1::numeric / greatest(count(*), 1))::int AS lim FROM heads
 ), runs AS (
+    SELECT h.partition_key, h.ord, h.id, 1::bigint AS rn
+    FROM heads h, per_key
+    WHERE per_key.lim = 1
+    UNION ALL
     SELECT h.partition_key, h.ord, r.id, r.rn
     FROM heads h
     CROSS JOIN per_key
@@ -88,7 +95,7 @@ WITH win AS MATERIALIZED (
               AND p.id >= h.id
             ORDER BY p.id
             LIMIT per_key.lim) s) r
-    WHERE r.ready
+    WHERE per_key.lim > 1 AND r.ready
 ), chosen AS (
     SELECT id, partition_key, rn FROM runs ORDER BY rn, ord LIMIT $1
 ), locked AS (
