@@ -16,76 +16,35 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strconv"
-	"strings"
 
-	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
 )
 
 // maxConns: one Lambda environment serves one invoke at a time.
 const maxConns = 2
 
 type config struct {
-	databaseURL  string
-	currentKey   string
-	nextKey      string
-	failureURL   string
-	maxBodyBytes int64
-	logLevel     slog.Level
-	// metricsNamespace is METRICS_NAMESPACE (default metrics.DefaultNamespace).
-	metricsNamespace string
-	listenAddr       string
+	receiverconfig.Config
+	failureURL string
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	c := config{
-		databaseURL:      getenv("DATABASE_URL"),
-		currentKey:       getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		metricsNamespace: getenv("METRICS_NAMESPACE"),
-		nextKey:          getenv("QSTASH_NEXT_SIGNING_KEY"),
-		failureURL:       getenv("FAILURE_PUBLIC_URL"),
-		maxBodyBytes:     deadletter.DefaultCallbackMaxBodyBytes,
-		listenAddr:       getenv("LISTEN_ADDR"),
-	}
-	var errs []error
-	if c.databaseURL == "" {
-		errs = append(errs, errors.New("DATABASE_URL is not set (postgres://user:pass@host:5432/db?sslmode=require)"))
-	} else if _, err := pgxpool.ParseConfig(c.databaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL is invalid: %w", err))
-	}
-	if c.currentKey == "" {
-		errs = append(errs, errors.New("QSTASH_CURRENT_SIGNING_KEY is not set (QStash console, Signing keys)"))
-	}
-	if c.nextKey == "" {
-		errs = append(errs, errors.New("QSTASH_NEXT_SIGNING_KEY is not set (QStash console, Signing keys; an empty key would accept forged tokens)"))
-	}
+	rc, err := receiverconfig.FromEnv(getenv, deadletter.DefaultCallbackMaxBodyBytes)
+	c := config{Config: rc, failureURL: getenv("FAILURE_PUBLIC_URL")}
 	if c.failureURL != "" {
-		if u, err := url.Parse(c.failureURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("FAILURE_PUBLIC_URL %q must be the absolute failure-callback URL, like https://abc.lambda-url.eu-west-1.on.aws/", c.failureURL))
+		if u, perr := url.Parse(c.failureURL); perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			err = errors.Join(err, fmt.Errorf("FAILURE_PUBLIC_URL %q must be the absolute failure-callback URL, like https://abc.lambda-url.eu-west-1.on.aws/", c.failureURL))
 		}
 	}
-	if v := getenv("MAX_BODY_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("MAX_BODY_BYTES %q must be a positive number of bytes", v))
-		}
-		c.maxBodyBytes = n
-	}
-	if v := getenv("LOG_LEVEL"); v != "" {
-		if err := c.logLevel.UnmarshalText([]byte(strings.ToLower(v))); err != nil {
-			errs = append(errs, fmt.Errorf("LOG_LEVEL %q must be debug, info, warn or error", v))
-		}
-	}
-	return c, errors.Join(errs...)
+	return c, err
 }
 
 func main() {
@@ -96,7 +55,7 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.logLevel}))
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load failure-callback config", slog.Any("error", err))
 		os.Exit(1)
@@ -107,25 +66,19 @@ func main() {
 		os.Exit(1)
 	}
 	defer pool.Close()
-	if cfg.listenAddr != "" {
-		logger.Info("failure-callback recorder listening", slog.String("addr", cfg.listenAddr))
-		srv := funcurl.NewLocalServer(cfg.listenAddr, h)
-		if err := srv.ListenAndServe(); err != nil {
-			logger.Error("serve failure callbacks", slog.Any("error", err))
-			os.Exit(1)
-		}
-		return
+	if err := funcurl.Serve(h, cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+		logger.Error("serve failure callbacks", slog.Any("error", err))
+		os.Exit(1)
 	}
-	lambda.Start(funcurl.New(h, funcurl.Config{MaxBodyBytes: cfg.maxBodyBytes, Logger: logger}))
 }
 
 // build creates the pool (once per cold start) and the handler.
 func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.CallbackHandler, *pgxpool.Pool, error) {
-	pool, err := newPool(ctx, cfg.databaseURL, logger)
+	pool, err := newPool(ctx, cfg.DatabaseURL, logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: cfg.currentKey, NextSigningKey: cfg.nextKey})
+	v, err := cfg.Verifier()
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -134,9 +87,9 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 		Pool:         pool,
 		Verifier:     v,
 		FailureURL:   cfg.failureURL,
-		MaxBodyBytes: cfg.maxBodyBytes,
+		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
-		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.metricsNamespace}), logger),
+		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger),
 	})
 	if err != nil {
 		pool.Close()

@@ -33,7 +33,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.maxBodyBytes != 4<<20 || c.logLevel != slog.LevelInfo || c.failureURL != "" {
+	if c.MaxBodyBytes != 4<<20 || c.LogLevel != slog.LevelInfo || c.failureURL != "" {
 		t.Fatalf("defaults %+v", c)
 	}
 	m := valid()
@@ -43,7 +43,7 @@ func TestLoadConfig(t *testing.T) {
 	if c, err = loadConfig(env(m)); err != nil {
 		t.Fatal(err)
 	}
-	if c.failureURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.maxBodyBytes != 1000 || c.logLevel != slog.LevelWarn {
+	if c.failureURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.MaxBodyBytes != 1000 || c.LogLevel != slog.LevelWarn {
 		t.Fatalf("config %+v", c)
 	}
 }

@@ -17,16 +17,13 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 
-	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -35,59 +32,21 @@ import (
 const maxConns = 2
 
 type config struct {
-	databaseURL   string
-	currentKey    string
-	nextKey       string
+	receiverconfig.Config
 	publicBaseURL string
-	maxBodyBytes  int64
-	logLevel      slog.Level
-	listenAddr    string
-	// metricsNamespace is METRICS_NAMESPACE (default metrics.DefaultNamespace).
-	metricsNamespace string
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	c := config{
-		databaseURL:      getenv("DATABASE_URL"),
-		currentKey:       getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		nextKey:          getenv("QSTASH_NEXT_SIGNING_KEY"),
-		publicBaseURL:    getenv("PUBLIC_BASE_URL"),
-		maxBodyBytes:     webhook.DefaultMaxBodyBytes,
-		listenAddr:       getenv("LISTEN_ADDR"),
-		metricsNamespace: getenv("METRICS_NAMESPACE"),
-	}
-	var errs []error
-	if c.databaseURL == "" {
-		errs = append(errs, errors.New("DATABASE_URL is not set (postgres://user:pass@host:5432/db?sslmode=require)"))
-	} else if _, err := pgxpool.ParseConfig(c.databaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL is invalid: %w", err))
-	}
-	if c.currentKey == "" {
-		errs = append(errs, errors.New("QSTASH_CURRENT_SIGNING_KEY is not set (QStash console, Signing keys)"))
-	}
-	if c.nextKey == "" {
-		errs = append(errs, errors.New("QSTASH_NEXT_SIGNING_KEY is not set (QStash console, Signing keys; an empty key would accept forged tokens)"))
-	}
+	rc, err := receiverconfig.FromEnv(getenv, webhook.DefaultMaxBodyBytes)
+	c := config{Config: rc, publicBaseURL: getenv("PUBLIC_BASE_URL")}
 	if c.publicBaseURL != "" {
-		if u, err := url.Parse(c.publicBaseURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
-			errs = append(errs, fmt.Errorf("PUBLIC_BASE_URL %q must be an absolute URL like https://hooks.example.com", c.publicBaseURL))
+		if u, perr := url.Parse(c.publicBaseURL); perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
+			err = errors.Join(err, fmt.Errorf("PUBLIC_BASE_URL %q must be an absolute URL like https://hooks.example.com", c.publicBaseURL))
 		}
 	}
-	if v := getenv("MAX_BODY_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("MAX_BODY_BYTES %q must be a positive number of bytes", v))
-		}
-		c.maxBodyBytes = n
-	}
-	if v := getenv("LOG_LEVEL"); v != "" {
-		if err := c.logLevel.UnmarshalText([]byte(strings.ToLower(v))); err != nil {
-			errs = append(errs, fmt.Errorf("LOG_LEVEL %q must be debug, info, warn or error", v))
-		}
-	}
-	return c, errors.Join(errs...)
+	return c, err
 }
 
 func main() {
@@ -98,7 +57,7 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.logLevel}))
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load webhook config", slog.Any("error", err))
 		os.Exit(1)
@@ -109,26 +68,20 @@ func main() {
 		os.Exit(1)
 	}
 	defer pool.Close()
-	if cfg.listenAddr != "" {
-		logger.Info("webhook listening", slog.String("addr", cfg.listenAddr))
-		srv := funcurl.NewLocalServer(cfg.listenAddr, h)
-		if err := srv.ListenAndServe(); err != nil {
-			logger.Error("serve webhook", slog.Any("error", err))
-			os.Exit(1)
-		}
-		return
+	if err := funcurl.Serve(h, cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+		logger.Error("serve webhook", slog.Any("error", err))
+		os.Exit(1)
 	}
-	lambda.Start(funcurl.New(h, funcurl.Config{MaxBodyBytes: cfg.maxBodyBytes, Logger: logger}))
 }
 
 // build creates the pool (once per cold start) and the handler. This is where your own
 // topic handlers are registered.
 func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handler, *pgxpool.Pool, error) {
-	pool, err := newPool(ctx, cfg.databaseURL, logger)
+	pool, err := newPool(ctx, cfg.DatabaseURL, logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: cfg.currentKey, NextSigningKey: cfg.nextKey})
+	v, err := cfg.Verifier()
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -139,10 +92,10 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		Pool:          pool,
 		Verifier:      v,
 		Handlers:      handlers,
-		MaxBodyBytes:  cfg.maxBodyBytes,
+		MaxBodyBytes:  cfg.MaxBodyBytes,
 		PublicBaseURL: cfg.publicBaseURL,
 		Logger:        logger,
-		Observe:       observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.metricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
+		Observe:       observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
 	})
 	if err != nil {
 		pool.Close()

@@ -32,7 +32,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.maxBodyBytes != 1<<20 || c.logLevel != slog.LevelInfo || c.publicBaseURL != "" {
+	if c.MaxBodyBytes != 1<<20 || c.LogLevel != slog.LevelInfo || c.publicBaseURL != "" {
 		t.Fatalf("defaults %+v", c)
 	}
 
@@ -44,7 +44,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.publicBaseURL != "https://hooks.example.com" || c.maxBodyBytes != 2048 || c.logLevel != slog.LevelDebug {
+	if c.publicBaseURL != "https://hooks.example.com" || c.MaxBodyBytes != 2048 || c.LogLevel != slog.LevelDebug {
 		t.Fatalf("config %+v", c)
 	}
 }

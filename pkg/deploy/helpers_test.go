@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deploy"
 	"github.com/outbox-relay/outbox-relay/pkg/lambdatest"
+	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
 )
 
@@ -68,8 +69,8 @@ func buildPackage(t *testing.T, id string) string {
 }
 
 // codeVariables returns the environment variables the main package in dir reads: every
-// getenv("X") / os.Getenv("X") in its non-test files, what relayconfig.FromEnv reads if it
-// imports relayconfig, and, for variables awsenv can resolve, their references if it
+// getenv("X") / os.Getenv("X") in its non-test files, what relayconfig.FromEnv or
+// receiverconfig.FromEnv reads if it imports that package, and, for variables awsenv can resolve, their references if it
 // imports awsenv. imports reports which of those packages it uses.
 func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
 	t.Helper()
@@ -119,6 +120,9 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 		for _, v := range relayconfig.Variables {
 			vars[v] = true
 		}
+	}
+	if imports[modulePath+"/pkg/receiverconfig"] {
+		_, _ = receiverconfig.FromEnv(func(k string) string { vars[k] = true; return "" }, 1)
 	}
 	if imports[modulePath+"/pkg/awsenv"] {
 		for v := range maps(vars) {
