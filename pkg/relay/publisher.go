@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
@@ -32,6 +33,11 @@ const (
 	Published Outcome = iota
 	Retryable
 	PermanentFailure
+	// Deferred: the message was not attempted because the queue refused the whole request
+	// for a reason that is not about this message (a used-up quota, a wrong endpoint or
+	// token). The relay puts it back without spending an attempt and stops publishing until
+	// the DeferError's Until.
+	Deferred
 )
 
 // Outcome returns Published, Retryable or PermanentFailure.
@@ -39,6 +45,8 @@ func (r Result) Outcome() Outcome {
 	switch {
 	case r.Err == nil:
 		return Published
+	case IsDeferred(r.Err):
+		return Deferred
 	case IsPermanent(r.Err):
 		return PermanentFailure
 	default:
@@ -76,3 +84,36 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string   { return e.err.Error() }
 func (e *permanentError) Unwrap() error   { return e.err }
 func (e *permanentError) Permanent() bool { return true }
+
+// Reasons a publish is deferred (DeferError.Reason); they name the metric and log line.
+const (
+	// DeferQuota: the queue's quota or rate limit is used up until Until.
+	DeferQuota = "quota"
+	// DeferDeployment: the endpoint or credentials are wrong (404, 405, 401, 403 for the
+	// whole request). Nothing is wrong with the messages; an operator must fix the setting.
+	DeferDeployment = "deployment"
+)
+
+// DeferError reports a message the queue did not take for a reason outside the message.
+// The relay releases it with its attempt uncounted and publishes nothing more until Until
+// (a zero Until lets the relay choose its own pause).
+type DeferError struct {
+	Reason string
+	Until  time.Time
+	Err    error
+}
+
+func (e *DeferError) Error() string {
+	if e.Err == nil {
+		return "publish deferred: " + e.Reason
+	}
+	return "publish deferred (" + e.Reason + "): " + e.Err.Error()
+}
+
+func (e *DeferError) Unwrap() error { return e.Err }
+
+// IsDeferred reports whether err is or wraps a *DeferError.
+func IsDeferred(err error) bool {
+	var d *DeferError
+	return errors.As(err, &d)
+}

@@ -229,6 +229,13 @@ func (r *Relay) publishWaves(ctx context.Context, msgs []outbox.Message, deadlin
 			switch res.Outcome() {
 			case Published:
 				out.published = append(out.published, m.ID)
+			case Deferred:
+				// Not attempted: back to pending with the attempt uncounted, and the key's
+				// later events wait behind it.
+				blocked[m.PartitionKey] = true
+				for _, later := range byKey[m.PartitionKey][wave:] {
+					out.released = append(out.released, later.ID)
+				}
 			case PermanentFailure:
 				out.dead = append(out.dead, outbox.Failure{ID: m.ID, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
 			case Retryable:
