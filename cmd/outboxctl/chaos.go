@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/chaos"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/bench"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 

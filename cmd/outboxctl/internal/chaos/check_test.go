@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/chaos"
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -16,7 +16,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	if err := devstack.CreateDemoTables(ctx, db.Pool); err != nil {
+	if err := localstack.CreateDemoTables(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	_, err := db.Pool.Exec(ctx, `

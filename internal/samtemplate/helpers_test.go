@@ -1,4 +1,4 @@
-package deploy_test
+package samtemplate_test
 
 import (
 	"go/ast"
@@ -14,11 +14,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
+	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/deploy"
-	"github.com/outbox-relay/outbox-relay/pkg/lambdatest"
-	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
-	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
 )
 
 const modulePath = "github.com/outbox-relay/outbox-relay"
@@ -41,9 +41,9 @@ func root(t *testing.T) string {
 	return r
 }
 
-func loadTemplate(t *testing.T) *deploy.Template {
+func loadTemplate(t *testing.T) *samtemplate.Template {
 	t.Helper()
-	tpl, err := deploy.Load(filepath.Join(root(t), "template.yaml"))
+	tpl, err := samtemplate.Load(filepath.Join(root(t), "template.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,14 +114,14 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			return true
 		})
 	}
-	if imports[modulePath+"/pkg/relayconfig"] {
+	if imports[modulePath+"/internal/relayconfig"] {
 		// Record what FromEnv asks for, and hold it to its own exported list.
 		_, _ = relayconfig.FromEnv(func(k string) string { vars[k] = true; return "" })
 		for _, v := range relayconfig.Variables {
 			vars[v] = true
 		}
 	}
-	if imports[modulePath+"/pkg/receiverconfig"] {
+	if imports[modulePath+"/internal/receiverconfig"] {
 		_, _ = receiverconfig.FromEnv(func(k string) string { vars[k] = true; return "" }, 1)
 	}
 	if imports[modulePath+"/pkg/awsenv"] {
@@ -156,8 +156,8 @@ func sortedKeys[V any](m map[string]V) []string {
 // in Sub strings.
 func refs(v any) []string {
 	var out []string
-	deploy.Walk(v, func(x any) {
-		m := deploy.Map(x)
+	samtemplate.Walk(v, func(x any) {
+		m := samtemplate.Map(x)
 		if r, ok := m["Ref"].(string); ok {
 			out = append(out, r)
 		}

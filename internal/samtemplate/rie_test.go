@@ -1,4 +1,4 @@
-package deploy_test
+package samtemplate_test
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
-	"github.com/outbox-relay/outbox-relay/pkg/lambdatest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"

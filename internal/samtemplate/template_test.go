@@ -1,4 +1,4 @@
-package deploy_test
+package samtemplate_test
 
 import (
 	"encoding/json"
@@ -8,14 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/deploy"
+	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 func TestParseShortTags(t *testing.T) {
 	t.Parallel()
-	tpl, err := deploy.Parse([]byte(`
+	tpl, err := samtemplate.Parse([]byte(`
 Resources:
   R:
     Type: X
@@ -42,7 +42,7 @@ Resources:
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %#v\nwant %#v", got, want)
 	}
-	if _, err := deploy.Parse([]byte("A: !Bogus x\n")); err == nil {
+	if _, err := samtemplate.Parse([]byte("A: !Bogus x\n")); err == nil {
 		t.Error("unknown tag accepted")
 	}
 }
@@ -72,10 +72,10 @@ func TestTemplateFunctions(t *testing.T) {
 		if pkg != want {
 			t.Errorf("make build-%s builds %s, want %s", id, pkg, want)
 		}
-		if deploy.Get(p, "LoggingConfig", "LogFormat") != "JSON" {
-			t.Errorf("%s: LogFormat %v", id, deploy.Get(p, "LoggingConfig", "LogFormat"))
+		if samtemplate.Get(p, "LoggingConfig", "LogFormat") != "JSON" {
+			t.Errorf("%s: LogFormat %v", id, samtemplate.Get(p, "LoggingConfig", "LogFormat"))
 		}
-		lg := refs(deploy.Get(p, "LoggingConfig", "LogGroup"))
+		lg := refs(samtemplate.Get(p, "LoggingConfig", "LogGroup"))
 		if len(lg) != 1 || tpl.Resources[lg[0]].Type != "AWS::Logs::LogGroup" || tpl.Resources[lg[0]].Properties["RetentionInDays"] == nil {
 			t.Errorf("%s: LogGroup %v is not a log group of this stack with a retention", id, lg)
 		}
@@ -93,24 +93,24 @@ func TestTemplateFunctions(t *testing.T) {
 	if timeout := toInt(defaultOf(t, tpl, relay["Timeout"])); timeout >= 60 {
 		t.Errorf("relay Timeout default %v: must stay below the one-minute schedule", timeout)
 	}
-	eic := deploy.Map(relay["EventInvokeConfig"])
+	eic := samtemplate.Map(relay["EventInvokeConfig"])
 	if eic["MaximumRetryAttempts"] != 0 || toInt(eic["MaximumEventAgeInSeconds"]) < 60 || toInt(eic["MaximumEventAgeInSeconds"]) > 120 {
 		t.Errorf("relay EventInvokeConfig %v: want no retries and a 60-120 s event age", eic)
 	}
 	// The two schedules deliver exactly the sample events' payloads.
 	inputs := map[string]string{}
-	for name, ev := range deploy.Map(relay["Events"]) {
-		typ := deploy.Get(ev, "Type")
+	for name, ev := range samtemplate.Map(relay["Events"]) {
+		typ := samtemplate.Get(ev, "Type")
 		if typ != "ScheduleV2" && typ != "Schedule" {
 			t.Errorf("relay event %s is %v", name, typ)
 			continue
 		}
-		in, _ := deploy.Get(ev, "Properties", "Input").(string)
+		in, _ := samtemplate.Get(ev, "Properties", "Input").(string)
 		inputs[canonicalJSON(t, []byte(in))] = name
-		if rp := deploy.Map(deploy.Get(ev, "Properties", "RetryPolicy")); rp["MaximumRetryAttempts"] != 0 {
+		if rp := samtemplate.Map(samtemplate.Get(ev, "Properties", "RetryPolicy")); rp["MaximumRetryAttempts"] != 0 {
 			t.Errorf("relay event %s RetryPolicy %v: want no retries (the next tick replaces a missed one)", name, rp)
 		}
-		if r := refs(deploy.Get(ev, "Properties", "ScheduleExpression")); len(r) != 1 || tpl.Parameters[r[0]] == nil {
+		if r := refs(samtemplate.Get(ev, "Properties", "ScheduleExpression")); len(r) != 1 || tpl.Parameters[r[0]] == nil {
 			t.Errorf("relay event %s schedule is not a parameter", name)
 		}
 	}
@@ -122,12 +122,12 @@ func TestTemplateFunctions(t *testing.T) {
 	if len(inputs) != 2 {
 		t.Errorf("relay schedules %v, want drain and retention", inputs)
 	}
-	if d := defaultOf(t, tpl, deploy.Get(relay, "Events", "Drain", "Properties", "ScheduleExpression")); d != "rate(1 minute)" {
+	if d := defaultOf(t, tpl, samtemplate.Get(relay, "Events", "Drain", "Properties", "ScheduleExpression")); d != "rate(1 minute)" {
 		t.Errorf("drain schedule default %v", d)
 	}
 
 	for _, id := range []string{"WebhookFunction", "FailureFunction"} {
-		u := deploy.Map(fns[id].Properties["FunctionUrlConfig"])
+		u := samtemplate.Map(fns[id].Properties["FunctionUrlConfig"])
 		if u["AuthType"] != "NONE" || u["InvokeMode"] != "BUFFERED" {
 			t.Errorf("%s FunctionUrlConfig %v: want AuthType NONE, BUFFERED", id, u)
 		}
@@ -139,7 +139,7 @@ func TestTemplateFunctions(t *testing.T) {
 		}
 	}
 	for v, url := range map[string]string{"PUBLIC_BASE_URL": "WebhookFunctionUrl.FunctionUrl", "FAILURE_CALLBACK_URL": "FailureFunctionUrl.FunctionUrl"} {
-		if !slices.Contains(refs(deploy.Get(relay, "Environment", "Variables", v)), url) {
+		if !slices.Contains(refs(samtemplate.Get(relay, "Environment", "Variables", v)), url) {
 			t.Errorf("relay %s does not use !GetAtt %s", v, url)
 		}
 	}
@@ -157,7 +157,7 @@ func TestTemplateSetsEveryVariableTheCodeReads(t *testing.T) {
 		if !imports[modulePath+"/pkg/awsenv"] {
 			t.Errorf("%s (%s) does not import pkg/awsenv: its secrets would never be resolved", id, dir)
 		}
-		set := deploy.Map(deploy.Get(fn.Properties, "Environment", "Variables"))
+		set := samtemplate.Map(samtemplate.Get(fn.Properties, "Environment", "Variables"))
 		for _, v := range sortedKeys(read) {
 			_, ok := set[v]
 			switch {
@@ -181,7 +181,7 @@ func TestTemplateGrantsExactlyTheSecretsTheCodeReads(t *testing.T) {
 	t.Parallel()
 	tpl := loadTemplate(t)
 	for id, fn := range tpl.Functions() {
-		env := deploy.Map(deploy.Get(fn.Properties, "Environment", "Variables"))
+		env := samtemplate.Map(samtemplate.Get(fn.Properties, "Environment", "Variables"))
 		want := map[string]string{} // "action resource" -> condition ("" = always)
 		for k, v := range env {
 			r := refs(v)
@@ -204,14 +204,14 @@ func TestTemplateGrantsExactlyTheSecretsTheCodeReads(t *testing.T) {
 			t.Errorf("%s: no Policies", id)
 		}
 		for _, pol := range policies {
-			stmts, ok := deploy.Get(pol, "Statement").([]any)
+			stmts, ok := samtemplate.Get(pol, "Statement").([]any)
 			if !ok {
 				t.Errorf("%s: policy %v is not an inline statement list (SAM policy templates and managed policies are broader)", id, pol)
 				continue
 			}
 			for _, s := range stmts {
 				cond := ""
-				if ifs, ok := deploy.Map(s)["Fn::If"].([]any); ok && len(ifs) == 3 {
+				if ifs, ok := samtemplate.Map(s)["Fn::If"].([]any); ok && len(ifs) == 3 {
 					cond, _ = ifs[0].(string)
 					if !reflect.DeepEqual(ifs[2], map[string]any{"Ref": "AWS::NoValue"}) {
 						t.Errorf("%s: conditional statement %v grants something when %s is false", id, s, cond)
@@ -221,7 +221,7 @@ func TestTemplateGrantsExactlyTheSecretsTheCodeReads(t *testing.T) {
 					}
 					s = ifs[1]
 				}
-				st := deploy.Map(s)
+				st := samtemplate.Map(s)
 				if st["Effect"] != "Allow" {
 					t.Errorf("%s: statement %v", id, st)
 				}
@@ -250,7 +250,7 @@ func TestTemplateGrantsExactlyTheSecretsTheCodeReads(t *testing.T) {
 }
 
 func resourceString(r any) string {
-	m := deploy.Map(r)
+	m := samtemplate.Map(r)
 	if s, ok := m["Fn::Sub"].(string); ok {
 		return s
 	}
@@ -290,8 +290,8 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 			t.Errorf("%s: Dimensions %v: must be exactly one emitted dimension set", id, dims)
 			continue
 		}
-		name, _ := deploy.Get(dims[0], "Name").(string)
-		value := deploy.Get(dims[0], "Value")
+		name, _ := samtemplate.Get(dims[0], "Name").(string)
+		value := samtemplate.Get(dims[0], "Value")
 		metric, _ := p["MetricName"].(string)
 		if p["Namespace"] == "AWS/Lambda" {
 			if metric != "Errors" || name != "FunctionName" {
@@ -320,7 +320,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"AlarmActions", "OKActions"} {
-			ifs, ok := deploy.Map(p[k])["Fn::If"].([]any)
+			ifs, ok := samtemplate.Map(p[k])["Fn::If"].([]any)
 			if !ok || ifs[0] != "HasAlarmTopic" || !reflect.DeepEqual(ifs[1], []any{map[string]any{"Ref": "AlarmTopicArn"}}) {
 				t.Errorf("%s: %s %v, want !If [HasAlarmTopic, [!Ref AlarmTopicArn], NoValue]", id, k, p[k])
 			}
@@ -345,13 +345,13 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 	}
 
 	// Dashboard: the body is valid JSON once substituted, and every custom metric exists.
-	var dash deploy.Resource
+	var dash samtemplate.Resource
 	for _, r := range tpl.Resources {
 		if r.Type == "AWS::CloudWatch::Dashboard" {
 			dash = r
 		}
 	}
-	body, _ := deploy.Map(dash.Properties["DashboardBody"])["Fn::Sub"].(string)
+	body, _ := samtemplate.Map(dash.Properties["DashboardBody"])["Fn::Sub"].(string)
 	body = subVar.ReplaceAllStringFunc(body, func(s string) string {
 		if s == "${OldestPendingAgeThreshold}" {
 			return "300"
@@ -422,8 +422,8 @@ func TestTemplateReferencesResolve(t *testing.T) {
 			t.Errorf("reference to unknown %q", name)
 		}
 	}
-	deploy.Walk(all, func(x any) {
-		if ifs, ok := deploy.Map(x)["Fn::If"].([]any); ok {
+	samtemplate.Walk(all, func(x any) {
+		if ifs, ok := samtemplate.Map(x)["Fn::If"].([]any); ok {
 			if c, _ := ifs[0].(string); tpl.Conditions[c] == nil {
 				t.Errorf("unknown condition %q", c)
 			}
@@ -434,7 +434,7 @@ func TestTemplateReferencesResolve(t *testing.T) {
 			t.Errorf("output %s = %v, want !GetAtt %s", name, tpl.Outputs[name]["Value"], want)
 		}
 	}
-	if s, _ := deploy.Map(tpl.Outputs["DashboardUrl"]["Value"])["Fn::Sub"].(string); !strings.Contains(s, "#dashboards:name=${Dashboard}") {
+	if s, _ := samtemplate.Map(tpl.Outputs["DashboardUrl"]["Value"])["Fn::Sub"].(string); !strings.Contains(s, "#dashboards:name=${Dashboard}") {
 		t.Errorf("DashboardUrl output %q", s)
 	}
 }
@@ -456,7 +456,7 @@ func TestEnvFileMatchesTemplate(t *testing.T) {
 				if block != "Parameters" && block != id {
 					continue
 				}
-				if _, ok := deploy.Map(deploy.Get(fn.Properties, "Environment", "Variables"))[k]; ok {
+				if _, ok := samtemplate.Map(samtemplate.Get(fn.Properties, "Environment", "Variables"))[k]; ok {
 					declared++
 				}
 			}
@@ -488,7 +488,7 @@ func TestEnvFileMatchesTemplate(t *testing.T) {
 	}
 }
 
-func defaultOf(t *testing.T, tpl *deploy.Template, v any) any {
+func defaultOf(t *testing.T, tpl *samtemplate.Template, v any) any {
 	t.Helper()
 	r := refs(v)
 	if len(r) != 1 || tpl.Parameters[r[0]] == nil {

@@ -1,9 +1,9 @@
-// Package devstack runs the whole pipeline on one machine: Postgres (given or throwaway),
+// Package localstack runs the whole pipeline on one machine: Postgres (given or throwaway),
 // QStash (given or the built-in server), the webhook and failure-callback handlers on
 // loopback, a relay as the schedule would run it (with LISTEN/NOTIFY), and a demo producer
 // writing orders and their events in business transactions. The summary is read from the
 // database, so it checks the guarantees rather than echoing counters.
-package devstack
+package localstack
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package deploy reads the SAM template as plain data, so tests can check it against the
+// Package samtemplate reads the SAM template as plain data, so tests can check it against the
 // code: which variables each function reads, which secrets it is granted, which metrics
 // its alarms watch. Typed CloudFormation models reject newer properties (LoggingConfig)
 // and drop ScheduleV2 and !GetAtt; plain maps keep everything.
@@ -7,7 +7,7 @@
 // build_test.go (make build-<LogicalId> yields static linux/arm64 bootstraps) and
 // rie_test.go (each function, built, under aws-lambda-rie against real Postgres and the
 // local QStash server).
-package deploy
+package samtemplate
 
 import (
 	"errors"

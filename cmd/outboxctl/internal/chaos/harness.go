@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -101,7 +101,7 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	defer h.app.Close()
-	if err := devstack.CreateDemoTables(ctx, h.app); err != nil {
+	if err := localstack.CreateDemoTables(ctx, h.app); err != nil {
 		return rep, err
 	}
 	if _, err := h.app.Exec(ctx, qEffectsIndex); err != nil {
@@ -151,7 +151,7 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	hook, err := webhook.New(webhook.Config{Pool: h.app, Verifier: verifier, PublicBaseURL: base, Logger: log,
-		Handlers: webhook.Handlers{"order.created": faultyHandler(h.in, devstack.DemoHandler)}})
+		Handlers: webhook.Handlers{"order.created": faultyHandler(h.in, localstack.DemoHandler)}})
 	if err != nil {
 		ln.Close()
 		return rep, err

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -29,9 +29,9 @@ import (
 // startCluster starts a throwaway Postgres cluster for this test (never the shared server,
 // since these tests restart it and exhaust it). It fails under CI=true when the server
 // binaries are missing, and skips otherwise.
-func startCluster(t *testing.T) *devstack.Cluster {
+func startCluster(t *testing.T) *localstack.Cluster {
 	t.Helper()
-	if _, err := devstack.FindPostgresBin(); err != nil {
+	if _, err := localstack.FindPostgresBin(); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal(err)
 		}
@@ -47,7 +47,7 @@ func startCluster(t *testing.T) *devstack.Cluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := devstack.StartCluster(ctx, dir+"/pg")
+	c, err := localstack.StartCluster(ctx, dir+"/pg")
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func startCluster(t *testing.T) *devstack.Cluster {
 }
 
 // newDatabase creates a migrated database on c and returns its URL.
-func newDatabase(t *testing.T, c *devstack.Cluster, name string) string {
+func newDatabase(t *testing.T, c *localstack.Cluster, name string) string {
 	t.Helper()
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, c.URL)
@@ -230,7 +230,7 @@ func TestDatabaseFaults(t *testing.T) {
 // returns an error instead of hanging or panicking; no row is dispatched that QStash did
 // not accept; rows leased by the cut batch wait for their lease; the next drain, once the
 // lease has passed, finishes everything.
-func testRestartWhileDraining(t *testing.T, c *devstack.Cluster) {
+func testRestartWhileDraining(t *testing.T, c *localstack.Cluster) {
 	url := newDatabase(t, c, "restart")
 	pool := openPool(t, url, 4, nil)
 	const n = 3000
@@ -301,7 +301,7 @@ func testRestartWhileDraining(t *testing.T, c *devstack.Cluster) {
 // A pool with no free connection: the claim waits for one and fails with the context's
 // error, changing nothing; a pool that runs dry between publish and mark fails the mark
 // as a whole (no half-marked batch), and the rows recover after the lease.
-func testPoolExhausted(t *testing.T, c *devstack.Cluster) {
+func testPoolExhausted(t *testing.T, c *localstack.Cluster) {
 	url := newDatabase(t, c, "exhausted")
 	seed := openPool(t, url, 2, nil)
 	const n = 200
@@ -369,7 +369,7 @@ func testPoolExhausted(t *testing.T, c *devstack.Cluster) {
 
 // statement_timeout on the relay's sessions: a claim blocked by a lock fails with SQLSTATE
 // 57014 and changes nothing; a mark blocked past the timeout fails the whole mark.
-func testStatementTimeout(t *testing.T, c *devstack.Cluster) {
+func testStatementTimeout(t *testing.T, c *localstack.Cluster) {
 	url := newDatabase(t, c, "timeout")
 	admin := openPool(t, url, 2, nil)
 	const n = 120
@@ -426,7 +426,7 @@ func testStatementTimeout(t *testing.T, c *devstack.Cluster) {
 
 // A forgotten open transaction holds the xmin horizon: the relay keeps draining (its claim
 // does not depend on VACUUM), and the health report names the transaction and its age.
-func testXminHorizonHeld(t *testing.T, c *devstack.Cluster) {
+func testXminHorizonHeld(t *testing.T, c *localstack.Cluster) {
 	url := newDatabase(t, c, "horizon")
 	ctx := context.Background()
 	holder := openPool(t, url, 1, map[string]string{"application_name": "forgotten-report"})

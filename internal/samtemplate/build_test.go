@@ -1,4 +1,4 @@
-package deploy_test
+package samtemplate_test
 
 import (
 	"debug/elf"

@@ -16,14 +16,14 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/outbox-relay/outbox-relay/pkg/chaos"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -44,7 +44,7 @@ type consumer struct {
 func newConsumer(t *testing.T) *consumer {
 	t.Helper()
 	db := pgtest.New(t)
-	if err := devstack.CreateDemoTables(context.Background(), db.Pool); err != nil {
+	if err := localstack.CreateDemoTables(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
@@ -52,7 +52,7 @@ func newConsumer(t *testing.T) *consumer {
 		t.Fatal(err)
 	}
 	hook, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, PublicBaseURL: hookBase, Logger: quiet(), MaxBodyBytes: 64 << 10,
-		Handlers: webhook.Handlers{"order.created": devstack.DemoHandler}})
+		Handlers: webhook.Handlers{"order.created": localstack.DemoHandler}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestPublisherGarbageChangesNothing(t *testing.T) {
 }
 
 // TestSecretsNotEchoed: a DATABASE_URL that does not parse is reported without its
-// password. (Missing variables, every one at once: pkg/relayconfig
+// password. (Missing variables, every one at once: internal/relayconfig
 // TestFromEnvReportsEverythingAtOnce.)
 func TestSecretsNotEchoed(t *testing.T) {
 	t.Parallel()
