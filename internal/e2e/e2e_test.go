@@ -8,13 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -24,13 +24,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// stack is the pipeline: Postgres, the local QStash server, the webhook and the
-// failure-callback recorder on loopback HTTP servers, a publisher and a relay.
+// stack is the pipeline (localstack.Pipeline: the local QStash server, the webhook and the
+// failure-callback recorder on loopback, a publisher) over a test schema, and a relay.
 type stack struct {
 	db         *pgtest.DB
 	qs         *qstashtest.Server
-	hooks      *httptest.Server
-	failures   *httptest.Server
 	failureURL string
 	relay      *relay.Relay
 }
@@ -40,44 +38,19 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func newStack(t *testing.T, handlers webhook.Handlers, retries int) *stack {
 	t.Helper()
 	s := &stack{db: pgtest.New(t)}
-	// TimeScale shrinks QStash's backoff (12 s, 2.5 min, ...) to milliseconds.
-	s.qs = qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(s.qs.Close)
-	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: s.qs.CurrentSigningKey, NextSigningKey: s.qs.NextSigningKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The webhook must know its public URL before it exists: start the server first and
-	// swap the handler in.
-	var hook atomic.Pointer[webhook.Handler]
-	s.hooks = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hook.Load().ServeHTTP(w, r) }))
-	t.Cleanup(s.hooks.Close)
-	h, err := webhook.New(webhook.Config{Pool: s.db.Pool, Verifier: v, Handlers: handlers, PublicBaseURL: s.hooks.URL, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hook.Store(h)
-
-	var rec atomic.Pointer[deadletter.CallbackHandler]
-	s.failures = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { rec.Load().ServeHTTP(w, r) }))
-	t.Cleanup(s.failures.Close)
-	s.failureURL = s.failures.URL + "/failure"
-	ch, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: s.db.Pool, Verifier: v, FailureURL: s.failureURL, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Store(ch)
-
-	pub, err := qstash.NewPublisher(qstash.PublisherConfig{
-		BaseURL: s.qs.URL, Token: s.qs.Token,
-		DestinationBaseURL: s.hooks.URL, FailureCallbackURL: s.failureURL,
-		Retries: retries,
+	pl, err := localstack.StartPipeline(context.Background(), localstack.PipelineConfig{
+		Pool: s.db.Pool, Handlers: handlers,
+		// TimeScale shrinks QStash's backoff (12 s, 2.5 min, ...) to milliseconds.
+		QStash:    qstashtest.Options{TimeScale: 0.0001},
+		Publisher: qstash.PublisherConfig{Retries: retries},
+		Logger:    quiet(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.relay, err = relay.New(s.db.Pool, pub, relay.Config{Logger: quiet()}); err != nil {
+	t.Cleanup(pl.Close)
+	s.qs, s.failureURL = pl.QStash, pl.FailureURL
+	if s.relay, err = pl.NewRelay(s.db.Pool, relay.Config{Logger: quiet()}); err != nil {
 		t.Fatal(err)
 	}
 	return s

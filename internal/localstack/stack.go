@@ -7,25 +7,18 @@ package localstack
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -98,85 +91,45 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	defer dropSchema()
 	defer pool.Close()
 
-	// QStash.
-	qsURL, token, cur, next := opts.QStashURL, opts.QStashToken, opts.CurrentSigningKey, opts.NextSigningKey
-	if qsURL == "" {
-		srv := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.001, Logger: log})
-		defer srv.Close()
-		qsURL, token, cur, next = srv.URL, srv.Token, srv.CurrentSigningKey, srv.NextSigningKey
-	}
-	if token == "" || cur == "" || next == "" {
-		return Summary{}, errors.New("with QSTASH_URL set, QSTASH_TOKEN, QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY are required too")
-	}
-	verifier, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: cur, NextSigningKey: next})
-	if err != nil {
-		return Summary{}, err
-	}
-
-	// Consumers on loopback: the same handlers the Lambdas serve.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return Summary{}, fmt.Errorf("listen for handlers: %w", err)
-	}
-	baseURL := "http://" + ln.Addr().String()
-	failureURL := baseURL + "/failure"
+	// QStash, the receivers on loopback (the same handlers the Lambdas serve) and the
+	// publisher; then the relay, as the schedule runs it, lingering on NOTIFY.
 	var duplicates atomic.Int64
-	hook, err := webhook.New(webhook.Config{
-		Pool:          pool,
-		Verifier:      verifier,
-		Handlers:      webhook.Handlers{"order.created": DemoHandler},
-		PublicBaseURL: baseURL,
-		Logger:        log,
+	pcfg := PipelineConfig{
+		Pool:     pool,
+		Handlers: webhook.Handlers{"order.created": DemoHandler},
 		Observe: func(_, outcome string) {
 			if outcome == webhook.OutcomeDuplicate {
 				duplicates.Add(1)
 			}
 		},
-	})
+		QStash:    qstashtest.Options{TimeScale: 0.001},
+		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
+		Logger:    log,
+	}
+	if opts.QStashURL != "" {
+		pcfg.External = &ExternalQStash{URL: opts.QStashURL, Token: opts.QStashToken, CurrentSigningKey: opts.CurrentSigningKey, NextSigningKey: opts.NextSigningKey}
+	}
+	pl, err := StartPipeline(ctx, pcfg)
 	if err != nil {
 		return Summary{}, err
 	}
-	cb, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: pool, Verifier: verifier, FailureURL: failureURL, Logger: log})
-	if err != nil {
-		return Summary{}, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/events/", hook)
-	mux.Handle("/failure", cb)
-	// A slow body must not hold a handler (and its database connection) forever.
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
-	go func() { _ = httpSrv.Serve(ln) }()
-	defer httpSrv.Close()
-
-	// The relay, as the schedule runs it, lingering on NOTIFY.
-	pub, err := qstash.NewPublisher(qstash.PublisherConfig{
-		BaseURL: qsURL, Token: token, DestinationBaseURL: baseURL, FailureCallbackURL: failureURL,
-		Ordering: opts.Ordering,
-	})
-	if err != nil {
-		return Summary{}, err
-	}
-	r, err := relay.New(pool, pub, relay.Config{BatchSize: 100, Logger: log})
+	defer pl.Close()
+	r, err := pl.NewRelay(pool, relay.Config{BatchSize: 100, Logger: log})
 	if err != nil {
 		return Summary{}, err
 	}
 	stopRelay, cancelRelay := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var relayErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for stopRelay.Err() == nil {
-			if _, err := r.Run(stopRelay); err != nil {
-				log.Error("relay run", "error", err.Error())
-				relayErr = err
-				select { // the next "tick"
-				case <-stopRelay.Done():
-				case <-time.After(time.Second):
+	wg.Go(func() {
+		_ = relay.Supervise(stopRelay, func(int) (*relay.Relay, error) { return r, nil }, relay.SuperviseConfig{
+			OnRun: func(_ relay.Stats, err error) {
+				if err != nil {
+					relayErr = err // logged by Supervise
 				}
-			}
-		}
-	}()
+			},
+		})
+	})
 	defer func() { cancelRelay(); wg.Wait() }()
 
 	// The demo producer.
@@ -260,36 +213,21 @@ func dataDir(dir string) (string, func(), error) {
 	return d, func() { _ = os.RemoveAll(d) }, nil
 }
 
-// openSchema creates dev_<random> on base, migrates it and opens a pool on it.
+// openSchema creates dev_<random> on base, migrated, with the demo tables, and opens a
+// pool on it.
 func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, func(), error) {
-	admin, err := pgx.Connect(ctx, base)
+	sc, err := postgres.CreateSchema(ctx, base, "dev", true, nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to postgres: %w", err)
-	}
-	defer admin.Close(context.Background())
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	schema := "dev_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return nil, nil, fmt.Errorf("create schema: %w", err)
-	}
-	drop := func() {
-		if keep {
-			return
-		}
-		c, err := pgx.Connect(context.Background(), base)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		_, _ = c.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	}
-	url, err := pgtest.WithSearchPath(base, schema)
-	if err != nil {
-		drop()
 		return nil, nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	drop := func() {
+		if !keep {
+			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = sc.Drop(dctx)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(sc.URL)
 	if err != nil {
 		drop()
 		return nil, nil, fmt.Errorf("parse database url: %w", err)
@@ -299,11 +237,6 @@ func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, fun
 	if err != nil {
 		drop()
 		return nil, nil, fmt.Errorf("open pool: %w", err)
-	}
-	if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
-		pool.Close()
-		drop()
-		return nil, nil, err
 	}
 	if err := CreateDemoTables(ctx, pool); err != nil {
 		pool.Close()

@@ -8,13 +8,10 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
 // Size picks a scenario's scale.
@@ -36,67 +33,6 @@ func ParseSize(s string) (Size, error) {
 		return Size(s), nil
 	}
 	return "", fmt.Errorf("unknown bench size %q: want tiny, short or full", s)
-}
-
-// Schema is a throwaway migrated schema on a server.
-type Schema struct {
-	// Name is bench_<random hex>.
-	Name string
-	// URL connects with search_path set to Name.
-	URL  string
-	base string
-}
-
-// NewSchema creates bench_<random> on the server of baseURL and migrates it. Drop removes it.
-func NewSchema(ctx context.Context, baseURL string) (*Schema, error) {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("name bench schema: %w", err)
-	}
-	name := "bench_" + hex.EncodeToString(b[:])
-	conn, err := pgx.Connect(ctx, baseURL)
-	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", name, err)
-	}
-	s := &Schema{Name: name, URL: withSearchPath(baseURL, name), base: baseURL}
-	pool, err := openPool(ctx, s.URL, 2)
-	if err != nil {
-		_ = s.Drop(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	defer pool.Close()
-	if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
-		_ = s.Drop(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("migrate schema %s: %w", name, err)
-	}
-	return s, nil
-}
-
-// Drop removes the schema and everything in it.
-func (s *Schema) Drop(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, s.base)
-	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.Name}.Sanitize()+" CASCADE"); err != nil {
-		return fmt.Errorf("drop schema %s: %w", s.Name, err)
-	}
-	return nil
-}
-
-// withSearchPath adds search_path as a runtime parameter (pgx sends unknown URL parameters
-// to the server as settings), so child processes inherit the schema with the URL.
-func withSearchPath(url, schema string) string {
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return url + sep + "search_path=" + schema
 }
 
 // openPool opens a pool of at most maxConns connections and checks it.

@@ -177,22 +177,24 @@ type signedRequest struct {
 // startWebhook serves webhook.Handler (order.created) on loopback and signs n deliveries
 // for it with the dev signing key, exactly as QStash would.
 func startWebhook(pool *pgxpool.Pool, n int) (*httptest.Server, []signedRequest, error) {
-	var h http.Handler
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) }))
+	// The listener exists before the server starts, so the webhook knows its URL.
+	srv := httptest.NewUnstartedServer(nil)
+	base := "http://" + srv.Listener.Addr().String()
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
 	if err != nil {
 		srv.Close()
 		return nil, nil, err
 	}
 	wh, err := webhook.New(webhook.Config{
-		Pool: pool, Verifier: v, PublicBaseURL: srv.URL, Logger: discardLogger(),
+		Pool: pool, Verifier: v, PublicBaseURL: base, Logger: discardLogger(),
 		Handlers: webhook.Handlers{Topic: webhook.OrderCreated},
 	})
 	if err != nil {
 		srv.Close()
 		return nil, nil, err
 	}
-	h = wh
+	srv.Config.Handler = wh
+	srv.Start()
 	run := runID("wh")
 	url := srv.URL + "/events/" + Topic
 	now := time.Now()

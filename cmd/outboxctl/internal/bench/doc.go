@@ -1,7 +1,7 @@
 // Package bench measures the relay and the consumers against this machine's own limits.
 //
 // Every scenario is a function that takes a context, the URL of a migrated schema (see
-// NewSchema: the search_path is part of the URL, so a scenario never touches user tables)
+// postgres.CreateSchema: the search_path is part of the URL, so a scenario never touches user tables)
 // and a config sized by ConfigFor-style helpers (Tiny for tests, Short for CI and quick
 // checks, Full for the published numbers), and returns typed results. Headline figures are
 // ratios of two things measured in the same run (relay vs the bare claim+mark floor, relay

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync"
 	"time"
@@ -13,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -117,22 +115,22 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 	}
 
 	commits := newCommitLog()
-	srv, err := startCommitWebhook(pool, commits)
+	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
+		Pool:      pool,
+		Handlers:  webhook.Handlers{Topic: commitHandler(commits)},
+		QStash:    deliveringOptions(),
+		Publisher: articlePublisher(false),
+		Logger:    discardLogger(),
+	})
 	if err != nil {
 		return m, err
 	}
-	defer srv.Close()
-	q := startDelivering()
-	defer q.Close()
-	pub, err := newPublisher(q.URL, q.Token, srv.URL, false)
-	if err != nil {
-		return m, err
-	}
+	defer pl.Close()
 	rcfg := relay.Config{BatchSize: cfg.Batch, Logger: discardLogger(), PollInterval: time.Second}
 	if mode == ModePoll {
 		rcfg.Channel = "bench_never_notified"
 	}
-	r, err := relay.New(pool, pub, rcfg)
+	r, err := pl.NewRelay(pool, rcfg)
 	if err != nil {
 		return m, err
 	}
@@ -274,17 +272,10 @@ func (c *commitLog) wait(ctx context.Context, ids []outbox.ID, timeout time.Dura
 	}
 }
 
-// startCommitWebhook serves webhook.Handler whose order.created handler is the example
-// OrderCreated followed by reading clock_timestamp() in the same transaction.
-func startCommitWebhook(pool *pgxpool.Pool, log *commitLog) (*httptest.Server, error) {
-	var h http.Handler
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) }))
-	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
-	if err != nil {
-		srv.Close()
-		return nil, err
-	}
-	handle := func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+// commitHandler is the example OrderCreated handler followed by reading
+// clock_timestamp() in the same transaction, recorded in log.
+func commitHandler(log *commitLog) webhook.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		if err := webhook.OrderCreated(ctx, tx, d); err != nil {
 			return err
 		}
@@ -301,14 +292,4 @@ func startCommitWebhook(pool *pgxpool.Pool, log *commitLog) (*httptest.Server, e
 		log.record(id, at)
 		return nil
 	}
-	wh, err := webhook.New(webhook.Config{
-		Pool: pool, Verifier: v, PublicBaseURL: srv.URL, Logger: discardLogger(),
-		Handlers: webhook.Handlers{Topic: handle},
-	})
-	if err != nil {
-		srv.Close()
-		return nil, err
-	}
-	h = wh
-	return srv, nil
 }

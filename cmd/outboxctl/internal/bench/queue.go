@@ -12,17 +12,24 @@ import (
 )
 
 // newPublisher returns the relay's QStash publisher to qstashURL for events destined to
-// destBase/events/<topic>. In publish mode it sends what the article sends (retries 5,
-// flow control keyed by partition key with parallelism 1); fifo mode enqueues into the
-// publisher's default number of FIFO queues.
+// destBase/events/<topic>, configured by articlePublisher.
 func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher, error) {
-	cfg := qstash.PublisherConfig{BaseURL: qstashURL, Token: token, DestinationBaseURL: destBase, Retries: 5}
+	cfg := articlePublisher(fifo)
+	cfg.BaseURL, cfg.Token, cfg.DestinationBaseURL = qstashURL, token, destBase
+	return qstash.NewPublisher(cfg)
+}
+
+// articlePublisher is the publisher's configuration: in publish mode what the article
+// sends (retries 5, flow control keyed by partition key with parallelism 1); fifo mode
+// enqueues into the publisher's default number of FIFO queues.
+func articlePublisher(fifo bool) qstash.PublisherConfig {
+	cfg := qstash.PublisherConfig{Retries: 5}
 	if fifo {
 		cfg.Ordering = qstash.OrderingFIFO
 	} else {
 		cfg.FlowControlParallelism = 1
 	}
-	return qstash.NewPublisher(cfg)
+	return cfg
 }
 
 // sinkQStash is the local QStash (qstashtest) for scenarios that measure the publish path
@@ -53,18 +60,21 @@ func (q *sinkQStash) Close() {
 	q.sink.Close()
 }
 
-// startDelivering starts the project's local QStash server on a free loopback port.
-//
-// Its delivery client keeps up to 1024 idle connections per host: qstashtest delivers
-// every ready message at once (up to one per flow-control key, here 1,000 keys), and with
-// its default of 64 idle connections most deliveries dial a new TCP connection: profiled,
-// dialing took a fifth of the process's CPU and slowed the relay under test by half.
-func startDelivering() *qstashtest.Server {
-	return qstashtest.NewServer(qstashtest.Options{
+// startDelivering starts the project's local QStash server on a free loopback port, with
+// deliveringOptions.
+func startDelivering() *qstashtest.Server { return qstashtest.NewServer(deliveringOptions()) }
+
+// deliveringOptions: the delivery client keeps up to 1024 idle connections per host.
+// qstashtest delivers every ready message at once (up to one per flow-control key, here
+// 1,000 keys), and with its default of 64 idle connections most deliveries dial a new TCP
+// connection: profiled, dialing took a fifth of the process's CPU and slowed the relay
+// under test by half.
+func deliveringOptions() qstashtest.Options {
+	return qstashtest.Options{
 		Logger: discardLogger(),
 		HTTPClient: &http.Client{
 			Transport:     &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-	})
+	}
 }

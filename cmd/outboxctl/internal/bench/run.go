@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
 // Scenario names, in the order Run runs them.
@@ -84,7 +86,7 @@ func Run(ctx context.Context, baseURL string, opts Options) (*Results, error) {
 }
 
 func runScenario(ctx context.Context, baseURL, name string, opts Options, res *Results) (err error) {
-	s, err := NewSchema(ctx, baseURL)
+	s, err := postgres.CreateSchema(ctx, baseURL, "bench", true, nil)
 	if err != nil {
 		return err
 	}

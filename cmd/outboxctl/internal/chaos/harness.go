@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -17,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -115,69 +113,45 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 		return rep, errors.New("chaos run needs an empty schema: the outbox or demo_effects already has rows")
 	}
 
-	// QStash, with its own faults, behind the front that resets connections.
+	// The pipeline: QStash with its own faults behind the front that resets connections,
+	// and the webhook (the demo handler, poison rejected permanently) and the
+	// failure-callback recorder behind the consumer fault front.
 	f := o.Faults
-	h.qs = qstashtest.NewServer(qstashtest.Options{
-		Seed: o.Seed, TimeScale: o.QStashTimeScale, Logger: log,
-		Faults: qstashtest.Faults{Publish5xxRate: f.Publish500, Publish429Rate: f.Publish429,
-			DropResponseRate: f.PublishDropResponse, DuplicateRate: f.DeliveryDuplicate},
-		OnAttempt: func(a qstashtest.Attempt) {
-			h.attempts.Add(1)
-			if a.Duplicate {
-				h.in.add(FaultDeliveryDuplicate, 1)
-			}
-		},
-	})
-	defer h.qs.Close()
-	front := &qstashFront{inner: h.qs, in: h.in, rate: f.PublishReset, rng: newRand(o.Seed, streamQStashFront)}
-	frontURL, closeFront, err := serve(front)
-	if err != nil {
-		return rep, err
-	}
-	defer closeFront()
-
-	// Consumers: the webhook with the demo handler (poison rejected permanently) and the
-	// failure-callback recorder, behind the consumer fault front.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return rep, fmt.Errorf("listen for consumers: %w", err)
-	}
-	base := "http://" + ln.Addr().String()
-	h.ep = Endpoints{WebhookBaseURL: base, FailureURL: base + "/failure", QStashURL: frontURL, QStashToken: h.qs.Token,
-		CurrentKey: h.qs.CurrentSigningKey, NextKey: h.qs.NextSigningKey}
-	verifier, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: h.qs.CurrentSigningKey, NextSigningKey: h.qs.NextSigningKey})
-	if err != nil {
-		ln.Close()
-		return rep, err
-	}
-	hook, err := webhook.New(webhook.Config{Pool: h.app, Verifier: verifier, PublicBaseURL: base, Logger: log,
-		Handlers: webhook.Handlers{"order.created": faultyHandler(h.in, localstack.DemoHandler)}})
-	if err != nil {
-		ln.Close()
-		return rep, err
-	}
-	cb, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: h.app, Verifier: verifier, FailureURL: h.ep.FailureURL, Logger: log})
-	if err != nil {
-		ln.Close()
-		return rep, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/events/", hook)
-	mux.Handle("/failure", cb)
 	stopAll, stop := context.WithCancel(context.Background())
 	defer stop()
-	consumerSrv := newServer(&consumerFront{inner: mux, in: h.in, f: f, stop: stopAll, rng: newRand(o.Seed, streamConsumer)})
-	go func() { _ = consumerSrv.Serve(ln) }()
-	defer consumerSrv.Close()
-
-	h.pub, err = qstash.NewPublisher(qstash.PublisherConfig{
-		BaseURL: frontURL, Token: h.qs.Token, DestinationBaseURL: base, FailureCallbackURL: h.ep.FailureURL,
-		Retries: o.QStashRetries, Ordering: o.Ordering, FIFOQueues: o.FIFOQueues, RequestTimeout: 5 * time.Second,
-		HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Relays, IdleConnTimeout: 30 * time.Second}},
+	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
+		Pool:     h.app,
+		Handlers: webhook.Handlers{"order.created": faultyHandler(h.in, localstack.DemoHandler)},
+		QStash: qstashtest.Options{
+			Seed: o.Seed, TimeScale: o.QStashTimeScale,
+			Faults: qstashtest.Faults{Publish5xxRate: f.Publish500, Publish429Rate: f.Publish429,
+				DropResponseRate: f.PublishDropResponse, DuplicateRate: f.DeliveryDuplicate},
+			OnAttempt: func(a qstashtest.Attempt) {
+				h.attempts.Add(1)
+				if a.Duplicate {
+					h.in.add(FaultDeliveryDuplicate, 1)
+				}
+			},
+		},
+		QStashFront: func(qs http.Handler) http.Handler {
+			return &qstashFront{inner: qs, in: h.in, rate: f.PublishReset, rng: newRand(o.Seed, streamQStashFront)}
+		},
+		ReceiverFront: func(rc http.Handler) http.Handler {
+			return &consumerFront{inner: rc, in: h.in, f: f, stop: stopAll, rng: newRand(o.Seed, streamConsumer)}
+		},
+		Publisher: qstash.PublisherConfig{
+			Retries: o.QStashRetries, Ordering: o.Ordering, FIFOQueues: o.FIFOQueues, RequestTimeout: 5 * time.Second,
+			HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Relays, IdleConnTimeout: 30 * time.Second}},
+		},
+		Logger: log,
 	})
 	if err != nil {
 		return rep, err
 	}
+	defer pl.Close()
+	h.qs, h.pub = pl.QStash, pl.Publisher
+	h.ep = Endpoints{WebhookBaseURL: pl.BaseURL, FailureURL: pl.FailureURL, QStashURL: pl.QStashURL, QStashToken: pl.Token,
+		CurrentKey: pl.CurrentSigningKey, NextKey: pl.NextSigningKey}
 
 	// Relays, each with its own pool (its own "process"), and the killer of their backends.
 	h.in.on.Store(true)
@@ -313,10 +287,11 @@ func (h *harness) wait(ctx context.Context, prodDone <-chan error, rep *Report) 
 // connection) is replaced, as a scheduler would start the next invocation.
 func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool, clock *clock) {
 	o := h.opts
-	for gen := uint64(0); stop.Err() == nil; gen++ {
+	err := relay.Supervise(stop, func(run int) (*relay.Relay, error) {
+		gen := uint64(run)
 		pub := &faultyPublisher{inner: h.pub, rng: newRand(o.Seed, streamRelay+uint64(i)<<20+gen), f: o.Faults, in: h.in,
 			hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
-		r, err := relay.New(pool, pub, relay.Config{
+		return relay.New(pool, pub, relay.Config{
 			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts,
 			Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
 			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
@@ -324,35 +299,21 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 			Rand: newRand(o.Seed, streamRelay+uint64(i)<<20+gen+1<<19).Float64,
 			Now:  clock.Now, PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
 		})
-		if err != nil {
-			o.Logger.Error("chaos relay config", "error", err.Error())
-			return
-		}
-		done := make(chan struct{})
-		var returned bool
-		var runErr error
-		go func() {
-			defer close(done)
-			_, runErr = r.Run(stop)
-			returned = true
-		}()
-		<-done
-		if returned && runErr == nil {
-			return
-		}
-		if runErr != nil {
-			h.relayErr.Add(1)
-		}
-		h.restarts.Add(1)
-		if returned {
-			// A failed drain: the next "tick" comes a little later.
-			t := time.NewTimer(20 * time.Millisecond)
-			select {
-			case <-t.C:
-			case <-stop.Done():
-				t.Stop()
+	}, relay.SuperviseConfig{
+		// A killed or failed relay "process" is replaced at the next "tick".
+		RestartMin: 20 * time.Millisecond, RestartMax: 20 * time.Millisecond,
+		OnRun: func(_ relay.Stats, err error) {
+			if err == nil {
+				return
 			}
-		}
+			if !errors.Is(err, relay.ErrRunDied) {
+				h.relayErr.Add(1)
+			}
+			h.restarts.Add(1)
+		},
+	})
+	if err != nil {
+		o.Logger.Error("chaos relay config", "error", err.Error())
 	}
 }
 
@@ -462,23 +423,6 @@ func (h *harness) pool(ctx context.Context, role string, maxConns int32) (*pgxpo
 		return nil, fmt.Errorf("open chaos %s pool: %w", role, err)
 	}
 	return p, nil
-}
-
-// newServer is an http.Server with every timeout set: a slow client cannot hold a
-// handler (the webhook's body read included) for longer than ReadTimeout.
-func newServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 60 * time.Second, IdleTimeout: 60 * time.Second}
-}
-
-func serve(h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, fmt.Errorf("listen: %w", err)
-	}
-	srv := newServer(h)
-	go func() { _ = srv.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
 // clock runs speed times faster than real time from its creation: the relays' Now.

@@ -129,7 +129,7 @@ func (f Faults) rates() map[string]float64 {
 // Faults is "no faults" (use DefaultFaults for all of them).
 type Options struct {
 	// DatabaseURL connects to a migrated schema of its own (search_path set), e.g.
-	// pgtest.DB.URL or NewSchema's URL. Required. The run adds the demo tables.
+	// pgtest.DB.URL or a postgres.CreateSchema URL. Required. The run adds the demo tables.
 	DatabaseURL string
 	// Events is how many events the producers commit. Default DefaultEvents.
 	Events int

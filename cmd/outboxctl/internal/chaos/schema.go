@@ -1,59 +1,11 @@
 package chaos
 
 import (
-	"context"
 	"flag"
 	"fmt"
-	"log/slog"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outbox-relay/outbox-relay/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
-
-// NewSchema creates a chaos_<random> schema on the server base points at, migrates it, and
-// returns a URL that connects to it (search_path set) and a function that drops it.
-func NewSchema(ctx context.Context, base string, logger *slog.Logger) (url string, drop func(), err error) {
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return "", nil, fmt.Errorf("connect to postgres: %w", err)
-	}
-	defer admin.Close(context.Background())
-	schema := "chaos_" + randomHex(6)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return "", nil, fmt.Errorf("create chaos schema: %w", err)
-	}
-	drop = func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		c, err := pgx.Connect(dctx, base)
-		if err != nil {
-			return
-		}
-		defer c.Close(dctx)
-		_, _ = c.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	}
-	url, err = pgtest.WithSearchPath(base, schema)
-	if err != nil {
-		drop()
-		return "", nil, err
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		drop()
-		return "", nil, fmt.Errorf("open chaos schema: %w", err)
-	}
-	defer pool.Close()
-	if _, err := postgres.Migrate(ctx, pool, logger); err != nil {
-		drop()
-		return "", nil, err
-	}
-	return url, drop, nil
-}
 
 // BindFlags registers the run's flags on fs, with o's values (after WithDefaults and
 // DefaultFaults as the caller chooses) as defaults. Call ApplyFlags after fs.Parse.
