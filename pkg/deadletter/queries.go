@@ -4,31 +4,50 @@ package deadletter
 const letterColumns = `
 d.id, d.source, d.outbox_id, coalesce(d.topic, ''), coalesce(d.partition_key, ''), d.payload::text, d.headers::text,
 d.error, d.attempts, d.status_code, coalesce(d.qstash_message_id, ''), coalesce(d.qstash_dlq_id, ''),
-coalesce(d.response_body, ''), d.created_at, d.resolved_at, coalesce(d.resolution, '')`
+coalesce(d.response_body, ''), d.created_at, d.resolved_at, coalesce(d.resolution, ''), d.fingerprint`
 
 // filterWhere selects letters by a Filter. NULL parameters match everything:
 // $1 ids, $2 topic, $3 partition key, $4 since (inclusive), $5 until (exclusive),
-// $6 whether resolved letters match too.
+// $6 whether resolved letters match too, $7 fingerprint.
 const filterWhere = `
     ($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
 AND ($2::text IS NULL OR d.topic = $2::text)
 AND ($3::text IS NULL OR d.partition_key = $3::text)
 AND ($4::timestamptz IS NULL OR d.created_at >= $4::timestamptz)
 AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
-AND ($6::bool OR d.resolved_at IS NULL)`
+AND ($6::bool OR d.resolved_at IS NULL)
+AND ($7::text IS NULL OR d.fingerprint = $7::text)`
 
 const (
-	// qList returns matching letters newest first; $7 is the limit.
+	// qList returns matching letters newest first; $8 is the limit.
 	qList = `SELECT` + letterColumns + `
 FROM dead_letters d
 WHERE` + filterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $7`
+LIMIT $8`
 
 	qGet = `SELECT` + letterColumns + ` FROM dead_letters d WHERE d.id = $1`
 
+	// qGroups groups the matching letters by failure fingerprint, largest group first; $8 is
+	// the limit. The newest letter of a group (max id) is its sample.
+	qGroups = `
+WITH g AS (
+    SELECT d.fingerprint, d.topic, d.source, d.status_code, d.error_pattern,
+           count(*) AS n, count(*) FILTER (WHERE d.resolved_at IS NULL) AS open,
+           min(d.created_at) AS first_seen, max(d.created_at) AS last_seen, max(d.id) AS sample_id
+    FROM dead_letters d
+    WHERE` + filterWhere + `
+    GROUP BY d.fingerprint, d.topic, d.source, d.status_code, d.error_pattern
+)
+SELECT g.fingerprint, coalesce(g.topic, ''), g.source, g.status_code, g.error_pattern, g.n, g.open,
+       g.first_seen, g.last_seen, g.sample_id, s.error
+FROM g
+JOIN dead_letters s ON s.id = g.sample_id
+ORDER BY g.n DESC, g.last_seen DESC, g.fingerprint
+LIMIT $8`
+
 	// qSelectForRedrive classifies the matching letters: resolved or not, and the state of
-	// their outbox row (gone, pending, or finished: dispatched or dead-lettered). $7 locks
+	// their outbox row (gone, pending, or finished: dispatched or dead-lettered). qLockSuffix locks
 	// the letters (Redrive) or not (Plan), so two concurrent redrives do not both reset a row.
 	qSelectForRedrive = `
 SELECT d.id, d.outbox_id, d.resolved_at IS NOT NULL,
