@@ -107,4 +107,58 @@ WITH ins AS (
 SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0 FROM ins`
 
 	qLetterByMessage = `SELECT id FROM dead_letters WHERE source = 'delivery' AND qstash_message_id = $1`
+
+	// qRecordSynced records one page of QStash DLQ entries (dlq sync) in one statement, as
+	// qRecordDelivery records one callback: a delivery letter per entry, its outbox row
+	// marked dead-lettered when the entry is about the row's current generation and the
+	// row is not dead-lettered yet. The outbox rows are locked first, in id order, so two
+	// syncs of the same page take turns instead of deadlocking. ON CONFLICT without a
+	// target makes an entry recorded before (by QStash message id, or any other unique
+	// key) a no-op. An entry about a generation the row has left (redriven since) is
+	// recorded resolved as superseded. Per entry it returns: created, superseded, and
+	// whether dead_letters holds it (created now, or visible from before: a letter of the
+	// same QStash message, or of the same event generation).
+	qRecordSynced = `
+WITH e AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::text[], $7::text[],
+                $8::int[], $9::int[], $10::text[], $11::timestamptz[])
+        AS e(message_id, dlq_id, outbox_id, generation, topic, payload, error, attempts, status_code,
+             response_body, failed_at)
+), locked AS (
+    SELECT o.id, o.topic, o.partition_key, o.payload, o.headers, o.generation
+    FROM outbox o
+    WHERE o.id IN (SELECT outbox_id FROM e)
+    ORDER BY o.id
+    FOR UPDATE
+), ins AS (
+    INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts,
+                              status_code, qstash_message_id, qstash_dlq_id, response_body, created_at,
+                              generation, resolved_at, resolution)
+    SELECT 'delivery', e.outbox_id, coalesce(o.topic, e.topic), o.partition_key,
+           coalesce(e.payload::jsonb, o.payload), coalesce(o.headers, '{}'::jsonb), e.error, e.attempts,
+           e.status_code, e.message_id, nullif(e.dlq_id, ''), e.response_body, coalesce(e.failed_at, now()),
+           coalesce(e.generation, o.generation, 0),
+           CASE WHEN e.generation < o.generation THEN now() END,
+           CASE WHEN e.generation < o.generation THEN 'superseded' END
+    FROM e
+    LEFT JOIN locked o ON o.id = e.outbox_id
+    ON CONFLICT DO NOTHING
+    RETURNING id, outbox_id, generation, qstash_message_id, error, resolved_at IS NOT NULL AS superseded
+), mark AS (
+    UPDATE outbox o
+    SET dead_lettered_at = now(), last_error = ins.error
+    FROM ins
+    WHERE o.id = ins.outbox_id AND NOT ins.superseded AND o.dead_lettered_at IS NULL
+      AND o.generation = ins.generation
+    RETURNING o.id
+)
+SELECT e.message_id, ins.id IS NOT NULL, coalesce(ins.superseded, false),
+       ins.id IS NOT NULL
+       OR EXISTS (SELECT 1 FROM dead_letters d
+                  WHERE d.source = 'delivery' AND d.qstash_message_id = e.message_id)
+       OR (e.generation IS NOT NULL AND EXISTS (SELECT 1 FROM dead_letters d
+                  WHERE d.outbox_id = e.outbox_id AND d.generation = e.generation))
+FROM e
+LEFT JOIN ins ON ins.qstash_message_id = e.message_id`
 )
