@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,17 +15,20 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
 func runCLI(t *testing.T, url string, args ...string) (int, string, string) {
 	t.Helper()
+	return runCLIEnv(t, map[string]string{"DATABASE_URL": url}, args...)
+}
+
+// runCLIEnv runs outboxctl with exactly the environment vars.
+func runCLIEnv(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
-		if k == "DATABASE_URL" {
-			return url
-		}
-		return ""
-	}}
+	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string { return vars[k] }}
 	code := run(context.Background(), e, args)
 	return code, out.String(), errb.String()
 }
@@ -140,6 +145,10 @@ func TestDLQArgumentErrors(t *testing.T) {
 		{[]string{"dlq", "show", "--group", "0123456789abcdef", "5"}, "--group"},
 		{[]string{"dlq", "show", "--group", "12"}, "--group"},
 		{[]string{"dlq", "list", "--group=maybe"}, "-group"},
+		{[]string{"dlq", "sync", "--bogus"}, "-bogus"},
+		{[]string{"dlq", "sync", "now"}, "unexpected arguments"},
+		{[]string{"dlq", "sync"}, "QSTASH_TOKEN is not set"},
+		{[]string{"dlq", "sync"}, "PUBLIC_BASE_URL is not set"},
 	} {
 		code, _, stderr := runCLI(t, "postgres://unused", c.args...)
 		if code != 2 || !strings.Contains(stderr, c.says) {
@@ -240,5 +249,59 @@ func TestParseTime(t *testing.T) {
 	}
 	if _, err := parseTime("-5m", now); err == nil {
 		t.Error("negative duration accepted")
+	}
+}
+
+func TestDLQSync(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+	t.Cleanup(qs.Close)
+	webhook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(webhook.Close)
+	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": webhook.URL}
+
+	// One event delivered to a webhook that fails it, with no failure callback configured:
+	// the dead letter exists only in QStash's DLQ.
+	id, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "order:1", Payload: json.RawMessage(`{"order_id":"o-1"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: qstash.NoRetries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Publish(ctx, []outbox.Message{{ID: id, Topic: "order.created", PartitionKey: "order:1", Payload: []byte(`{"order_id":"o-1"}`), Attempt: 1}}); r[0].Err != nil {
+		t.Fatal(r[0].Err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := qs.WaitIdle(wctx); err != nil || len(qs.DLQ()) != 1 {
+		t.Fatalf("QStash DLQ %d entries, %v", len(qs.DLQ()), err)
+	}
+
+	code, out, stderr := runCLIEnv(t, vars, "dlq", "sync")
+	if code != 0 || !strings.Contains(out, "read 1 QStash DLQ entries in 1 page(s): 1 recorded as new dead letters") || !strings.Contains(out, "dlq list --group") {
+		t.Fatalf("dlq sync: %d\n%s%s", code, out, stderr)
+	}
+	code, out, _ = runCLI(t, db.URL, "dlq", "list")
+	if code != 0 || !strings.Contains(out, "order.created") || !strings.Contains(out, "HTTP 500") {
+		t.Fatalf("list after sync: %d %s", code, out)
+	}
+	code, out, stderr = runCLIEnv(t, vars, "dlq", "sync", "--delete-synced", "--json")
+	var res deadletter.SyncResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Recorded != 0 || res.AlreadyRecorded != 1 || res.Deleted != 1 {
+		t.Fatalf("dlq sync --delete-synced --json: %d %s %s", code, out, stderr)
+	}
+	if n := len(qs.DLQ()); n != 0 {
+		t.Fatalf("%d entries left in QStash", n)
+	}
+	// A QStash that refuses the token: exit 1, the answer named.
+	vars["QSTASH_TOKEN"] = "wrong"
+	if code, _, stderr = runCLIEnv(t, vars, "dlq", "sync"); code != 1 || !strings.Contains(stderr, "401") {
+		t.Fatalf("wrong token: %d %s", code, stderr)
 	}
 }
