@@ -1,6 +1,7 @@
 // Command relay is the scheduled relay Lambda: each invocation drains the outbox through
-// QStash ({"task":"drain"}, also what an EventBridge envelope without Input means) or runs
-// retention ({"task":"retention"}), writes one EMF metrics line, and returns its counts.
+// QStash ({"task":"drain"}, also what an EventBridge envelope without Input means), runs
+// retention ({"task":"retention"}), or records QStash DLQ entries missing from dead_letters
+// ({"task":"dlq-sync"}), writes one EMF metrics line, and returns its counts.
 //
 // Environment: see package relayconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
@@ -24,6 +25,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -94,6 +96,7 @@ type handler struct {
 	pool      *pgxpool.Pool
 	relay     *relay.Relay
 	retention retention.Config
+	dlqSync   deadletter.SyncConfig
 	linger    time.Duration
 	emf       *metrics.EMF
 	log       *slog.Logger
@@ -124,6 +127,12 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   deadlineReserve,
+		dlqSync: deadletter.SyncConfig{
+			DLQ:                &deadletter.DLQClient{BaseURL: cfg.Publisher.BaseURL, Token: cfg.Publisher.Token},
+			DestinationBaseURL: cfg.Publisher.DestinationBaseURL,
+			QueuePrefix:        cfg.Publisher.QueuePrefix,
+			Logger:             logger,
+		},
 	}, nil
 }
 
@@ -131,6 +140,7 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 const (
 	taskDrain     = "drain"
 	taskRetention = "retention"
+	taskDLQSync   = "dlq-sync"
 )
 
 // request is the invocation payload. Unknown fields (an EventBridge envelope, a Scheduler
@@ -155,7 +165,9 @@ type result struct {
 	OutboxDeleted     int64   `json:"outbox_deleted,omitempty"`
 	ProcessedDeleted  int64   `json:"processed_deleted,omitempty"`
 	Complete          *bool   `json:"complete,omitempty"`
-	DurationMS        int64   `json:"duration_ms"`
+	// DLQSync is the dlq-sync task's counts.
+	DLQSync    *deadletter.SyncResult `json:"dlq_sync,omitempty"`
+	DurationMS int64                  `json:"duration_ms"`
 }
 
 func parseTask(payload json.RawMessage) (string, error) {
@@ -168,15 +180,15 @@ func parseTask(payload json.RawMessage) (string, error) {
 	}
 	var req request
 	if err := json.Unmarshal(trimmed, &req); err != nil {
-		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"} or {"task":"retention"})`, err)
+		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"}, {"task":"retention"} or {"task":"dlq-sync"})`, err)
 	}
 	switch req.Task {
 	case "", taskDrain:
 		return taskDrain, nil
-	case taskRetention:
-		return taskRetention, nil
+	case taskRetention, taskDLQSync:
+		return req.Task, nil
 	}
-	return "", fmt.Errorf("unknown relay task %q: want %q or %q", req.Task, taskDrain, taskRetention)
+	return "", fmt.Errorf("unknown relay task %q: want %q, %q or %q", req.Task, taskDrain, taskRetention, taskDLQSync)
 }
 
 // handle runs the task named by payload under ctx (the Lambda deadline) minus the reserve.
@@ -196,6 +208,8 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	switch task {
 	case taskRetention:
 		return h.runRetention(ctx, work, start)
+	case taskDLQSync:
+		return h.runDLQSync(work, start)
 	default:
 		return h.runDrain(ctx, work, start)
 	}
@@ -253,6 +267,20 @@ func (h *handler) runRetention(_, work context.Context, start time.Time) (result
 		Batches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {
 		return res, fmt.Errorf("run retention: %w", err)
+	}
+	return res, nil
+}
+
+// runDLQSync records QStash DLQ entries of this outbox that dead_letters lacks (their
+// failure callback was not configured or failed), so every dead letter is in one table.
+func (h *handler) runDLQSync(work context.Context, start time.Time) (result, error) {
+	r, err := deadletter.Sync(work, h.pool, h.dlqSync)
+	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: []metrics.Value{metrics.Count(metrics.DLQSyncRecorded, int64(r.Recorded))}}); merr != nil {
+		h.log.Error("write dlq sync metrics", slog.Any("error", merr))
+	}
+	res := result{Task: taskDLQSync, DLQSync: &r, DurationMS: time.Since(start).Milliseconds()}
+	if err != nil {
+		return res, fmt.Errorf("sync qstash dlq: %w", err)
 	}
 	return res, nil
 }
