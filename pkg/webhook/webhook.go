@@ -273,7 +273,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	sum := sha256.Sum256(body)
 	outcome, err := inbox.HandleOnce(r.Context(), h.cfg.Pool, h.cfg.Consumer, msgID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, tx, d)
-	})
+	}, inbox.Retried(attempt))
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
 		respond(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
