@@ -252,12 +252,29 @@ func TestParseTime(t *testing.T) {
 	}
 }
 
+// newQStash starts a local QStash server with fast retries.
+func newQStash(t *testing.T) *qstashtest.Server {
+	t.Helper()
+	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+	t.Cleanup(qs.Close)
+	return qs
+}
+
+// waitDLQ waits until qs has finished every delivery, then checks its DLQ holds n entries.
+func waitDLQ(t *testing.T, qs *qstashtest.Server, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := qs.WaitIdle(ctx); err != nil || len(qs.DLQ()) != n {
+		t.Fatalf("QStash DLQ: %d entries, want %d (%v)", len(qs.DLQ()), n, err)
+	}
+}
+
 func TestDLQSync(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := newQStash(t)
 	webhook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 	}))
@@ -277,11 +294,7 @@ func TestDLQSync(t *testing.T) {
 	if r := p.Publish(ctx, []outbox.Message{{ID: id, Topic: "order.created", PartitionKey: "order:1", Payload: []byte(`{"order_id":"o-1"}`), Attempt: 1}}); r[0].Err != nil {
 		t.Fatal(r[0].Err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := qs.WaitIdle(wctx); err != nil || len(qs.DLQ()) != 1 {
-		t.Fatalf("QStash DLQ %d entries, %v", len(qs.DLQ()), err)
-	}
+	waitDLQ(t, qs, 1)
 
 	code, out, stderr := runCLIEnv(t, vars, "dlq", "sync")
 	if code != 0 || !strings.Contains(out, "read 1 QStash DLQ entries in 1 page(s): 1 recorded as new dead letters") || !strings.Contains(out, "dlq list --group") {

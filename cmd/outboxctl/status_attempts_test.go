@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -28,8 +26,7 @@ func TestStatusQStashAttempts(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := newQStash(t)
 
 	// The handler fails the first "fail" attempts of an event ({"fail": n}).
 	srv := httptest.NewUnstartedServer(nil)
@@ -76,11 +73,7 @@ func TestStatusQStashAttempts(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := qs.WaitIdle(wctx); err != nil || len(qs.DLQ()) != 1 {
-		t.Fatalf("QStash DLQ: %d entries, %v", len(qs.DLQ()), err)
-	}
+	waitDLQ(t, qs, 1)
 	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": base}
 	if code, out, stderr := runCLIEnv(t, vars, "dlq", "sync"); code != 0 || !strings.Contains(out, "1 recorded") {
 		t.Fatalf("dlq sync: %d %s %s", code, out, stderr)
