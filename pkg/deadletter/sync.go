@@ -153,6 +153,9 @@ func Sync(ctx context.Context, db Querier, cfg SyncConfig) (SyncResult, error) {
 		if next == "" || len(entries) == 0 {
 			break
 		}
+		if next == cursor {
+			return res, fmt.Errorf("sync qstash dlq: the DLQ API returned cursor %q again; stopping rather than reading the same page forever", next)
+		}
 		cursor = next
 	}
 	// Deleting only after the last page: deleting while paging would shift a positional
