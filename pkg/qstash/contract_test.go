@@ -503,4 +503,3 @@ func getQueue(t *testing.T, srv *qstashtest.Server, name string) qstash.Queue {
 	}
 	return q
 }
-
