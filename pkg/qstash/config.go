@@ -199,7 +199,7 @@ func (c PublisherConfig) Validate() error {
 	if !ValidName(c.Name) {
 		bad("Name", "%q must be 1-%d letters, digits, '-' or '_' (it goes into deduplication ids and queue names)", c.Name, MaxNameLen)
 	}
-	if c.MaxMessageBytes < 1 {
+	if c.MaxMessageBytes < 1 && !(err != nil && c.MaxMessageBytes == 0) {
 		bad("MaxMessageBytes", "%d must be positive", c.MaxMessageBytes)
 	} else if err == nil && c.MaxMessageBytes > limits.MaxMessageBytes {
 		bad("MaxMessageBytes", "%d is above the %d-byte message limit of QStash's %s plan", c.MaxMessageBytes, limits.MaxMessageBytes, c.Plan)
