@@ -156,6 +156,9 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
+	if err := pub.EnsureQueues(ctx); err != nil {
+		return Summary{}, fmt.Errorf("check qstash fifo queues: %w", err)
+	}
 	r, err := relay.New(pool, pub, relay.Config{BatchSize: 100, Logger: log})
 	if err != nil {
 		return Summary{}, err
