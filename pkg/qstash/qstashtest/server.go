@@ -8,6 +8,14 @@
 // failure callbacks, signing keys and pending messages, plus seeded fault injection and an
 // attempt log for tests. URL groups, schedules and the success callback's per-attempt
 // semantics are not implemented. State lives in memory.
+//
+// It is as strict as production where the relay depends on it (docs/qstash-contract.md):
+// flow-control keys and labels outside the resource-name rule are 400, bodies over 100 MB
+// 413, unknown paths 404; with Options.Plan, the plan's message size (412), retry cap (400),
+// queue count (412) and delivery parallelism. Options.BatchErrors switches between the
+// documented per-item batch errors and the whole-request 400 seen in production;
+// Options.QuotaMessages answers 429 like a used-up daily quota; Options.Latency models the
+// round trip to a remote QStash.
 package qstashtest
 
 import (
