@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -502,4 +503,103 @@ func getQueue(t *testing.T, srv *qstashtest.Server, name string) qstash.Queue {
 		t.Fatal(err)
 	}
 	return q
+}
+
+// recordingTransport keeps the body of every /v2/batch request.
+type recordingTransport struct {
+	mu     sync.Mutex
+	bodies [][]byte
+}
+
+func (rt *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/v2/batch" && r.Body != nil {
+		b, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		rt.mu.Lock()
+		rt.bodies = append(rt.bodies, b)
+		rt.mu.Unlock()
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestPublishModeOneRequestPerCall: in publish ordering 20 keys x 50 events go out in one
+// request (no per-key waves: QStash keeps no order there), every message labelled with its
+// topic and carrying a valid flow-control key.
+func TestPublishModeOneRequestPerCall(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	rt := &recordingTransport{}
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL,
+		FlowControlRate: 1000, HTTPClient: &http.Client{Transport: rt}})
+	msgs := messages(1, 1000, 20)
+	for i := range msgs {
+		msgs[i].PartitionKey = fmt.Sprintf("order:%d", i%20)
+	}
+	for i, r := range p.Publish(context.Background(), msgs) {
+		if r.Err != nil {
+			t.Fatalf("message %d: %v", i, r.Err)
+		}
+	}
+	if len(rt.bodies) != 1 {
+		t.Fatalf("%d requests for 1000 messages over 20 keys, want 1", len(rt.bodies))
+	}
+	var items []struct {
+		Headers map[string]string `json:"headers"`
+	}
+	if err := json.Unmarshal(rt.bodies[0], &items); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, it := range items {
+		if it.Headers["Upstash-Label"] != "order.created" || !qstash.ValidResourceName(it.Headers["Upstash-Flow-Control-Key"]) {
+			t.Fatalf("item headers %v", it.Headers)
+		}
+		keys[it.Headers["Upstash-Flow-Control-Key"]] = true
+	}
+	if len(keys) != 20 {
+		t.Fatalf("%d flow-control keys for 20 partition keys", len(keys))
+	}
+	idle(t, srv)
+	if got, _ := cons.snapshot(); len(got) != 1000 {
+		t.Fatalf("%d delivered", len(got))
+	}
+}
+
+// TestFailureCallbackIdentity: a message that finally fails comes back in a failure
+// callback whose signed url field carries the outbox id and generation.
+func TestFailureCallbackIdentity(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, func(string, int) bool { return true })
+	got := make(chan qstash.Identity, 1)
+	fail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fc, err := qstash.DecodeFailureCallback(body)
+		if err != nil {
+			t.Errorf("decode: %v", err)
+			return
+		}
+		id, err := fc.Identity()
+		if err != nil {
+			t.Errorf("identity: %v", err)
+		}
+		got <- id
+	}))
+	t.Cleanup(fail.Close)
+	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FailureCallbackURL: fail.URL, Retries: qstash.NoRetries})
+	m := messages(314, 1, 1)[0]
+	m.Generation = 3
+	if r := p.Publish(context.Background(), []outbox.Message{m})[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	idle(t, srv)
+	select {
+	case id := <-got:
+		if id != (qstash.Identity{OutboxID: 314, Generation: 3}) {
+			t.Fatalf("identity %+v", id)
+		}
+	default:
+		t.Fatal("no failure callback")
+	}
 }
