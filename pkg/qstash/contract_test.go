@@ -156,11 +156,7 @@ func TestOneBadItemInHundred(t *testing.T) {
 					t.Fatalf("message %d: %+v, want published", msgs[i].ID, r)
 				}
 			}
-			idle(t, srv)
-			got, bad := cons.snapshot()
-			if len(bad) > 0 || len(got) != 99 {
-				t.Fatalf("%d delivered (bad %v), want 99", len(got), bad)
-			}
+			wantDelivered(t, srv, cons, 99)
 			n, byStatus := batchRequests(srv)
 			switch mode {
 			case qstashtest.BatchErrorsWholeRequest:
@@ -207,10 +203,7 @@ func TestRequestByteBudget(t *testing.T) {
 	if len(sizes) < 6 {
 		t.Fatalf("%d requests %v, want the batch split by size", len(sizes), sizes)
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 100 {
-		t.Fatalf("%d delivered, want 100", len(got))
-	}
+	wantDelivered(t, srv, cons, 100)
 }
 
 // TestOversizedMessageFailsAlone: a payload over the plan's message size is not sent; it
@@ -239,10 +232,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 			t.Fatalf("the oversized message was sent: %+v", r)
 		}
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 4 {
-		t.Fatalf("%d delivered, want 4", len(got))
-	}
+	wantDelivered(t, srv, cons, 4)
 }
 
 // TestQuotaDefers: once the daily quota is used up, the server answers 429 with
@@ -280,10 +270,7 @@ func TestQuotaDefers(t *testing.T) {
 			t.Fatalf("after the reset, message %d: %v", i, r.Err)
 		}
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 15 {
-		t.Fatalf("%d delivered, want 15", len(got))
-	}
+	wantDelivered(t, srv, cons, 15)
 }
 
 // TestFlowControlKeyAccepted: a partition key with ':', '/' and a space, with flow control
@@ -453,10 +440,7 @@ func TestTwoDeploymentsShareAnAccount(t *testing.T) {
 			t.Fatalf("message %d: %+v %+v", i, a[i], b[i])
 		}
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 40 {
-		t.Fatalf("%d delivered, want 40 (20 per deployment)", len(got))
-	}
+	wantDelivered(t, srv, cons, 40)
 	c := publish("staging")
 	for i := range c {
 		if c[i].MessageID != a[i].MessageID {
@@ -560,10 +544,7 @@ func TestPublishModeOneRequestPerCall(t *testing.T) {
 	if len(keys) != 20 {
 		t.Fatalf("%d flow-control keys for 20 partition keys", len(keys))
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 1000 {
-		t.Fatalf("%d delivered", len(got))
-	}
+	wantDelivered(t, srv, cons, 1000)
 }
 
 // TestFailureCallbackIdentity: a message that finally fails comes back in a failure

@@ -3,14 +3,12 @@ package qstash_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -110,6 +108,18 @@ func newPublisher(t testing.TB, cfg qstash.PublisherConfig) *qstash.Publisher {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// wantDelivered waits until srv is idle and checks that cons accepted n deliveries, all
+// with valid signatures.
+func wantDelivered(t *testing.T, srv *qstashtest.Server, cons *consumer, n int) []accepted {
+	t.Helper()
+	idle(t, srv)
+	got, bad := cons.snapshot()
+	if len(bad) > 0 || len(got) != n {
+		t.Fatalf("%d delivered (bad signatures %v), want %d", len(got), bad, n)
+	}
+	return got
 }
 
 func idle(t testing.TB, srv *qstashtest.Server) {
@@ -280,28 +290,7 @@ func TestPublishItemFailureIsolation(t *testing.T) {
 func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering) {
 	cons := newConsumer(t, nil)
 	srv := newLocal(t, qstashtest.Options{})
-	target, _ := url.Parse(srv.URL)
-	var requests atomic.Int64
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var items []map[string]any
-		_ = json.Unmarshal(body, &items)
-		if requests.Add(1) == 1 {
-			items[2]["headers"].(map[string]any)["Upstash-Deduplication-Id"] = "outbox:3"
-		}
-		body, _ = json.Marshal(items)
-		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), 502)
-			return
-		}
-		defer resp.Body.Close()
-		w.WriteHeader(resp.StatusCode)
-		io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(proxy.Close)
+	proxy := badItemProxy(t, srv, "4")
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4, Ordering: ordering})
 	msgs := messages(1, 10, 10)
 	msgs[0].Headers = map[string]string{"Bad Header": "x"}
@@ -312,7 +301,7 @@ func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering) {
 	if !errors.As(res[0].Err, &inv) || !relay.IsPermanent(res[0].Err) {
 		t.Fatalf("bad header: %v", res[0].Err)
 	}
-	// items[2] of the first request is msgs[3] (msgs[0] was never sent).
+	// msgs[3] (outbox id 4) is items[2] of the first request (msgs[0] was never sent).
 	if !errors.As(res[3].Err, &ie) || ie.Index != 3 || !relay.IsPermanent(res[3].Err) || !strings.Contains(ie.Message, "cannot contain ':'") {
 		t.Fatalf("corrupted item: %v", res[3].Err)
 	}
@@ -330,10 +319,7 @@ func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering) {
 			t.Fatalf("message %d failed with its neighbours: %v", i, r.Err)
 		}
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != want {
-		t.Fatalf("%d delivered, want %d", len(got), want)
-	}
+	wantDelivered(t, srv, cons, want)
 }
 
 // TestPublishErrorClasses maps every kind of QStash answer to the relay's classes.
