@@ -210,7 +210,7 @@ func deploymentText(msg string) (variable, hint string, ok bool) {
 	case strings.Contains(m, "flow-control-value"):
 		// upstash/qstash-js#245: the exact 400 text for a bad Upstash-Flow-Control-Value.
 		return "FLOW_CONTROL_PARALLELISM/FLOW_CONTROL_RATE/FLOW_CONTROL_PERIOD", "QStash refused the flow-control settings", true
-	case strings.Contains(m, "invalid token") || strings.Contains(m, "unauthorized") || strings.Contains(m, "authorization"):
+	case strings.Contains(m, "invalid token") || strings.Contains(m, "unauthorized"):
 		return "QSTASH_TOKEN", "QStash refused the token", true
 	}
 	return "", "", false
@@ -307,7 +307,8 @@ func (p *Publisher) classify(e *APIError, n int) decision {
 	case queueCapText(e.StatusCode, e.Message):
 		return decision{answerDefer, p.deployment("FIFO_QUEUES/QSTASH_PLAN", "QStash refused a queue: more queues than the plan allows", e)}
 	}
-	if v, hint, ok := deploymentText(e.Message); ok {
+	// Only a refusal (4xx) can blame the settings; a 5xx's text is about QStash itself.
+	if v, hint, ok := deploymentText(e.Message); ok && e.StatusCode >= 400 && e.StatusCode < 500 {
 		return decision{answerDefer, p.deployment(v, hint, e)}
 	}
 	if messageStatus(e.StatusCode) {

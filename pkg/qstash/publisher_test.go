@@ -280,45 +280,53 @@ func TestPublishDedup(t *testing.T) {
 func TestPublishItemFailureIsolation(t *testing.T) {
 	t.Parallel()
 	for _, ordering := range []qstash.Ordering{qstash.OrderingFIFO, qstash.OrderingPublish} {
-		t.Run(string(ordering), func(t *testing.T) {
-			t.Parallel()
-			testItemFailureIsolation(t, ordering)
-		})
+		for _, mode := range []qstashtest.BatchErrorMode{qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest} {
+			t.Run(string(ordering)+"/"+string(mode), func(t *testing.T) {
+				t.Parallel()
+				testItemFailureIsolation(t, ordering, mode)
+			})
+		}
 	}
 }
 
-func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering) {
+func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstashtest.BatchErrorMode) {
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{})
+	srv := newLocal(t, qstashtest.Options{BatchErrors: mode})
 	proxy := badItemProxy(t, srv, "4")
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4, Ordering: ordering})
 	msgs := messages(1, 10, 10)
 	msgs[0].Headers = map[string]string{"Bad Header": "x"}
-	msgs[9].PartitionKey = msgs[0].PartitionKey // later message of the bad one's key
+	msgs[9].PartitionKey = msgs[0].PartitionKey // a later message of the invalid one's key
+	msgs[5].PartitionKey = msgs[3].PartitionKey // a later message of the refused one's key
 	res := p.Publish(context.Background(), msgs)
-	var ie *qstash.ItemError
 	var inv *qstash.InvalidMessageError
 	if !errors.As(res[0].Err, &inv) || !relay.IsPermanent(res[0].Err) {
 		t.Fatalf("bad header: %v", res[0].Err)
 	}
-	// msgs[3] (outbox id 4) is items[2] of the first request (msgs[0] was never sent).
-	if !errors.As(res[3].Err, &ie) || ie.Index != 3 || !relay.IsPermanent(res[3].Err) || !strings.Contains(ie.Message, "cannot contain ':'") {
-		t.Fatalf("corrupted item: %v", res[3].Err)
+	// msgs[3] (outbox id 4) is items[2] of the first request (msgs[0] was never sent): an
+	// item error, or the message a whole-request 400 was split down to.
+	if !relay.IsPermanent(res[3].Err) || !strings.Contains(res[3].Err.Error(), "cannot contain ':'") {
+		t.Fatalf("refused item: %v", res[3].Err)
 	}
-	want := 8
+	var ie *qstash.ItemError
+	if mode == qstashtest.BatchErrorsPerItem && (!errors.As(res[3].Err, &ie) || ie.Index != 3) {
+		t.Fatalf("refused item: %v, want an ItemError at index 3", res[3].Err)
+	}
+	failed := map[int]bool{0: true, 3: true}
 	if ordering == qstash.OrderingFIFO {
-		if !errors.Is(res[9].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[9].Err) {
-			t.Fatalf("same key as the invalid message: %v", res[9].Err)
+		for _, i := range []int{5, 9} {
+			if !errors.Is(res[i].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[i].Err) {
+				t.Fatalf("message %d, same key as a failed one: %v", i, res[i].Err)
+			}
+			failed[i] = true
 		}
-		want = 7
-	} else if res[9].Err != nil {
-		t.Fatalf("publish ordering held back a message of the failed key: %v", res[9].Err)
 	}
 	for i, r := range res {
-		if i != 0 && i != 3 && i != 9 && r.Err != nil {
+		if !failed[i] && r.Err != nil {
 			t.Fatalf("message %d failed with its neighbours: %v", i, r.Err)
 		}
 	}
+	want := len(msgs) - len(failed)
 	wantDelivered(t, srv, cons, want)
 }
 
@@ -380,6 +388,8 @@ func TestPublishErrorClasses(t *testing.T) {
 				}
 			}},
 		{name: "500", answer: answer{500, nil, `{"error":"internal"}`, false}, n: 1, status: 500},
+		// A 5xx is QStash's trouble even when its text mentions a setting.
+		{name: "503 naming the token", answer: answer{503, nil, `{"error":"invalid token cache unavailable"}`, false}, n: 2, status: 503},
 		{name: "502 html from a proxy", answer: answer{502, http.Header{"Content-Type": {"text/html"}}, "<html><body><h1>502 Bad Gateway</h1></body></html>", false}, n: 2, status: 502,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
