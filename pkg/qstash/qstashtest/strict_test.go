@@ -233,9 +233,9 @@ func TestMaxInFlight(t *testing.T) {
 			t.Parallel()
 			var (
 				now, peak, started atomic.Int64
-				once                sync.Once
-				full                = make(chan struct{})
-				all                 = make(chan struct{})
+				once               sync.Once
+				full               = make(chan struct{})
+				all                = make(chan struct{})
 			)
 			dst := newSink(t, func(d delivery, n int) (int, http.Header, string) {
 				if started.Add(1) == total {
