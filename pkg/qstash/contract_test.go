@@ -584,3 +584,26 @@ func TestFailureCallbackIdentity(t *testing.T) {
 		t.Fatal("no failure callback")
 	}
 }
+
+// TestFIFOInvalidMessageHoldsOnlyLaterOnes: in FIFO ordering a message the publisher cannot
+// send holds back the later messages of its key, never the earlier ones.
+func TestFIFOInvalidMessageHoldsOnlyLaterOnes(t *testing.T) {
+	t.Parallel()
+	cons := newConsumer(t, nil)
+	srv := newLocal(t, qstashtest.Options{})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
+	msgs := messages(1, 6, 1) // one key
+	msgs[3].Headers = map[string]string{"Bad Header": "x"}
+	res := p.Publish(context.Background(), msgs)
+	for i, r := range res {
+		switch {
+		case i < 3 && r.Err != nil:
+			t.Fatalf("message %d, before the invalid one: %v", i, r.Err)
+		case i == 3 && r.Outcome() != relay.PermanentFailure:
+			t.Fatalf("invalid message: %v", r.Err)
+		case i > 3 && !errors.Is(r.Err, qstash.ErrHeldBack):
+			t.Fatalf("message %d, after the invalid one: %v", i, r.Err)
+		}
+	}
+	wantDelivered(t, srv, cons, 3)
+}

@@ -170,6 +170,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 	flush()
 	for _, it := range items {
 		if it.data == nil { // invalid, failed above
+			// Earlier messages of its key in the pending request go first; later ones
+			// are held back.
+			flush()
 			s.failKey(it.key)
 			continue
 		}
