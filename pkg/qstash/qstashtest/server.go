@@ -445,11 +445,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Status = rec.status
 	s.mu.Lock()
+	if len(s.requests) >= maxRequestLog {
+		// A long-running qstash-dev must not grow without bound: keep the newer half.
+		s.requests = append(s.requests[:0], s.requests[maxRequestLog/2:]...)
+	}
 	s.requests = append(s.requests, req)
 	s.mu.Unlock()
 }
 
-// Requests returns every API request so far, in the order they were answered.
+// maxRequestLog bounds the request log Requests returns.
+const maxRequestLog = 1 << 17
+
+// Requests returns the API requests so far (the most recent 65,536 to 131,072 of them), in
+// the order they were answered.
 func (s *Server) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
