@@ -210,6 +210,9 @@ func deploymentText(msg string) (variable, hint string, ok bool) {
 	case strings.Contains(m, "flow-control-value"):
 		// upstash/qstash-js#245: the exact 400 text for a bad Upstash-Flow-Control-Value.
 		return "FLOW_CONTROL_PARALLELISM/FLOW_CONTROL_RATE/FLOW_CONTROL_PERIOD", "QStash refused the flow-control settings", true
+	case strings.Contains(m, "queue limit") || strings.Contains(m, "queue count"):
+		// The plan's queue count (pricing page); the local server's text for it.
+		return "FIFO_QUEUES/QSTASH_PLAN", "QStash refused a queue: more queues than the plan allows", true
 	case strings.Contains(m, "invalid token") || strings.Contains(m, "unauthorized"):
 		return "QSTASH_TOKEN", "QStash refused the token", true
 	}
@@ -311,12 +314,11 @@ func (p *Publisher) classify(e *APIError, n int) decision {
 	if v, hint, ok := deploymentText(e.Message); ok && e.StatusCode >= 400 && e.StatusCode < 500 {
 		return decision{answerDefer, p.deployment(v, hint, e)}
 	}
-	if messageStatus(e.StatusCode) {
-		if n > 1 {
-			return decision{kind: answerSplit}
-		}
-		return decision{answerFail, fmt.Errorf("publish qstash batch: %w", e)}
+	if messageStatus(e.StatusCode) && n > 1 {
+		return decision{kind: answerSplit}
 	}
+	// Alone, a message status is the message's fault (APIError.Permanent); anything else
+	// is transient.
 	return decision{answerFail, fmt.Errorf("publish qstash batch: %w", e)}
 }
 

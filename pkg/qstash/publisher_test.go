@@ -425,6 +425,7 @@ func TestPublishErrorClasses(t *testing.T) {
 					t.Fatalf("%v", err)
 				}
 			}},
+		{name: "200 item queue cap", answer: answer{200, nil, `[{"error":"queue limit reached: the free plan allows 10 queues"}]`, false}, n: 1, deferred: relay.DeferDeployment},
 		{name: "200 item bad destination", answer: answer{200, nil, `[{"error":"invalid destination url: x is not a loopback address"}]`, false}, n: 1, deferred: relay.DeferDeployment},
 		{name: "timeout", answer: answer{hang: true}, n: 1,
 			check: func(t *testing.T, err error) {
