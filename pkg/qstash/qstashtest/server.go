@@ -103,8 +103,7 @@ type Options struct {
 	QuotaMessages int
 	// QuotaWindow is the quota's period. Default DefaultQuotaWindow (a day).
 	QuotaWindow time.Duration
-	// Latency delays the answer to every API request (after the request is read, before
-	// it is handled), modelling the network round trip to QStash; LatencyJitter adds a
+	// Latency delays the answer to every API request (before it is handled), modelling the network round trip to QStash; LatencyJitter adds a
 	// uniform random extra in [0, LatencyJitter). Deliveries are not delayed.
 	Latency       time.Duration
 	LatencyJitter time.Duration
@@ -435,12 +434,12 @@ func (s *Server) WaitIdle(ctx context.Context) error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	req := Request{Method: r.Method, Path: r.URL.EscapedPath()}
+	s.delay(r.Context())
 	if r.ContentLength > maxBody {
 		// QStash's limit is on the body; refuse before reading it.
 		writeError(rec, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
 	} else {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &req.Bytes}
-		s.delay(r.Context())
 		s.route(rec, r, &req)
 	}
 	req.Status = rec.status
