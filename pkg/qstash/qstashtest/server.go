@@ -103,8 +103,9 @@ type Options struct {
 	QuotaMessages int
 	// QuotaWindow is the quota's period. Default DefaultQuotaWindow (a day).
 	QuotaWindow time.Duration
-	// Latency delays the answer to every API request (before it is handled), modelling the network round trip to QStash; LatencyJitter adds a
-	// uniform random extra in [0, LatencyJitter). Deliveries are not delayed.
+	// Latency delays the answer to every API request (before it is handled), modelling
+	// the network round trip to QStash; LatencyJitter adds a uniform random extra in
+	// [0, LatencyJitter). Deliveries are not delayed.
 	Latency       time.Duration
 	LatencyJitter time.Duration
 	// MaxInFlight caps delivery attempts in flight at once (QStash's per-plan
