@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -606,4 +607,32 @@ func TestFIFOInvalidMessageHoldsOnlyLaterOnes(t *testing.T) {
 		}
 	}
 	wantDelivered(t, srv, cons, 3)
+}
+
+// TestDeferralWinsOverHoldBack: in FIFO ordering, once a 429 has deferred the call, a
+// later message of a key that failed earlier is deferred too (no attempt spent), not held
+// back, and nothing more is sent.
+func TestDeferralWinsOverHoldBack(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) == 1 {
+			io.WriteString(w, `[{"error":"something nobody documented"}]`)
+			return
+		}
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":"daily quota exceeded"}`)
+	}))
+	t.Cleanup(fake.Close)
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: fake.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", Ordering: qstash.OrderingFIFO, MaxBatchItems: 1})
+	msgs := messages(1, 3, 2) // keys 0, 1, 0
+	res := p.Publish(context.Background(), msgs)
+	if res[0].Outcome() != relay.Retryable || res[1].Outcome() != relay.Deferred || res[2].Outcome() != relay.Deferred {
+		t.Fatalf("outcomes %v %v %v (%v), want retryable, deferred, deferred", res[0].Outcome(), res[1].Outcome(), res[2].Outcome(), res[2].Err)
+	}
+	if n.Load() != 2 {
+		t.Fatalf("%d requests, want 2", n.Load())
+	}
 }

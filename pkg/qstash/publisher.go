@@ -176,15 +176,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 			s.failKey(it.key)
 			continue
 		}
-		if s.failedKeys[it.key] {
-			// Checked again by send; here it keeps a held-back message from taking a
-			// place in a request.
-			s.results[it.index].Err = fmt.Errorf("publish outbox message %d: %w", msgs[it.index].ID, ErrHeldBack)
-			continue
-		}
 		n := int64(len(it.data)) + 1
 		if len(chunk) > 0 && (len(chunk) >= p.cfg.MaxBatchItems || size+n > p.cfg.MaxRequestBytes) {
 			flush()
+		}
+		if s.failedKeys[it.key] && s.deferred == nil {
+			// Checked again by send (for failures in the pending request); here it keeps
+			// a held-back message from taking a place in a request.
+			s.results[it.index].Err = fmt.Errorf("publish outbox message %d: %w", msgs[it.index].ID, ErrHeldBack)
+			continue
 		}
 		chunk = append(chunk, it)
 		size += n
@@ -213,6 +213,13 @@ func (s *publishCall) failKey(key string) {
 // send publishes one request's messages and fills their results, splitting the request
 // when QStash refuses it for one bad message.
 func (s *publishCall) send(ctx context.Context, chunk []encoded) {
+	if s.deferred != nil {
+		// Not attempted, whatever else holds them: no attempt is spent.
+		for _, it := range chunk {
+			s.results[it.index].Err = s.deferred
+		}
+		return
+	}
 	if s.failedKeys != nil {
 		kept := chunk[:0:0]
 		for _, it := range chunk {
@@ -225,12 +232,6 @@ func (s *publishCall) send(ctx context.Context, chunk []encoded) {
 		chunk = kept
 	}
 	if len(chunk) == 0 {
-		return
-	}
-	if s.deferred != nil {
-		for _, it := range chunk {
-			s.results[it.index].Err = s.deferred
-		}
 		return
 	}
 	res, apiErr := s.p.post(ctx, chunk)
