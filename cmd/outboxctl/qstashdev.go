@@ -83,7 +83,13 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("qstash-dev: %w", err)
 	}
 	defer srv.Close()
-	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n\n", srv.URL)
+	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n", srv.URL)
+	planName := *plan
+	if planName == "" {
+		planName = "none (as the official dev server)"
+	}
+	fmt.Fprintf(e.stdout, "plan limits: %s; batch errors: %s; daily quota: %d (0: none); latency: %v + [0, %v); max in flight: %d (0: plan's or none)\n\n",
+		planName, *batchErrors, *quota, *latency, *jitter, *maxInFlight)
 	fmt.Fprintf(e.stdout, "QSTASH_URL=%s\nQSTASH_TOKEN=%s\nQSTASH_CURRENT_SIGNING_KEY=%s\nQSTASH_NEXT_SIGNING_KEY=%s\n",
 		srv.URL, srv.Token, srv.CurrentSigningKey, srv.NextSigningKey)
 	<-ctx.Done()
