@@ -101,12 +101,8 @@ func (c *DLQClient) List(ctx context.Context, cursor string) ([]DLQEntry, string
 		return nil, "", fmt.Errorf("list qstash dlq: decode page: %w", err)
 	}
 	entries := make([]DLQEntry, 0, len(page.Messages))
-	for i, m := range page.Messages {
-		e, err := m.entry()
-		if err != nil {
-			return nil, "", fmt.Errorf("list qstash dlq: message %d (%s): %w", i, m.DLQID, err)
-		}
-		entries = append(entries, e)
+	for _, m := range page.Messages {
+		entries = append(entries, m.entry())
 	}
 	return entries, page.Cursor, nil
 }
@@ -192,73 +188,57 @@ type dlqMessageWire struct {
 	ResponseBodyBase64 *string         `json:"responseBodyBase64"`
 }
 
-func (m dlqMessageWire) entry() (DLQEntry, error) {
+// entry converts m leniently: a field in an unexpected form is left empty rather than
+// failing the page, so one odd entry cannot stop every later sync. An entry without ids, or
+// whose identity is unreadable, is then not recorded (Sync counts it as foreign).
+func (m dlqMessageWire) entry() DLQEntry {
 	e := DLQEntry{DLQID: m.DLQID, MessageID: m.MessageID, URL: m.URL, QueueName: m.QueueName,
 		FlowControlKey: m.FlowControlKey, DeduplicationID: m.DeduplicationID}
-	var err error
-	if e.Header, err = wireHeader(m.Header); err != nil {
-		return e, fmt.Errorf("header: %w", err)
-	}
-	if e.ResponseHeader, err = wireHeader(m.ResponseHeader); err != nil {
-		return e, fmt.Errorf("responseHeader: %w", err)
-	}
-	if e.Body, err = wireBody(m.Body, m.BodyBase64); err != nil {
-		return e, fmt.Errorf("bodyBase64: %w", err)
-	}
-	if e.ResponseBody, err = wireBody(m.ResponseBody, m.ResponseBodyBase64); err != nil {
-		return e, fmt.Errorf("responseBodyBase64: %w", err)
-	}
-	if e.MaxRetries, err = wireInt(m.MaxRetries); err != nil {
-		return e, fmt.Errorf("maxRetries: %w", err)
-	}
-	if e.ResponseStatus, err = wireInt(m.ResponseStatus); err != nil {
-		return e, fmt.Errorf("responseStatus: %w", err)
-	}
-	if e.DLQID == "" || e.MessageID == "" {
-		return e, errors.New("no dlqId or messageId")
-	}
-	return e, nil
+	e.Header = wireHeader(m.Header)
+	e.ResponseHeader = wireHeader(m.ResponseHeader)
+	e.Body = wireBody(m.Body, m.BodyBase64)
+	e.ResponseBody = wireBody(m.ResponseBody, m.ResponseBodyBase64)
+	e.MaxRetries = wireInt(m.MaxRetries)
+	e.ResponseStatus = wireInt(m.ResponseStatus)
+	return e
 }
 
-// wireHeader accepts {"k": ["v"]} and {"k": "v"}.
-func wireHeader(raw json.RawMessage) (http.Header, error) {
+// wireHeader accepts {"k": ["v"]} and {"k": "v"}; other values are dropped.
+func wireHeader(raw json.RawMessage) http.Header {
 	h := http.Header{}
-	if len(raw) == 0 || string(raw) == "null" {
-		return h, nil
-	}
 	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, err
+	if json.Unmarshal(raw, &m) != nil {
+		return h
 	}
 	for k, v := range m {
 		var list []string
-		if err := json.Unmarshal(v, &list); err != nil {
+		if json.Unmarshal(v, &list) != nil {
 			var one string
-			if err := json.Unmarshal(v, &one); err != nil {
-				return nil, fmt.Errorf("%s is neither a string nor a list of strings", k)
+			if json.Unmarshal(v, &one) != nil {
+				continue
 			}
 			list = []string{one}
 		}
 		h[http.CanonicalHeaderKey(k)] = list
 	}
-	return h, nil
+	return h
 }
 
-func wireBody(text, b64 *string) ([]byte, error) {
-	switch {
-	case text != nil && *text != "":
-		return []byte(*text), nil
-	case b64 != nil:
-		return base64.StdEncoding.DecodeString(*b64)
+// wireBody returns the UTF-8 text form, else the decoded base64 form, else nil.
+func wireBody(text, b64 *string) []byte {
+	if text != nil && *text != "" {
+		return []byte(*text)
 	}
-	return nil, nil
+	if b64 != nil {
+		if b, err := base64.StdEncoding.DecodeString(*b64); err == nil {
+			return b
+		}
+	}
+	return nil
 }
 
-// wireInt accepts a number, a numeric string, null or nothing (0).
-func wireInt(raw json.RawMessage) (int, error) {
-	raw = bytes.Trim(raw, `"`)
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, nil
-	}
-	return strconv.Atoi(string(raw))
+// wireInt accepts a number or a numeric string; anything else is 0.
+func wireInt(raw json.RawMessage) int {
+	n, _ := strconv.Atoi(string(bytes.Trim(raw, `"`)))
+	return n
 }

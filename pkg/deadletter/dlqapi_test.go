@@ -35,7 +35,9 @@ func TestDLQClientDecodesDocumentedShapes(t *testing.T) {
 				"queueName":"outbox-2","responseStatus":500,"responseHeader":{"Retry-After":"10"},
 				"responseBodyBase64":"/w=="}]}`))
 		default:
-			_, _ = w.Write([]byte(`{"messages":[{"dlqId":"d2","messageId":"msg_2","url":"https://x/","bodyBase64":"AAE=","responseBody":"oops"}]}`))
+			// The second entry has every field in a form QStash does not document.
+			_, _ = w.Write([]byte(`{"messages":[{"dlqId":"d2","messageId":"msg_2","url":"https://x/","bodyBase64":"AAE=","responseBody":"oops"},
+				{"dlqId":"d3","header":{"X-Outbox-Id":7,"A":["b"]},"bodyBase64":"%%%","maxRetries":"many","responseStatus":{}}]}`))
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -52,8 +54,13 @@ func TestDLQClientDecodesDocumentedShapes(t *testing.T) {
 		t.Fatalf("entry %+v", e)
 	}
 	page, next, err = c.List(ctx, next)
-	if err != nil || next != "" || len(page) != 1 || string(page[0].Body) != "\x00\x01" || string(page[0].ResponseBody) != "oops" {
+	if err != nil || next != "" || len(page) != 2 || string(page[0].Body) != "\x00\x01" || string(page[0].ResponseBody) != "oops" {
 		t.Fatalf("last page: %+v %q %v", page, next, err)
+	}
+	// An odd entry does not fail the page: what cannot be read is left empty.
+	if odd := page[1]; odd.DLQID != "d3" || odd.MessageID != "" || odd.Header.Get("X-Outbox-Id") != "" || odd.Header.Get("A") != "b" ||
+		odd.Body != nil || odd.MaxRetries != 0 || odd.ResponseStatus != 0 {
+		t.Fatalf("odd entry %+v", odd)
 	}
 	if n, err := c.Delete(ctx, []string{"a", "b"}); err != nil || n != 2 {
 		t.Fatalf("delete: %d %v", n, err)

@@ -193,6 +193,9 @@ type matcher struct {
 }
 
 func (m matcher) match(e DLQEntry) (entryIdentity, bool) {
+	if e.MessageID == "" || e.DLQID == "" {
+		return entryIdentity{}, false
+	}
 	dest, query, _ := strings.Cut(e.URL, "?")
 	topic, ok := strings.CutPrefix(dest, m.base)
 	if !ok || topic == "" || strings.Contains(topic, "/") {

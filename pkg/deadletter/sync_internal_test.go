@@ -53,7 +53,9 @@ func TestMatcher(t *testing.T) {
 		{"dedup id of another event", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "outbox-70"}, false, 0, nil, ""},
 		{"dedup id of another generation", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=1", DeduplicationID: "outbox-7-r2"}, false, 0, nil, ""},
 	} {
-		id, ok := c.m.match(c.e)
+		e := c.e
+		e.MessageID, e.DLQID = "msg_1", "1725323658779-0"
+		id, ok := c.m.match(e)
 		if ok != c.ok {
 			t.Errorf("%s: match = %v, want %v", c.name, ok, c.ok)
 			continue
@@ -63,6 +65,15 @@ func TestMatcher(t *testing.T) {
 		}
 		if id.outboxID != c.id || id.topic != c.topic || (id.generation == nil) != (c.gen == nil) || (c.gen != nil && *id.generation != *c.gen) {
 			t.Errorf("%s: identity %+v (gen %v), want %d %v %q", c.name, id, id.generation, c.id, c.gen, c.topic)
+		}
+	}
+	// An entry without its ids cannot be recorded once per message: it is not taken.
+	for _, e := range []DLQEntry{
+		{DLQID: "d", URL: base + "t?outbox_id=1&generation=0"},
+		{MessageID: "m", URL: base + "t?outbox_id=1&generation=0"},
+	} {
+		if _, ok := ours.match(e); ok {
+			t.Errorf("entry without ids taken: %+v", e)
 		}
 	}
 }
