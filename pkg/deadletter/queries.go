@@ -29,17 +29,18 @@ LIMIT $8`
 	qGet = `SELECT` + letterColumns + ` FROM dead_letters d WHERE d.id = $1`
 
 	// qGroups groups the matching letters by failure fingerprint, largest group first; $8 is
-	// the limit. The newest letter of a group (max id) is its sample.
+	// the limit. The newest letter of a group (max id) is its sample, and its error pattern
+	// the group's (every letter of a group has the same one).
 	qGroups = `
 WITH g AS (
-    SELECT d.fingerprint, d.topic, d.source, d.status_code, d.error_pattern,
+    SELECT d.fingerprint, d.topic, d.source, d.status_code,
            count(*) AS n, count(*) FILTER (WHERE d.resolved_at IS NULL) AS open,
            min(d.created_at) AS first_seen, max(d.created_at) AS last_seen, max(d.id) AS sample_id
     FROM dead_letters d
     WHERE` + filterWhere + `
-    GROUP BY d.fingerprint, d.topic, d.source, d.status_code, d.error_pattern
+    GROUP BY d.fingerprint, d.topic, d.source, d.status_code
 )
-SELECT g.fingerprint, coalesce(g.topic, ''), g.source, g.status_code, g.error_pattern, g.n, g.open,
+SELECT g.fingerprint, coalesce(g.topic, ''), g.source, g.status_code, dead_letter_error_pattern(s.error), g.n, g.open,
        g.first_seen, g.last_seen, g.sample_id, s.error
 FROM g
 JOIN dead_letters s ON s.id = g.sample_id
