@@ -14,25 +14,21 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-)
 
-// DefaultDeploymentName is SyncConfig.Name's default: the name in every deduplication id
-// and queue name of a deployment that sets no OUTBOX_NAME.
-const DefaultDeploymentName = "outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
 
 // ResolutionSuperseded is the resolution of a letter Sync records for an event generation
 // the outbox row has left behind (it was redriven since): it is history, not work.
 const ResolutionSuperseded = "superseded"
 
-// Identity of an outbox message, as the relay publishes it: in the destination URL's query
-// (signed by QStash) or, for messages published before, in forwarded headers.
+// Identity of an outbox message published before it moved into the destination URL
+// (qstash.ParseIdentity): forwarded headers.
 const (
-	identityIDParam         = "outbox_id"
-	identityGenerationParam = "generation"
-	identityIDHeader        = "X-Outbox-Id"
-	identityGenHeader       = "X-Outbox-Generation"
-	upstashForwardPrefix    = "Upstash-Forward-"
-	nonRetryableHeader      = "Upstash-NonRetryable-Error"
+	identityIDHeader     = "X-Outbox-Id"
+	identityGenHeader    = "X-Outbox-Generation"
+	upstashForwardPrefix = "Upstash-Forward-"
+	nonRetryableHeader   = "Upstash-NonRetryable-Error"
 )
 
 // SyncConfig configures Sync. Zero fields take the defaults.
@@ -43,7 +39,7 @@ type SyncConfig struct {
 	// only entries whose URL is <DestinationBaseURL>/events/<topic> are this outbox's.
 	// Required.
 	DestinationBaseURL string
-	// Name is the deployment name (OUTBOX_NAME). Default DefaultDeploymentName. An entry
+	// Name is the deployment name (OUTBOX_NAME). Default qstash.DefaultName. An entry
 	// that shows a deduplication id other than <Name>-<id>[-r<generation>], or a queue
 	// other than <QueuePrefix>-<n>, belongs to another deployment and is left alone.
 	Name string
@@ -59,7 +55,7 @@ type SyncConfig struct {
 // WithDefaults returns c with zero fields set to their defaults.
 func (c SyncConfig) WithDefaults() SyncConfig {
 	if c.Name == "" {
-		c.Name = DefaultDeploymentName
+		c.Name = qstash.DefaultName
 	}
 	if c.QueuePrefix == "" {
 		c.QueuePrefix = c.Name
@@ -196,7 +192,7 @@ func (m matcher) match(e DLQEntry) (entryIdentity, bool) {
 	if e.MessageID == "" || e.DLQID == "" {
 		return entryIdentity{}, false
 	}
-	dest, query, _ := strings.Cut(e.URL, "?")
+	dest, _, _ := strings.Cut(e.URL, "?")
 	topic, ok := strings.CutPrefix(dest, m.base)
 	if !ok || topic == "" || strings.Contains(topic, "/") {
 		return entryIdentity{}, false
@@ -204,7 +200,7 @@ func (m matcher) match(e DLQEntry) (entryIdentity, bool) {
 	if t, err := url.PathUnescape(topic); err == nil {
 		topic = t
 	}
-	id, ok := identity(query, e)
+	id, ok := identity(e)
 	if !ok {
 		return entryIdentity{}, false
 	}
@@ -232,20 +228,15 @@ func validRedriveSuffix(s string, gen *int) bool {
 	return ok && err == nil && g > 0 && (gen == nil || *gen == g)
 }
 
-// identity reads outbox_id and generation from the URL query, else the forwarded headers.
-func identity(rawQuery string, e DLQEntry) (entryIdentity, bool) {
-	q, err := url.ParseQuery(rawQuery)
-	if err == nil && (q.Has(identityIDParam) || q.Has(identityGenerationParam)) {
-		ids, gens := q[identityIDParam], q[identityGenerationParam]
-		if len(ids) != 1 || len(gens) != 1 {
-			return entryIdentity{}, false
-		}
-		id, err1 := strconv.ParseInt(ids[0], 10, 64)
-		gen, err2 := strconv.Atoi(gens[0])
-		if err1 != nil || err2 != nil || id <= 0 || gen < 0 {
-			return entryIdentity{}, false
-		}
-		return entryIdentity{outboxID: id, generation: &gen}, true
+// identity reads the outbox identity from the URL (qstash.ParseIdentity), else, for a URL
+// without one, from the forwarded headers. A malformed identity is no identity.
+func identity(e DLQEntry) (entryIdentity, bool) {
+	id, err := qstash.ParseIdentity(e.URL)
+	if err == nil {
+		return entryIdentity{outboxID: id.OutboxID, generation: &id.Generation}, true
+	}
+	if !errors.Is(err, qstash.ErrNoIdentity) {
+		return entryIdentity{}, false
 	}
 	header := func(name string) string {
 		if v := e.Header.Get(name); v != "" {
@@ -253,11 +244,11 @@ func identity(rawQuery string, e DLQEntry) (entryIdentity, bool) {
 		}
 		return strings.TrimSpace(e.Header.Get(upstashForwardPrefix + name))
 	}
-	id, err := strconv.ParseInt(header(identityIDHeader), 10, 64)
-	if err != nil || id <= 0 {
+	outboxID, err := strconv.ParseInt(header(identityIDHeader), 10, 64)
+	if err != nil || outboxID <= 0 {
 		return entryIdentity{}, false
 	}
-	out := entryIdentity{outboxID: id}
+	out := entryIdentity{outboxID: outboxID}
 	if g, err := strconv.Atoi(header(identityGenHeader)); err == nil && g >= 0 {
 		out.generation = &g
 	}
