@@ -128,9 +128,30 @@ func (c *DLQClient) Delete(ctx context.Context, ids []string) (int, error) {
 	return deleted, nil
 }
 
+// maxRateLimitRetries bounds how often one DLQ request is retried after a 429: QStash's
+// management API has a per-second burst limit.
+const maxRateLimitRetries = 3
+
 func (c *DLQClient) do(ctx context.Context, method, pathQuery string) ([]byte, error) {
+	for try := 0; ; try++ {
+		body, retryAfter, err := c.once(ctx, method, pathQuery)
+		var apiErr *DLQAPIError
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || try == maxRateLimitRetries {
+			return body, err
+		}
+		select {
+		case <-time.After(retryAfter):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait out qstash rate limit: %w", ctx.Err())
+		}
+	}
+}
+
+// once sends one request; on a 429 it also returns how long to wait (Retry-After in
+// seconds, at most 5 s; 1 s without one).
+func (c *DLQClient) once(ctx context.Context, method, pathQuery string) ([]byte, time.Duration, error) {
 	if c.Token == "" {
-		return nil, errors.New("no QStash token (QSTASH_TOKEN)")
+		return nil, 0, errors.New("no QStash token (QSTASH_TOKEN)")
 	}
 	base := strings.TrimRight(c.BaseURL, "/")
 	if base == "" {
@@ -138,7 +159,7 @@ func (c *DLQClient) do(ctx context.Context, method, pathQuery string) ([]byte, e
 	}
 	req, err := http.NewRequestWithContext(ctx, method, base+pathQuery, nil)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	hc := c.HTTPClient
@@ -147,26 +168,30 @@ func (c *DLQClient) do(ctx context.Context, method, pathQuery string) ([]byte, e
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	// A page is at most 100 messages; their bodies are usually small, but the plans allow
 	// up to 50 MB each. Past this bound the decode fails rather than exhausting memory.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxDLQAnswerBytes))
 	if err != nil {
-		return nil, fmt.Errorf("read answer: %w", err)
+		return nil, 0, fmt.Errorf("read answer: %w", err)
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		msg := strings.Join(strings.Fields(string(body[:min(len(body), 200)])), " ")
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			msg = e.Error
-		}
-		return nil, &DLQAPIError{StatusCode: resp.StatusCode, Message: msg}
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return body, 0, nil
 	}
-	return body, nil
+	var e struct {
+		Error string `json:"error"`
+	}
+	msg := strings.Join(strings.Fields(string(body[:min(len(body), 200)])), " ")
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		msg = e.Error
+	}
+	wait := time.Second
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+		wait = min(time.Duration(s)*time.Second, 5*time.Second)
+	}
+	return nil, wait, &DLQAPIError{StatusCode: resp.StatusCode, Message: msg}
 }
 
 // dlqMessageWire is a DLQ message as QStash sends it: header values as lists (or strings),

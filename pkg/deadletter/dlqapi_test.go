@@ -2,10 +2,12 @@ package deadletter_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
@@ -16,8 +18,19 @@ import (
 // the bulk delete's query form.
 func TestDLQClientDecodesDocumentedShapes(t *testing.T) {
 	t.Parallel()
-	var queries []string
+	var (
+		queries []string
+		limited bool
+	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !limited && r.Method == http.MethodDelete {
+			// QStash's burst limit: the client waits Retry-After and sends it again.
+			limited = true
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"error":"too many requests"}`))
+			return
+		}
 		if r.Header.Get("Authorization") != "Bearer tok" {
 			w.WriteHeader(http.StatusUnauthorized)
 			_, _ = w.Write([]byte(`{"error":"invalid token"}`))
@@ -62,8 +75,8 @@ func TestDLQClientDecodesDocumentedShapes(t *testing.T) {
 		odd.Body != nil || odd.MaxRetries != 0 || odd.ResponseStatus != 0 {
 		t.Fatalf("odd entry %+v", odd)
 	}
-	if n, err := c.Delete(ctx, []string{"a", "b"}); err != nil || n != 2 {
-		t.Fatalf("delete: %d %v", n, err)
+	if n, err := c.Delete(ctx, []string{"a", "b"}); err != nil || n != 2 || !limited {
+		t.Fatalf("delete: %d %v (rate limited first: %v)", n, err, limited)
 	}
 	want := []string{"GET count=100", "GET count=100&cursor=c2", "DELETE dlqIds=a&dlqIds=b"}
 	if !slices.Equal(queries, want) {
@@ -90,5 +103,23 @@ func TestSyncStopsOnRepeatedCursor(t *testing.T) {
 	res, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{DLQ: dlq, DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
 	if err == nil || !strings.Contains(err.Error(), `cursor "same" again`) || dlq.calls != 2 || res.Foreign != 2 {
 		t.Fatalf("res %+v calls %d err %v", res, dlq.calls, err)
+	}
+}
+
+// TestDLQClientGivesUpOnLastingRateLimit: a 429 that does not end is an error after a
+// bounded number of tries.
+func TestDLQClientGivesUpOnLastingRateLimit(t *testing.T) {
+	t.Parallel()
+	var tries atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tries.Add(1)
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(srv.Close)
+	_, _, err := (&deadletter.DLQClient{BaseURL: srv.URL, Token: "tok"}).List(context.Background(), "")
+	var apiErr *deadletter.DLQAPIError
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || tries.Load() != 4 {
+		t.Fatalf("err %v after %d tries", err, tries.Load())
 	}
 }
