@@ -102,14 +102,25 @@ func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Poo
 	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger})
 }
 
-// observer counts every newly recorded dead letter (DeliveryDeadLetters, Function=failure):
-// the "any delivery dead letter" alarm watches it. Duplicated callbacks are not counted.
+// outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead
+// letter counts as DeliveryDeadLetters (the "any delivery dead letter" alarm); a refused
+// callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks
+// and transient failures (QStash retries them) are not counted.
+var outcomeMetric = map[string]string{
+	deadletter.OutcomeRecorded:     metrics.DeliveryDeadLetters,
+	deadletter.OutcomeUnauthorized: metrics.RejectedCallbacks,
+	deadletter.OutcomeMalformed:    metrics.RejectedCallbacks,
+	deadletter.OutcomeTooLarge:     metrics.RejectedCallbacks,
+}
+
+// observer writes one EMF line per counted callback outcome.
 func observer(em *metrics.EMF, logger *slog.Logger) func(outcome string) {
 	return func(outcome string) {
-		if outcome != deadletter.OutcomeRecorded {
+		name, ok := outcomeMetric[outcome]
+		if !ok {
 			return
 		}
-		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(metrics.DeliveryDeadLetters, 1)}}
+		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(name, 1)}}
 		if err := em.Record(ev); err != nil {
 			logger.Warn("record failure metric", slog.Any("error", err))
 		}

@@ -95,7 +95,10 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		PublicBaseURL: cfg.publicBaseURL,
 		Logger:        logger,
-		Observe:       observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
+		// The outbox shares this database: deliveries published before the message id
+		// moved into the signed URL are checked against it (README, Message identity).
+		Legacy:  webhook.LegacyOutbox(pool),
+		Observe: observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
 	})
 	if err != nil {
 		pool.Close()
@@ -105,23 +108,29 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 }
 
 // outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use.
-var outcomeMetric = map[string]string{
-	webhook.OutcomeProcessed:    metrics.Processed,
-	webhook.OutcomeDuplicate:    metrics.Duplicate,
-	webhook.OutcomePermanent:    metrics.PermanentFailure,
-	webhook.OutcomeTransient:    metrics.TransientFailure,
-	webhook.OutcomeUnauthorized: metrics.Unauthorized,
+// A refused request also counts as RejectedDeliveries, the metric the rejection alarm watches.
+var outcomeMetric = map[string][]string{
+	webhook.OutcomeProcessed:    {metrics.Processed},
+	webhook.OutcomeDuplicate:    {metrics.Duplicate},
+	webhook.OutcomePermanent:    {metrics.PermanentFailure},
+	webhook.OutcomeTransient:    {metrics.TransientFailure},
+	webhook.OutcomeUnauthorized: {metrics.Unauthorized, metrics.RejectedDeliveries},
+	webhook.OutcomeTooLarge:     {metrics.PermanentFailure, metrics.RejectedDeliveries},
 }
 
 // observer writes one EMF line per delivery (Function=webhook, plus Topic for registered
 // topics).
 func observer(em *metrics.EMF, logger *slog.Logger) func(topic, outcome string) {
 	return func(topic, outcome string) {
-		name, ok := outcomeMetric[outcome]
+		names, ok := outcomeMetric[outcome]
 		if !ok {
 			return
 		}
-		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: []metrics.Value{metrics.Count(name, 1)}}
+		values := make([]metrics.Value, len(names))
+		for i, n := range names {
+			values[i] = metrics.Count(n, 1)
+		}
+		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: values}
 		if err := em.Record(ev); err != nil {
 			logger.Warn("record webhook metric", slog.Any("error", err))
 		}
