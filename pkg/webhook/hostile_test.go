@@ -136,4 +136,3 @@ func TestSlowLorisBody(t *testing.T) {
 	}
 	t.Fatal("the server read a body trickled over several seconds to the end")
 }
-
