@@ -44,13 +44,16 @@ const (
 
 type config struct {
 	relayconfig.Config
+	// creds re-reads the database secret when the server refuses the password (a rotation);
+	// nil with a plain DATABASE_URL.
+	creds *awsenv.Credentials
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
 	c, err := relayconfig.FromEnv(getenv)
-	return config{c}, err
+	return config{Config: c}, err
 }
 
 func main() {
@@ -61,6 +64,9 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
+	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
+		cfg.creds = awsenv.NewCredentials(read)
+	}
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load relay config", slog.Any("error", err))
@@ -86,7 +92,7 @@ func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Poo
 	if cfg.Linger > 0 {
 		conns++
 	}
-	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger})
+	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger, Credentials: cfg.creds})
 }
 
 // handler runs one invocation. pub nil means the QStash publisher from cfg.
@@ -98,6 +104,7 @@ type handler struct {
 	emf       *metrics.EMF
 	log       *slog.Logger
 	reserve   time.Duration
+	creds     *awsenv.Credentials
 }
 
 func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
@@ -124,6 +131,7 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   deadlineReserve,
+		creds:     cfg.creds,
 	}, nil
 }
 
@@ -186,6 +194,12 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	if err != nil {
 		h.log.Error("reject relay invocation", slog.Any("error", err))
 		return result{}, err
+	}
+	// A rotated database secret is re-read here, once, instead of failing every invocation
+	// until the environment is recycled. A failure is not fatal here: the task meets it
+	// and reports it.
+	if err := h.creds.Ready(ctx, h.pool); err != nil {
+		h.log.Warn("database not ready", slog.Any("error", err))
 	}
 	work := ctx
 	if dl, ok := ctx.Deadline(); ok {
