@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -68,6 +69,9 @@ func main() {
 		cfg.creds = awsenv.NewCredentials(read)
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if err == nil {
+		err = checkTimeout(getenv, cfg.Relay.DeadlineMargin)
+	}
 	if err != nil {
 		logger.Error("load relay config", slog.Any("error", err))
 		os.Exit(1)
@@ -84,6 +88,33 @@ func main() {
 		os.Exit(1)
 	}
 	lambda.Start(h.handle)
+}
+
+// checkTimeout refuses, at cold start, a function timeout that leaves the drain no time:
+// Drain claims no batch with less than margin (publish + mark timeout) left before the
+// deadline, and the handler keeps deadlineReserve of it back, so such a relay would claim
+// nothing on every tick, silently. The timeout is FUNCTION_TIMEOUT (seconds; the template
+// sets it from RelayTimeout), else AWS_LAMBDA_FUNCTION_TIMEOUT (set by the emulator and sam
+// local); with neither it is unknown and not checked.
+func checkTimeout(getenv func(string) string, margin time.Duration) error {
+	name, v := "FUNCTION_TIMEOUT", getenv("FUNCTION_TIMEOUT")
+	if v == "" {
+		name, v = "AWS_LAMBDA_FUNCTION_TIMEOUT", getenv("AWS_LAMBDA_FUNCTION_TIMEOUT")
+	}
+	if v == "" {
+		return nil
+	}
+	secs, err := strconv.Atoi(v)
+	if err != nil || secs <= 0 {
+		return fmt.Errorf("%s %q must be the function timeout in whole seconds", name, v)
+	}
+	timeout := time.Duration(secs) * time.Second
+	if left := timeout - deadlineReserve; left < margin {
+		return fmt.Errorf("relay function timeout %v (%s) leaves %v after the %v reserve, less than the drain's deadline margin %v "+
+			"(PUBLISH_TIMEOUT + mark timeout): no batch would ever be claimed; raise the timeout (RelayTimeout) to at least %v or lower PUBLISH_TIMEOUT",
+			timeout, name, left, deadlineReserve, margin, (margin + deadlineReserve).Round(time.Second))
+	}
+	return nil
 }
 
 // newPool opens the pool once per cold start.

@@ -121,6 +121,7 @@ func TestFromEnvConsistency(t *testing.T) {
 		"flow control in fifo":         {map[string]string{"ORDERING": "fifo", "FLOW_CONTROL_RATE": "5"}, []string{"flow control is for publish ordering"}},
 		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BackoffMax"}},
 		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30"}, []string{"QStash 30 retries"}},
+		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION 2h0m0s", "retry horizon"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
