@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -269,34 +267,5 @@ func TestValidFingerprint(t *testing.T) {
 		if err := deadletter.ValidFingerprint(fp); (err == nil) != ok {
 			t.Errorf("ValidFingerprint(%q) = %v", fp, err)
 		}
-	}
-}
-
-// TestMigrationFingerprintsExistingLetters: letters written before migration 0010 get their
-// fingerprint when it runs, the same one a letter written after it gets.
-func TestMigrationFingerprintsExistingLetters(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	sql, err := fs.ReadFile(migrations.FS, "0010_dead_letter_fingerprint.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Back to the schema before 0010 (dropping the function drops the column and index).
-	if _, err := db.Pool.Exec(ctx, `DROP FUNCTION dead_letter_error_pattern(text) CASCADE`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO dead_letters (source, topic, status_code, error) VALUES
-		('delivery', 'a', 500, 'timeout after 3s on order 1'), ('delivery', 'a', 500, 'timeout after 9s on order 22')`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, string(sql)); err != nil {
-		t.Fatalf("apply 0010 to a table with letters: %v", err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO dead_letters (source, topic, status_code, error) VALUES ('delivery', 'a', 500, 'timeout after 1s on order 5')`); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(t, db, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 1 {
-		t.Fatalf("%d fingerprints for one cause written before and after the migration", n)
 	}
 }
