@@ -76,10 +76,10 @@ func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Serie
 	diff := make([]int64, n+1)
 	oldest := make([]time.Time, n)
 	var (
-		kind, cb  int32
-		doneBucket       *int32
-		count     int64
-		minCreate time.Time
+		kind, cb   int32
+		doneBucket *int32
+		count      int64
+		minCreate  time.Time
 	)
 	_, err = pgx.ForEachRow(rows, []any{&kind, &cb, &doneBucket, &count, &minCreate}, func() error {
 		end := n // still pending: pending through the last bucket

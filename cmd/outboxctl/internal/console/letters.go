@@ -282,7 +282,7 @@ type redriveData struct {
 	Hidden  url.Values // the request's selection, for the confirm form
 	Result  deadletter.RedriveResult
 	DryRun  bool
-	Matched int // letters the selection matched (open or not)
+	Matched int  // letters the selection matched (open or not)
 	Empty   bool // nothing matched at all
 }
 

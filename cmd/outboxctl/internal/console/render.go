@@ -68,10 +68,16 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
-	"ms": func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
+	"ms":     func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
 	"pretty": func(b []byte) string { return prettyJSON(b) },
 	"upper":  strings.ToUpper,
-	"sum":    func(xs ...int) int { t := 0; for _, x := range xs { t += x }; return t },
+	"sum": func(xs ...int) int {
+		t := 0
+		for _, x := range xs {
+			t += x
+		}
+		return t
+	},
 }
 
 func loadPages() (*pages, error) {
