@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -155,8 +156,10 @@ type lettersData struct {
 	Filter   letterFilter
 	Letters  []deadletter.Letter
 	Problems []string
-	Next     string // query string of the next page, "" on the last
-	First    string // query string of the first page, "" on it
+	// Next and First link the next (older) page and the first page; "" when there is
+	// none. template.URL: the query is already encoded (url.Values.Encode).
+	Next  template.URL
+	First template.URL
 	Limit    int
 }
 
@@ -197,13 +200,10 @@ func (s *Server) letters(w http.ResponseWriter, r *http.Request) {
 		if limit != s.cfg.PageSize {
 			v.Set("limit", strconv.Itoa(limit))
 		}
-		data.Next = v.Encode()
+		data.Next = template.URL("/dead-letters?" + v.Encode()) //nolint:gosec // encoded by url.Values
 	}
 	if !cur.At.IsZero() {
-		data.First = f.values().Encode()
-		if data.First == "" {
-			data.First = "page=1"
-		}
+		data.First = template.URL("/dead-letters?" + f.values().Encode()) //nolint:gosec // encoded by url.Values
 	}
 	s.render(w, r, http.StatusOK, "letters", "Dead letters", data)
 }
