@@ -160,7 +160,7 @@ type lettersData struct {
 	// none. template.URL: the query is already encoded (url.Values.Encode).
 	Next  template.URL
 	First template.URL
-	Limit    int
+	Limit int
 }
 
 // letters lists dead letters, newest first, a keyset page at a time.
