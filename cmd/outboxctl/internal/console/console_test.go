@@ -356,6 +356,7 @@ func TestActionsNeedTheCSRFToken(t *testing.T) {
 		{"another browser's token", c, redriveForm(otherTok, "scope", "ids", "id", letter, "confirm", "1"), nil},
 		{"no cookie", &http.Client{}, redriveForm(tok, "scope", "ids", "id", letter, "confirm", "1"), nil},
 		{"cross-site origin", c, redriveForm(tok, "scope", "ids", "id", letter, "confirm", "1"), map[string]string{"Origin": "https://evil.example"}},
+		{"opaque origin", c, redriveForm(tok, "scope", "ids", "id", letter, "confirm", "1"), map[string]string{"Origin": "null"}},
 	}
 	for _, tc := range cases {
 		code, _, _ := post(t, tc.client, ts.URL, "/dead-letters/redrive", tc.form, tc.hdr)
