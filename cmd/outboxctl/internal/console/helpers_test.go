@@ -20,7 +20,7 @@ import (
 )
 
 // start serves a console for cfg (DB filled in from db) on an httptest server.
-func start(t *testing.T, db *pgtest.DB, cfg console.Config) *httptest.Server {
+func start(t testing.TB, db *pgtest.DB, cfg console.Config) *httptest.Server {
 	t.Helper()
 	cfg.DB = db.Pool
 	srv, err := console.New(cfg)
@@ -33,7 +33,7 @@ func start(t *testing.T, db *pgtest.DB, cfg console.Config) *httptest.Server {
 }
 
 // browser is an HTTP client with a cookie jar that does not follow redirects.
-func browser(t *testing.T) *http.Client {
+func browser(t testing.TB) *http.Client {
 	t.Helper()
 	jar, err := cookiejar.New(nil)
 	if err != nil {
@@ -45,7 +45,7 @@ func browser(t *testing.T) *http.Client {
 }
 
 // get fetches path and returns status and body.
-func get(t *testing.T, c *http.Client, base, path string) (int, string) {
+func get(t testing.TB, c *http.Client, base, path string) (int, string) {
 	t.Helper()
 	resp, err := c.Get(base + path)
 	if err != nil {
@@ -56,7 +56,7 @@ func get(t *testing.T, c *http.Client, base, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func post(t *testing.T, c *http.Client, base, path string, form url.Values, hdr map[string]string) (int, string, http.Header) {
+func post(t testing.TB, c *http.Client, base, path string, form url.Values, hdr map[string]string) (int, string, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(form.Encode()))
 	if err != nil {
@@ -78,7 +78,7 @@ func post(t *testing.T, c *http.Client, base, path string, form url.Values, hdr 
 var csrfRE = regexp.MustCompile(`<meta name="csrf-token" content="([^"]+)">`)
 
 // csrfToken loads path with c (setting the CSRF cookie) and returns the page's token.
-func csrfToken(t *testing.T, c *http.Client, base, path string) string {
+func csrfToken(t testing.TB, c *http.Client, base, path string) string {
 	t.Helper()
 	code, body := get(t, c, base, path)
 	m := csrfRE.FindStringSubmatch(body)
@@ -88,7 +88,7 @@ func csrfToken(t *testing.T, c *http.Client, base, path string) string {
 	return m[1]
 }
 
-func mustContain(t *testing.T, body string, want ...string) {
+func mustContain(t testing.TB, body string, want ...string) {
 	t.Helper()
 	for _, w := range want {
 		if !strings.Contains(body, w) {
@@ -97,7 +97,7 @@ func mustContain(t *testing.T, body string, want ...string) {
 	}
 }
 
-func mustNotContain(t *testing.T, body string, unwanted ...string) {
+func mustNotContain(t testing.TB, body string, unwanted ...string) {
 	t.Helper()
 	for _, w := range unwanted {
 		if strings.Contains(body, w) {
