@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 
@@ -54,14 +55,23 @@ func runUI(ctx context.Context, e env, args []string) error {
 
 // serveConsole listens on cfg.Listen, prints the console's URL and serves until ctx ends.
 func serveConsole(ctx context.Context, e env, cfg console.Config) error {
+	srv, ln, err := listenConsole(e.stdout, cfg)
+	if err != nil {
+		return err
+	}
+	return srv.Serve(ctx, ln)
+}
+
+// listenConsole builds the console, opens its listener and prints its URL and mode to w.
+func listenConsole(w io.Writer, cfg console.Config) (*console.Server, net.Listener, error) {
 	srv, err := console.New(cfg)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return nil, nil, &exitError{code: 2, err: err}
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen for the console: %w", err)
+		return nil, nil, fmt.Errorf("listen for the console: %w", err)
 	}
-	srv.Banner(e.stdout, "http://"+ln.Addr().String()+"/")
-	return srv.Serve(ctx, ln)
+	srv.Banner(w, "http://"+ln.Addr().String()+"/")
+	return srv, ln, nil
 }

@@ -111,3 +111,74 @@ func TestOpenPoolReadsTheAWSReferences(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 }
+
+func TestDevUIServesTheConsoleWhileTheStackRuns(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	var out, errb lockedBuffer
+	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "DATABASE_URL" {
+			return pgtest.URL()
+		}
+		return ""
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, e, []string{"dev", "--ui", "--ui-listen", "127.0.0.1:0", "--events", "40", "--keys", "5", "--poison", "5"})
+	}()
+
+	// The URL is printed, and the console shows the stack's two poison dead letters once
+	// the pipeline has handled them; the stack stays up (--ui implies --forever).
+	deadline := time.Now().Add(2 * time.Minute)
+	var url string
+	for {
+		if url == "" {
+			if m := consoleURLRE.FindStringSubmatch(out.String()); m != nil {
+				url = m[1]
+			}
+		}
+		if url != "" {
+			resp, err := http.Get(url)
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK && strings.Contains(string(body), `id="fig-dead">2<`) {
+					break
+				}
+			}
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited with %d while the console was expected: %s %s", code, out.String(), errb.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("console at %q never showed 2 dead letters; output %q", url, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "redrive: ENABLED") {
+		t.Errorf("banner: %q", out.String())
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("dev exited with %d after Ctrl-C: %s", code, errb.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("dev did not stop")
+	}
+	if _, err := http.Get(url); err == nil {
+		t.Fatal("the console still answers after the stack stopped")
+	}
+}
+
+func TestDevUIRefusesANonLoopbackAddress(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCLI(t, "", "dev", "--ui", "--ui-listen", "0.0.0.0:8089")
+	if code != 2 || !strings.Contains(stderr, "--ui-listen must be a loopback") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}
