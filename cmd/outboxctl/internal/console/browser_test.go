@@ -26,7 +26,25 @@ import (
 // ChromiumPath is Debian's chromium package, which .ci/run installs.
 const chromiumPath = "/usr/bin/chromium"
 
-var updateDocs = flag.Bool("update-docs", false, "write the overview screenshot of the browser test to docs/console.png")
+var updateDocs = flag.Bool("update-docs", false, "write the overview screenshot of the browser test to docs/console.png, "+
+	"after adding three hours of history (docsHistory) so the chart has something to show")
+
+// docsHistory adds three hours of dispatched traffic (about 100 events a minute, varying)
+// with a 25-minute relay outage 100 to 75 minutes ago, drained at once when it ended: the
+// backlog and the oldest age climb, then fall. Only for the README's picture; the test's
+// assertions do not depend on it.
+const docsHistory = `
+INSERT INTO outbox (topic, partition_key, payload, created_at, available_at, dispatched_at, attempts)
+SELECT 'order.created', 'customer-' || (g % 50), jsonb_build_object('order_id', 'h-' || g, 'amount_cents', 1200, 'currency', 'EUR'),
+       t, t,
+       CASE WHEN t >= now() - interval '100 minutes' AND t < now() - interval '75 minutes'
+            THEN now() - interval '75 minutes' + (g % 900) * interval '60 ms'
+            ELSE t + interval '45 ms' END,
+       1
+FROM generate_series(1, 18000) g,
+     LATERAL (SELECT g / 18000.0 AS x) x,
+     LATERAL (SELECT now() - interval '3 hours' + interval '3 hours' * (x.x + 0.3 * sin(12 * pi() * x.x) / (12 * pi())) AS t) c
+WHERE c.t < now() - interval '1 minute'`
 
 // screenshotDir is where the browser test writes its screenshots: $ARTIFACTS_DIR/screenshots
 // when CI sets it, else tmp/screenshots at the module root (ignored by git).
@@ -135,6 +153,11 @@ func TestBrowserFindsAndRedrivesADeadLetter(t *testing.T) {
 	before := stateOf(t, db, target)
 	if before.Pending || before.OpenLetters != 1 {
 		t.Fatalf("fixture: %+v", before)
+	}
+	if *updateDocs {
+		if _, err := db.Pool.Exec(context.Background(), docsHistory); err != nil {
+			t.Fatalf("docs history: %v", err)
+		}
 	}
 	ts := start(t, db, console.Config{AllowRedrive: true})
 	shots := screenshotDir(t)
