@@ -69,32 +69,36 @@ func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Serie
 	start := now.Truncate(rg.Bucket).Add(-time.Duration(n-1) * rg.Bucket)
 	s := Series{Start: start, Now: now, Bucket: rg.Bucket, Pending: make([]int64, n), OldestAge: make([]time.Duration, n),
 		Dispatched: make([]float64, n), DeadLettered: make([]int64, n)}
-	rows, err := db.Query(ctx, qChart, pgx.QueryExecModeExec, start, rg.Bucket.Seconds())
+	rows, err := db.Query(ctx, qChart, pgx.QueryExecModeExec, start, rg.Bucket)
 	if err != nil {
 		return Series{}, fmt.Errorf("query chart: %w", err)
 	}
 	diff := make([]int64, n+1)
 	oldest := make([]time.Time, n)
+	// index turns a bucket start into its index: -1 before the window.
+	index := func(t time.Time) int { return max(int(t.Sub(start)/rg.Bucket), -1) }
 	var (
-		kind, cb   int32
-		doneBucket *int32
-		count      int64
-		minCreate  time.Time
+		kind      int32
+		created   time.Time
+		done      *time.Time
+		count     int64
+		minCreate time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &cb, &doneBucket, &count, &minCreate}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&kind, &created, &done, &count, &minCreate}, func() error {
 		end := n // still pending: pending through the last bucket
-		if doneBucket != nil {
-			end = min(int(*doneBucket), n)
-			if *doneBucket >= 0 && int(*doneBucket) < n {
+		if done != nil {
+			doneAt := index(*done)
+			end = min(doneAt, n)
+			if doneAt >= 0 && doneAt < n {
 				switch kind {
 				case kindDispatched:
-					s.Dispatched[*doneBucket] += float64(count)
+					s.Dispatched[doneAt] += float64(count)
 				case kindDeadLettered:
-					s.DeadLettered[*doneBucket] += count
+					s.DeadLettered[doneAt] += count
 				}
 			}
 		}
-		from := max(int(cb), 0)
+		from := max(index(created), 0)
 		if from >= end {
 			return nil // created and gone within one bucket, or created after now (clock skew)
 		}

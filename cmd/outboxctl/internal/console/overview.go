@@ -1,8 +1,10 @@
 package console
 
 import (
+	"errors"
 	"html/template"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/health"
@@ -29,14 +31,20 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.queryContext(r)
 	defer cancel()
 	began := time.Now()
-	rep, err := health.Collect(ctx, s.cfg.DB)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	rg := pickRange(r.URL.Query().Get("range"))
-	series, err := loadSeries(ctx, s.cfg.DB, rg, s.cfg.Now())
-	if err != nil {
+	// The report and the chart are independent reads, each a pending-index scan: on two
+	// connections at once the page costs the slower of them, not their sum.
+	var (
+		rep       health.Report
+		series    Series
+		repErr    error
+		seriesErr error
+		wg        sync.WaitGroup
+	)
+	wg.Go(func() { rep, repErr = health.Collect(ctx, s.cfg.DB) })
+	wg.Go(func() { series, seriesErr = loadSeries(ctx, s.cfg.DB, rg, s.cfg.Now()) })
+	wg.Wait()
+	if err := errors.Join(repErr, seriesErr); err != nil {
 		s.fail(w, r, err)
 		return
 	}
