@@ -152,7 +152,7 @@ func explainConsoleQueries(b *testing.B, db *pgtest.DB) {
 		sql  string
 		args []any
 	}{
-		{"chart", console.QChart, []any{start, 60.0}},
+		{"chart", console.QChart, []any{start, time.Minute}},
 		{"open letters", console.QOpenLetterIDs, []any{"order.created", nil, nil, nil, nil, nil, nil, 51}},
 		{"open letters page 2", console.QOpenLetterIDs, []any{nil, nil, nil, nil, nil, time.Now().Add(-time.Hour), int64(1 << 40), 51}},
 		{"all letters", console.QAllLetterIDs, []any{nil, "customer-7", nil, nil, nil, nil, nil, 51}},
