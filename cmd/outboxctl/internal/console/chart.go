@@ -2,10 +2,13 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"html/template"
 	"math"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,6 +62,30 @@ const (
 	kindDeadLettered
 )
 
+// chartRow is one group of qChartPending or qChartDispatched.
+type chartRow struct {
+	Kind       int32
+	Created    time.Time  // bucket the rows became pending in
+	Done       *time.Time // bucket they left the backlog in; nil while pending
+	Count      int64
+	MinCreated time.Time
+}
+
+func chartRows(ctx context.Context, db DB, q string, start time.Time, bucket time.Duration) ([]chartRow, error) {
+	rows, err := db.Query(ctx, q, pgx.QueryExecModeExec, start, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("query chart: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (chartRow, error) {
+		var r chartRow
+		return r, row.Scan(&r.Kind, &r.Created, &r.Done, &r.Count, &r.MinCreated)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("query chart: %w", err)
+	}
+	return out, nil
+}
+
 // loadSeries reads the window ending at now and rebuilds the three series. Pending at a
 // time t counts every row created by t and not yet dispatched or dead-lettered at t: the
 // rows still pending, plus those that left the backlog inside the window (rows that left it
@@ -69,50 +96,48 @@ func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Serie
 	start := now.Truncate(rg.Bucket).Add(-time.Duration(n-1) * rg.Bucket)
 	s := Series{Start: start, Now: now, Bucket: rg.Bucket, Pending: make([]int64, n), OldestAge: make([]time.Duration, n),
 		Dispatched: make([]float64, n), DeadLettered: make([]int64, n)}
-	rows, err := db.Query(ctx, qChart, pgx.QueryExecModeExec, start, rg.Bucket)
-	if err != nil {
-		return Series{}, fmt.Errorf("query chart: %w", err)
+	// Both parts at once, on two connections.
+	var (
+		parts [2][]chartRow
+		errs  [2]error
+		wg    sync.WaitGroup
+	)
+	for i, q := range []string{qChartPending, qChartDispatched} {
+		wg.Go(func() { parts[i], errs[i] = chartRows(ctx, db, q, start, rg.Bucket) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return Series{}, err
 	}
 	diff := make([]int64, n+1)
 	oldest := make([]time.Time, n)
 	// index turns a bucket start into its index: -1 before the window.
 	index := func(t time.Time) int { return max(int(t.Sub(start)/rg.Bucket), -1) }
-	var (
-		kind      int32
-		created   time.Time
-		done      *time.Time
-		count     int64
-		minCreate time.Time
-	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &created, &done, &count, &minCreate}, func() error {
+	for _, r := range slices.Concat(parts[0], parts[1]) {
 		end := n // still pending: pending through the last bucket
-		if done != nil {
-			doneAt := index(*done)
+		if r.Done != nil {
+			doneAt := index(*r.Done)
 			end = min(doneAt, n)
 			if doneAt >= 0 && doneAt < n {
-				switch kind {
+				switch r.Kind {
 				case kindDispatched:
-					s.Dispatched[doneAt] += float64(count)
+					s.Dispatched[doneAt] += float64(r.Count)
 				case kindDeadLettered:
-					s.DeadLettered[doneAt] += count
+					s.DeadLettered[doneAt] += r.Count
 				}
 			}
 		}
-		from := max(index(created), 0)
+		from := max(index(r.Created), 0)
 		if from >= end {
-			return nil // created and gone within one bucket, or created after now (clock skew)
+			continue // created and gone within one bucket, or created after now (clock skew)
 		}
-		diff[from] += count
-		diff[end] -= count
+		diff[from] += r.Count
+		diff[end] -= r.Count
 		for i := from; i < end; i++ {
-			if oldest[i].IsZero() || minCreate.Before(oldest[i]) {
-				oldest[i] = minCreate
+			if oldest[i].IsZero() || r.MinCreated.Before(oldest[i]) {
+				oldest[i] = r.MinCreated
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return Series{}, fmt.Errorf("query chart: %w", err)
 	}
 	perMinute := rg.Bucket.Minutes()
 	var run int64

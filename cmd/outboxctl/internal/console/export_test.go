@@ -2,10 +2,11 @@ package console
 
 // The console's statements, for the benchmark's EXPLAIN checks.
 const (
-	QChart          = qChart
-	QOpenLetterIDs  = qOpenLetterIDs
-	QAllLetterIDs   = qAllLetterIDs
-	QEvent          = qEvent
-	QDedupe         = qDedupe
-	QEventLetterIDs = qEventLetterIDs
+	QChartPending    = qChartPending
+	QChartDispatched = qChartDispatched
+	QOpenLetterIDs   = qOpenLetterIDs
+	QAllLetterIDs    = qAllLetterIDs
+	QEvent           = qEvent
+	QDedupe          = qDedupe
+	QEventLetterIDs  = qEventLetterIDs
 )

@@ -6,29 +6,23 @@ package console
 // statement planned with the actual values), so a NULL filter folds away at plan time and
 // the index conditions stay usable; a cached generic plan could not use them.
 const (
-	// qChart returns the rows that were pending at some time in the window, grouped by the
-	// bucket they became pending in (cb) and the bucket they stopped being pending in (db,
-	// NULL while still pending), with their count and oldest created_at. Buckets are
-	// date_bin starts (integer arithmetic; extract(epoch) would be numeric, several times
-	// slower per row). Each part is aggregated on its own, in index order:
-	//   - rows still pending: outbox_pending_age_idx (partial, the backlog only);
-	//   - rows dispatched in the window: outbox_dispatched_idx range from $1;
-	//   - rows dead-lettered in the window: their open dead letters through
-	//     dead_letters_unresolved_idx, then the outbox primary key.
-	// None reads the outbox's history. $1 window start, $2 bucket width. kind: 0 pending,
-	// 1 dispatched, 2 dead-lettered.
-	qChart = `
+	// The chart's statements return the rows that were pending at some time in the window,
+	// grouped by the bucket they became pending in (cb) and the bucket they stopped being
+	// pending in (db, NULL while still pending), with their count and oldest created_at.
+	// Buckets are date_bin starts (integer arithmetic; extract(epoch) would be numeric,
+	// several times slower per row). None reads the outbox's history, and the two run
+	// concurrently. $1 window start, $2 bucket width. kind: 0 pending, 1 dispatched,
+	// 2 dead-lettered.
+	//
+	// qChartPending: rows still pending (outbox_pending_age_idx, partial: the backlog
+	// only), and rows dead-lettered in the window (their open dead letters through
+	// dead_letters_unresolved_idx, then the outbox primary key).
+	qChartPending = `
 SELECT 0 AS kind, date_bin($2::interval, o.created_at, $1::timestamptz) AS cb, NULL::timestamptz AS db,
        count(*), min(o.created_at)
 FROM outbox o
 WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
 GROUP BY 2
-UNION ALL
-SELECT 1, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dispatched_at, $1::timestamptz),
-       count(*), min(o.created_at)
-FROM outbox o
-WHERE o.dispatched_at >= $1::timestamptz
-GROUP BY 2, 3
 UNION ALL
 SELECT 2, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dead_lettered_at, $1::timestamptz),
        count(*), min(o.created_at)
@@ -36,6 +30,15 @@ FROM outbox o
 WHERE o.id IN (SELECT d.outbox_id FROM dead_letters d
                WHERE d.resolved_at IS NULL AND d.created_at >= $1::timestamptz)
   AND o.dead_lettered_at >= $1::timestamptz
+GROUP BY 2, 3`
+
+	// qChartDispatched: rows dispatched in the window (outbox_dispatched_idx range from
+	// $1). Its cost follows the dispatches in the window.
+	qChartDispatched = `
+SELECT 1, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dispatched_at, $1::timestamptz),
+       count(*), min(o.created_at)
+FROM outbox o
+WHERE o.dispatched_at >= $1::timestamptz
 GROUP BY 2, 3`
 
 	// letterWhere is the dead-letter filter of the list pages: $1 topic, $2 partition key,
