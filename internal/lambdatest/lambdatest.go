@@ -25,6 +25,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 )
 
 // InvokePath is the emulator's invoke endpoint.
@@ -122,7 +124,7 @@ type Function struct {
 	cmd    *exec.Cmd
 	mu     sync.Mutex // one invoke at a time: the emulator crashes on concurrent ones
 	client *http.Client
-	log    *syncBuffer
+	log    *logtest.Buffer
 	done   chan struct{}
 	err    error
 }
@@ -158,7 +160,7 @@ func start(rie string, opts Options) (*Function, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Function{URL: "http://" + addrs[0], log: &syncBuffer{}, done: make(chan struct{})}
+	f := &Function{URL: "http://" + addrs[0], log: &logtest.Buffer{}, done: make(chan struct{})}
 	f.client = &http.Client{Timeout: opts.Timeout + 30*time.Second}
 	var out io.Writer = f.log
 	if opts.Log != nil {
@@ -307,21 +309,4 @@ func freeAddrs(n int) ([]string, error) {
 		addrs = append(addrs, ln.Addr().String())
 	}
 	return addrs, nil
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -19,7 +19,7 @@ SELECT pg_total_relation_size('outbox'), pg_relation_size('outbox'),
        pg_relation_size('outbox_ready_idx'), pg_relation_size('outbox_pkey'),
        pg_relation_size('outbox_pending_key_idx')`
 
-	// The article's claim, shape A of limits.md: the lease lives in locked_until, claimed rows
+	// The article's claim: the lease lives in locked_until, so claimed rows
 	// stay at the front of outbox_ready_idx (filtered out one heap fetch at a time).
 	qArticleClaim = `
 UPDATE outbox o

@@ -13,26 +13,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
-
-// lockedBuffer collects log lines from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestLogsCarryNoSecrets runs the pipeline under faults with every component logging at
 // debug level into one buffer, sends forged and expired tokens to the webhook and the
@@ -46,7 +29,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	if url == db.URL {
 		t.Skipf("DATABASE_URL %q has a user or password of its own; cannot add the marker password", db.URL)
 	}
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	var secrets []string
