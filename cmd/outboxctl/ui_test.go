@@ -7,11 +7,30 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
+
+// lockedBuffer is a bytes.Buffer safe for the command's goroutine and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 func TestUIRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
 	t.Parallel()
