@@ -97,6 +97,8 @@ func BenchmarkPages(b *testing.B) {
 
 	pages := []struct{ name, path string }{
 		{"overview_3h", "/"},
+		{"overview_1h", "/?range=1h"},
+		{"overview_6h", "/?range=6h"},
 		{"overview_24h", "/?range=24h"},
 		{"dead_letters", "/dead-letters"},
 		{"dead_letters_by_topic_key", "/dead-letters?topic=order.created&key=customer-7"},
