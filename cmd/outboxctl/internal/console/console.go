@@ -217,7 +217,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          nil,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

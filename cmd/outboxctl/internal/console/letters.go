@@ -276,9 +276,7 @@ func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 }
 
 type redriveData struct {
-	Scope   string // "ids" or "filter"
-	IDs     []int64
-	Filter  letterFilter
+	Scope   string     // "ids" or "filter"
 	Hidden  url.Values // the request's selection, for the confirm form
 	Result  deadletter.RedriveResult
 	DryRun  bool
@@ -302,20 +300,21 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 	var df deadletter.Filter
 	switch d.Scope {
 	case "ids":
+		var ids []int64
 		for _, v := range form["id"] {
 			id, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if err != nil || id <= 0 {
 				s.problem(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a dead letter id.", v))
 				return
 			}
-			d.IDs = append(d.IDs, id)
+			ids = append(ids, id)
 			d.Hidden.Add("id", strconv.FormatInt(id, 10))
 		}
-		if len(d.IDs) == 0 {
+		if len(ids) == 0 {
 			s.problem(w, r, http.StatusBadRequest, "Select at least one dead letter to redrive.")
 			return
 		}
-		df = deadletter.Filter{IDs: d.IDs}
+		df = deadletter.Filter{IDs: ids}
 	case "filter":
 		f, problems := parseFilter(form, s.cfg.Now())
 		if len(problems) > 0 {
@@ -323,7 +322,7 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.IncludeResolved = false
-		d.Filter, d.Hidden = f, f.values()
+		d.Hidden = f.values()
 		var direct bool
 		if df, direct = f.deadletterFilter(); !direct {
 			ids, err := s.letterIDs(ctx, qOpenLetterIDsAll, append(f.args(cursor{}), s.cfg.RedriveCap+1))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -68,9 +69,8 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
-	"ms":     func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
-	"pretty": func(b []byte) string { return prettyJSON(b) },
-	"upper":  strings.ToUpper,
+	"ms":    func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
+	"upper": strings.ToUpper,
 	"sum": func(xs ...int) int {
 		t := 0
 		for _, x := range xs {
@@ -158,7 +158,9 @@ func (s *Server) problem(w http.ResponseWriter, r *http.Request, status int, msg
 // internals: the error may quote data.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	s.cfg.Logger.Error("console request", "path", r.URL.Path, "error", err.Error())
-	if r.Context().Err() == nil && strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
+	// pgconn does not always wrap the context's error; its text names it either way.
+	timedOut := errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), context.DeadlineExceeded.Error())
+	if r.Context().Err() == nil && timedOut {
 		s.problem(w, r, http.StatusGatewayTimeout, "The database did not answer in time.")
 		return
 	}
