@@ -31,6 +31,9 @@ func runDev(ctx context.Context, e env, args []string) error {
 	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
 	ui := fs.Bool("ui", false, "serve the operator console (outboxctl ui, redrive enabled) on --ui-listen while the stack runs; implies --forever")
 	uiListen := fs.String("ui-listen", console.DefaultListen, "loopback address of the console with --ui")
+	latency := fs.Duration("qstash-latency", 0, "built-in QStash: delay every API answer by this much (the round trip to a remote QStash)")
+	jitter := fs.Duration("qstash-latency-jitter", 0, "built-in QStash: add a random extra delay in [0, this)")
+	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,20 +73,23 @@ func runDev(ctx context.Context, e env, args []string) error {
 	}
 	pc := localstack.ProducerConfig{Events: *events, Rate: *rate, Keys: *keys, PoisonPercent: *poison}
 	opts := localstack.Options{
-		DatabaseURL:       e.getenv("DATABASE_URL"),
-		DataDir:           *dataDir,
-		QStashURL:         e.getenv("QSTASH_URL"),
-		QStashToken:       e.getenv("QSTASH_TOKEN"),
-		CurrentSigningKey: e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		NextSigningKey:    e.getenv("QSTASH_NEXT_SIGNING_KEY"),
-		Producer:          pc,
-		Ordering:          qstash.Ordering(*ordering),
-		Forever:           *forever,
-		Keep:              *keep,
-		Timeout:           *timeout,
-		Progress:          progress,
-		Terminal:          isTerminal(progress),
-		Logger:            logger,
+		DatabaseURL:         e.getenv("DATABASE_URL"),
+		DataDir:             *dataDir,
+		QStashURL:           e.getenv("QSTASH_URL"),
+		QStashToken:         e.getenv("QSTASH_TOKEN"),
+		CurrentSigningKey:   e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		NextSigningKey:      e.getenv("QSTASH_NEXT_SIGNING_KEY"),
+		Producer:            pc,
+		Ordering:            qstash.Ordering(*ordering),
+		QStashLatency:       *latency,
+		QStashLatencyJitter: *jitter,
+		QStashMaxInFlight:   *inFlight,
+		Forever:             *forever,
+		Keep:                *keep,
+		Timeout:             *timeout,
+		Progress:            progress,
+		Terminal:            isTerminal(progress),
+		Logger:              logger,
 	}
 	if *ui {
 		// The console is the point of --ui: the stack stays up until Ctrl-C. The dev schema

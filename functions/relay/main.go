@@ -98,15 +98,20 @@ type handler struct {
 	emf       *metrics.EMF
 	log       *slog.Logger
 	reserve   time.Duration
+	// ensureQueues, in FIFO ordering, sets up and checks the QStash queues; it runs before
+	// the first drain of a cold start and again until it succeeds.
+	ensureQueues func(context.Context) error
+	queuesReady  bool
 }
 
 func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
+	var ensure func(context.Context) error
 	if pub == nil {
 		p, err := qstash.NewPublisher(cfg.Publisher)
 		if err != nil {
 			return nil, err
 		}
-		pub = p
+		pub, ensure = p, p.EnsureQueues
 	}
 	rc := cfg.Relay
 	rc.Logger = logger
@@ -124,6 +129,8 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   deadlineReserve,
+
+		ensureQueues: ensure,
 	}, nil
 }
 
@@ -202,6 +209,16 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 }
 
 func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, error) {
+	if h.ensureQueues != nil && !h.queuesReady {
+		// A FIFO queue that is missing, paused or not at parallelism 1 would break per-key
+		// order or hold events: nothing is claimed until the queues are right.
+		if err := h.ensureQueues(work); err != nil {
+			err = fmt.Errorf("check qstash fifo queues: %w", err)
+			h.log.Error("refuse to drain", slog.Any("error", err))
+			return result{Task: taskDrain, DurationMS: time.Since(start).Milliseconds()}, err
+		}
+		h.queuesReady = true
+	}
 	var st relay.Stats
 	var err error
 	if h.linger > 0 {

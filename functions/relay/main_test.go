@@ -352,3 +352,31 @@ func keys(m map[string]string) []string {
 	}
 	return out
 }
+
+// TestFIFOQueuesCheckedAtColdStart: in fifo ordering the first drain creates the queues
+// with parallelism 1; a cold start that finds one paused refuses to drain, names the
+// queue, and claims nothing.
+func TestFIFOQueuesCheckedAtColdStart(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.env["ORDERING"], s.env["FIFO_QUEUES"], s.env["OUTBOX_NAME"] = "fifo", "3", "shop"
+	s.enqueue(t, 20)
+	if _, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, s.qs.URL+"/v2/queues/shop-1/pause", nil)
+	req.Header.Set("Authorization", "Bearer "+s.qs.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("pause: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	s.enqueue(t, 10)
+	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
+	if err == nil || !strings.Contains(err.Error(), "shop-1 is paused") || res.Claimed != 0 {
+		t.Fatalf("drain with a paused queue: %+v %v", res, err)
+	}
+	if n := s.count(t, "dispatched_at IS NULL AND attempts = 0"); n != 10 {
+		t.Fatalf("%d untouched rows, want the 10 new ones", n)
+	}
+}
