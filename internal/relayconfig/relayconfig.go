@@ -187,6 +187,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if err := retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries); err != nil {
 		p.errs = append(p.errs, err)
 	}
+	if err := retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries); err != nil {
+		p.errs = append(p.errs, err)
+	}
 	return c, errors.Join(p.errs...)
 }
 

@@ -130,6 +130,7 @@ func TestFromEnvConsistency(t *testing.T) {
 		"message size over the plan":   {map[string]string{"QSTASH_MAX_MESSAGE_BYTES": "2000000", "QSTASH_PLAN": "free"}, []string{"QSTASH_MAX_MESSAGE_BYTES: "}},
 		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL", "no path"}},
 		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL", "https"}},
+		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION 2h0m0s", "retry horizon"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
