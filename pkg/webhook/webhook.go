@@ -14,11 +14,16 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/receive"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // Defaults for Config.
@@ -104,6 +109,11 @@ type Config struct {
 	// Legacy, when set, is the fallback for deliveries published before the message id
 	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
 	Legacy LegacyCheck
+	// Tracer, when set, runs every verified delivery inside a consumer span
+	// (tracing.StartDelivery: the producer span's child on the first delivery, a new trace
+	// linked to it on a redelivery) with a child span around the inbox transaction. Nil
+	// turns tracing off at no cost.
+	Tracer trace.Tracer
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -237,12 +247,17 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	attempt, _ := strconv.Atoi(r.Header.Get(receive.HeaderRetried))
 	a.Log = a.Log.With(slog.String("message_id", id.MessageID()), slog.Int("generation", id.Generation),
 		slog.Int("attempt", attempt), slog.Bool("legacy_identity", legacy))
+	// The span starts only once the signature holds, so unsigned requests cannot make
+	// spans, and it is named after the label, so they cannot invent span names either.
+	// With a nil Tracer, span is the no-op span and ctx is the request's: nothing allocates.
+	ctx, span := tracing.StartDelivery(r.Context(), h.cfg.Tracer, r.Header, label, id.MessageID(), attempt)
+	defer span.End()
 	switch {
 	case !known:
-		a.Reply(replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
+		h.reply(a, span, replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
 		return
 	case !utf8.Valid(body) || !json.Valid(body): // json.Valid alone lets invalid UTF-8 through
-		a.Reply(replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
+		h.reply(a, span, replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
 		return
 	}
 
@@ -250,22 +265,73 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	headers.Del(receive.HeaderSignature)
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
-	outcome, err := inbox.HandleOnce(r.Context(), h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
-		return fn(ctx, tx, d)
-	}, inbox.Retried(attempt))
+	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
-		a.Reply(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
+		h.reply(a, span, replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
-		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
+		h.reply(a, span, replyProcessed, slog.LevelInfo, "webhook delivery processed")
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
-		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
+		h.reply(a, span, replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
 	case IsPermanent(err):
-		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
+		h.reply(a, span, replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
-		a.Reply(replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
+		h.reply(a, span, replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
+}
+
+// InboxOutcomeKey is the span attribute that says what the inbox did with a delivery:
+// inbox.Processed, Duplicate or Conflict as a word.
+const InboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
+
+// handleOnce runs fn once per message id in the inbox transaction, inside an "inbox
+// commit" span (the delivery span's child) when tracing is on, so spans the handler starts
+// from ctx nest under the transaction they commit with.
+func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, sum []byte) (inbox.Outcome, error) {
+	work := func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, d) }
+	if h.cfg.Tracer == nil {
+		return inbox.HandleOnce(ctx, h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum, work, inbox.Retried(d.Attempt))
+	}
+	ctx, span := h.cfg.Tracer.Start(ctx, "inbox commit", trace.WithAttributes(
+		semconv.DBSystemNamePostgreSQL, attribute.String("outbox.consumer", h.cfg.Consumer)))
+	defer span.End()
+	outcome, err := inbox.HandleOnce(ctx, h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum, work, inbox.Retried(d.Attempt))
+	if outcome != 0 {
+		span.SetAttributes(InboxOutcomeKey.String(outcome.String()))
+	}
+	if err != nil && outcome != inbox.Conflict {
+		// The handler's error text may quote the payload: spans get the class only.
+		class := "transient"
+		if IsPermanent(err) {
+			class = "permanent"
+		}
+		span.SetAttributes(semconv.ErrorTypeKey.String(class))
+		span.SetStatus(codes.Error, "inbox transaction rolled back")
+	}
+	return outcome, err
+}
+
+// reply answers rep and, when tracing is on, puts the answer on the delivery span: the
+// inbox outcome, the status code, and an error status for a 5xx (QStash retries it).
+// Error text never goes on a span; the reply's code does.
+func (h *Handler) reply(a *receive.Answer, span trace.Span, rep receive.Reply, level slog.Level, msg string, attrs ...any) {
+	if span.IsRecording() {
+		span.SetAttributes(semconv.HTTPResponseStatusCode(rep.Status))
+		switch rep {
+		case replyProcessed:
+			span.SetAttributes(InboxOutcomeKey.String(inbox.Processed.String()))
+		case replyDuplicate:
+			span.SetAttributes(InboxOutcomeKey.String(inbox.Duplicate.String()))
+		case replyConflict:
+			span.SetAttributes(InboxOutcomeKey.String(inbox.Conflict.String()))
+		}
+		if rep.Status >= http.StatusInternalServerError {
+			span.SetAttributes(semconv.ErrorTypeKey.String(rep.Code))
+			span.SetStatus(codes.Error, rep.Code)
+		}
+	}
+	a.Reply(rep, level, msg, attrs...)
 }
 
 // identity returns the message identity from the signed URL. Forwarded X-Outbox-Id or
