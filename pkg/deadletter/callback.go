@@ -9,9 +9,13 @@ import (
 	"net/url"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/receive"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // DefaultCallbackMaxBodyBytes bounds a failure-callback body: it carries the original body
@@ -50,6 +54,11 @@ type CallbackConfig struct {
 	// moved into the URL may still be linked to their outbox row through the source headers
 	// they report. Default: the legacy_identity window in Pool's database (LegacyOpen).
 	LegacyWindow func(ctx context.Context) (bool, error)
+	// Tracer, when set, records each verified callback in a span of its own trace, linked
+	// to the event's producer span (the traceparent among the source headers the callback
+	// reports), so the trace of an event that was dead-lettered leads to its letter. Nil
+	// turns tracing off.
+	Tracer trace.Tracer
 }
 
 // CallbackHandler records QStash failure callbacks as dead letters. Any path, POST only:
@@ -147,7 +156,17 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.Log = a.Log.With(slog.String("qstash_message_id", f.QStashMessageID), slog.Int64("outbox_id", f.OutboxID), slog.Bool("legacy_identity", legacy))
-	rec, err := Record(r.Context(), h.cfg.Pool, f)
+	ctx := r.Context()
+	if h.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = h.startSpan(ctx, f)
+		defer span.End()
+		a.Span = span
+	}
+	rec, err := Record(ctx, h.cfg.Pool, f)
+	if err == nil && a.Span != nil {
+		a.Span.SetAttributes(DeadLetterIDKey.Int64(rec.LetterID), attribute.Bool("outbox.dead_letter.created", rec.Created))
+	}
 	switch {
 	case err != nil:
 		a.Reply(replyTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
@@ -159,6 +178,59 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.Int64("dead_letter_id", rec.LetterID), slog.Int("destination_status", f.Status),
 			slog.Int("retried", f.Retried), slog.Bool("outbox_marked", rec.OutboxMarked))
 	}
+}
+
+// DeadLetterIDKey is the span attribute naming the dead letter a callback recorded (or
+// found recorded) and the letters a redrive resolved.
+const DeadLetterIDKey = attribute.Key("outbox.dead_letter.id")
+
+// startSpan starts the callback's span: a new trace (QStash calls back after its last
+// retry, long after the producer's trace ended) linked to the producer span the source
+// headers carry. Only ids and counts go on it, never the bodies.
+func (h *CallbackHandler) startSpan(ctx context.Context, f DeliveryFailure) (context.Context, trace.Span) {
+	topic := topicFromURL(f.URL)
+	if topic == "" {
+		topic = "unknown"
+	}
+	opts := []trace.SpanStartOption{
+		trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			semconv.MessagingSystemKey.String(tracing.MessagingSystem),
+			semconv.MessagingOperationName("dead_letter"),
+			semconv.MessagingDestinationName(topic),
+			attribute.Int64("outbox.id", f.OutboxID),
+			attribute.String("messaging.qstash.source_message_id", f.QStashMessageID),
+			attribute.Int("messaging.qstash.retried", f.Retried),
+			attribute.Int("outbox.destination_status", f.Status),
+		),
+	}
+	if l, ok := tracing.Link(producerHeaders(f.SourceHeader)); ok {
+		opts = append(opts, trace.WithLinks(l))
+	}
+	return h.cfg.Tracer.Start(ctx, "dead_letter "+topic, opts...)
+}
+
+// producerHeaders picks the W3C trace context out of a callback's source headers, whose
+// names come in any case, as delivered (Traceparent) or as published
+// (Upstash-Forward-Traceparent).
+func producerHeaders(m map[string][]string) map[string]string {
+	get := receive.HeaderMap(m)
+	value := func(name string) string {
+		if v := get(name); v != "" {
+			return v
+		}
+		return get(receive.HeaderForwardPrefix + name)
+	}
+	tp := value(tracing.TraceparentHeader)
+	if tp == "" {
+		return nil
+	}
+	h := map[string]string{tracing.TraceparentHeader: tp}
+	if ts := value(tracing.TracestateHeader); ts != "" {
+		h[tracing.TracestateHeader] = ts
+	}
+	return h
 }
 
 // legacyIdentity links a callback whose url carries no identity through the source

@@ -13,6 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // Sources of a dead letter.
@@ -241,10 +246,53 @@ func Plan(ctx context.Context, db Querier, f Filter) (RedriveResult, error) {
 // many letters match. Letters already resolved, letters whose outbox row is gone, and
 // unknown ids are reported in the result, not treated as errors. The consumer still
 // dedupes on the outbox id, so an event that was in fact processed is not applied twice.
-func Redrive(ctx context.Context, db Beginner, f Filter) (RedriveResult, error) {
+// With Traced, the redrive is a span linked to every redriven event's producer span.
+func Redrive(ctx context.Context, db Beginner, f Filter, opts ...RedriveOption) (RedriveResult, error) {
 	if f.empty() && !f.All {
 		return RedriveResult{}, ErrEmptyFilter
 	}
+	var o redriveOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tracer == nil {
+		return redrive(ctx, db, f, nil)
+	}
+	ctx, span := o.tracer.Start(ctx, "redrive dead letters", trace.WithAttributes(
+		attribute.String("outbox.dead_letter.filter.topic", f.Topic),
+		attribute.Int("outbox.dead_letter.filter.ids", len(f.IDs)),
+		attribute.Bool("outbox.dead_letter.filter.all", f.All)))
+	defer span.End()
+	res, err := redrive(ctx, db, f, span)
+	if err != nil {
+		span.SetStatus(codes.Error, "redrive rolled back")
+		return res, err
+	}
+	span.SetAttributes(
+		attribute.Int("outbox.dead_letter.redriven", len(res.Redriven)),
+		attribute.Int("outbox.dead_letter.already_pending", len(res.AlreadyPending)),
+		attribute.Int("outbox.dead_letter.already_resolved", len(res.AlreadyResolved)),
+		attribute.Int("outbox.dead_letter.outbox_missing", len(res.OutboxMissing)),
+		attribute.Int("outbox.dead_letter.not_found", len(res.NotFound)))
+	return res, nil
+}
+
+// RedriveOption adds to what Redrive does.
+type RedriveOption func(*redriveOptions)
+
+type redriveOptions struct {
+	tracer trace.Tracer
+}
+
+// Traced records the redrive in a span of tr, linked to the producer span of every
+// redriven event (the traceparent in its letter's headers), so an event's trace leads to
+// the redrive that sent it again. A nil tr leaves tracing off.
+func Traced(tr trace.Tracer) RedriveOption {
+	return func(o *redriveOptions) { o.tracer = tr }
+}
+
+// redrive is Redrive; span, when set, gets a link per redriven event's producer span.
+func redrive(ctx context.Context, db Beginner, f Filter, span trace.Span) (RedriveResult, error) {
 	var res RedriveResult
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, qSelectForRedrive+qLockSuffix, f.args()...)
@@ -289,12 +337,41 @@ func Redrive(ctx context.Context, db Beginner, f Filter) (RedriveResult, error) 
 		if _, err := tx.Exec(ctx, qResolve, ids, ResolutionRedriven); err != nil {
 			return fmt.Errorf("resolve dead letters: %w", err)
 		}
+		if span != nil && len(redriven) > 0 {
+			return linkProducers(ctx, tx, span, redriven)
+		}
 		return nil
 	})
 	if err != nil {
 		return RedriveResult{}, fmt.Errorf("redrive dead letters: %w", err)
 	}
 	return res, nil
+}
+
+// linkProducers links span to the producer span of each redriven letter's event.
+func linkProducers(ctx context.Context, tx pgx.Tx, span trace.Span, redriven []Redriven) error {
+	ids := make([]int64, len(redriven))
+	for i, r := range redriven {
+		ids[i] = r.LetterID
+	}
+	rows, err := tx.Query(ctx, qLetterHeaders, ids)
+	if err != nil {
+		return fmt.Errorf("read redriven letters' headers: %w", err)
+	}
+	var raw *string
+	_, err = pgx.ForEachRow(rows, []any{&raw}, func() error {
+		var h map[string]string
+		if raw != nil && json.Unmarshal([]byte(*raw), &h) == nil {
+			if l, ok := tracing.Link(h); ok {
+				span.AddLink(l)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read redriven letters' headers: %w", err)
+	}
+	return nil
 }
 
 // classify sorts the rows of qSelectForRedrive into a result; the Generation fields are

@@ -71,6 +71,10 @@ SET dispatched_at = NULL, dead_lettered_at = NULL, attempts = 0, available_at = 
 WHERE id = ANY($1::bigint[]) AND (dispatched_at IS NOT NULL OR dead_lettered_at IS NOT NULL)
 RETURNING id, generation`
 
+	// qLetterHeaders reads the headers (with the producer's traceparent) of redriven
+	// letters; a traced Redrive links their producer spans.
+	qLetterHeaders = `SELECT headers::text FROM dead_letters WHERE id = ANY($1::bigint[]) ORDER BY id`
+
 	qResolve = `
 UPDATE dead_letters
 SET resolved_at = now(), resolution = $2

@@ -9,6 +9,10 @@ import (
 	"net/url"
 	"strings"
 
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -89,10 +93,21 @@ type Answer struct {
 	Log *slog.Logger
 	// Observe, when set, is called once with the outcome.
 	Observe func(outcome string)
+	// Span, when set and recording, is the request's span: Reply puts the status code on
+	// it, and an error status with the reply's code for a 5xx (QStash retries those). The
+	// log line's error text never goes on the span: it may quote the payload.
+	Span trace.Span
 }
 
 // Reply writes rep and logs msg at level with attrs.
 func (a *Answer) Reply(rep Reply, level slog.Level, msg string, attrs ...any) {
+	if a.Span != nil && a.Span.IsRecording() {
+		a.Span.SetAttributes(semconv.HTTPResponseStatusCode(rep.Status))
+		if rep.Status >= http.StatusInternalServerError {
+			a.Span.SetAttributes(semconv.ErrorTypeKey.String(rep.Code))
+			a.Span.SetStatus(codes.Error, rep.Code)
+		}
+	}
 	rep.Write(a.W)
 	a.Log.Log(a.R.Context(), level, msg, append(attrs, slog.Int("status", rep.Status), slog.String("outcome", rep.Outcome))...)
 	if a.Observe != nil {

@@ -252,12 +252,13 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	// With a nil Tracer, span is the no-op span and ctx is the request's: nothing allocates.
 	ctx, span := tracing.StartDelivery(r.Context(), h.cfg.Tracer, r.Header, label, id.MessageID(), attempt)
 	defer span.End()
+	a.Span = span
 	switch {
 	case !known:
-		h.reply(a, span, replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
+		a.Reply(replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
 		return
 	case !utf8.Valid(body) || !json.Valid(body): // json.Valid alone lets invalid UTF-8 through
-		h.reply(a, span, replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
+		a.Reply(replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
 		return
 	}
 
@@ -266,18 +267,21 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
 	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
+	if outcome != 0 && span.IsRecording() {
+		span.SetAttributes(InboxOutcomeKey.String(outcome.String()))
+	}
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
-		h.reply(a, span, replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
+		a.Reply(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
-		h.reply(a, span, replyProcessed, slog.LevelInfo, "webhook delivery processed")
+		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
-		h.reply(a, span, replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
+		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
 	case IsPermanent(err):
-		h.reply(a, span, replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
+		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
-		h.reply(a, span, replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
+		a.Reply(replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
 }
 
@@ -310,28 +314,6 @@ func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, su
 		span.SetStatus(codes.Error, "inbox transaction rolled back")
 	}
 	return outcome, err
-}
-
-// reply answers rep and, when tracing is on, puts the answer on the delivery span: the
-// inbox outcome, the status code, and an error status for a 5xx (QStash retries it).
-// Error text never goes on a span; the reply's code does.
-func (h *Handler) reply(a *receive.Answer, span trace.Span, rep receive.Reply, level slog.Level, msg string, attrs ...any) {
-	if span.IsRecording() {
-		span.SetAttributes(semconv.HTTPResponseStatusCode(rep.Status))
-		switch rep {
-		case replyProcessed:
-			span.SetAttributes(InboxOutcomeKey.String(inbox.Processed.String()))
-		case replyDuplicate:
-			span.SetAttributes(InboxOutcomeKey.String(inbox.Duplicate.String()))
-		case replyConflict:
-			span.SetAttributes(InboxOutcomeKey.String(inbox.Conflict.String()))
-		}
-		if rep.Status >= http.StatusInternalServerError {
-			span.SetAttributes(semconv.ErrorTypeKey.String(rep.Code))
-			span.SetStatus(codes.Error, rep.Code)
-		}
-	}
-	a.Reply(rep, level, msg, attrs...)
 }
 
 // identity returns the message identity from the signed URL. Forwarded X-Outbox-Id or
