@@ -9,22 +9,14 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 )
-
-func spanRecorder(t *testing.T) (*tracetest.SpanRecorder, trace.Tracer) {
-	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return rec, tp.Tracer(tracing.InstrumentationName)
-}
 
 // enqueueTraced enqueues an event inside a producer span, as a traced service does, and
 // returns its id and the producer span.
@@ -41,12 +33,8 @@ func enqueueTraced(t *testing.T, db *pgtest.DB, tr trace.Tracer, n int) (int64, 
 }
 
 func attrOf(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
-	for _, kv := range s.Attributes() {
-		if kv.Key == key {
-			return kv.Value
-		}
-	}
-	return attribute.Value{}
+	v, _ := tracingtest.Attr(s, key)
+	return v
 }
 
 // TestCallbackSpanLinksProducer: a traced callback is a span of its own trace linked to
@@ -55,7 +43,7 @@ func attrOf(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
 func TestCallbackSpanLinksProducer(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	rec, tr := spanRecorder(t)
+	rec, tr := tracingtest.New(t)
 	h := newCallbackHandler(t, db, func(c *deadletter.CallbackConfig) { c.Tracer = tr })
 
 	for i, name := range []string{"Traceparent", "upstash-forward-traceparent"} {
@@ -113,7 +101,7 @@ func TestCallbackSpanLinksProducer(t *testing.T) {
 func TestRedriveSpanLinksProducers(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	rec, tr := spanRecorder(t)
+	rec, tr := tracingtest.New(t)
 	ctx := context.Background()
 
 	want := map[trace.SpanID]bool{}

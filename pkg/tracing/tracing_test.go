@@ -6,19 +6,16 @@ import (
 	"testing"
 
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 )
 
 func recorder(t *testing.T) (*tracetest.SpanRecorder, trace.Tracer) {
 	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return rec, tp.Tracer(tracing.InstrumentationName)
+	return tracingtest.New(t)
 }
 
 func TestInject(t *testing.T) { // not parallel: AllocsPerRun

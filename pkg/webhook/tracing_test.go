@@ -9,23 +9,20 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 // traced is a fixture whose handler records spans in rec.
 func traced(t *testing.T, handler webhook.HandlerFunc) (*fixture, *tracetest.SpanRecorder, trace.Tracer) {
 	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := tp.Tracer(tracing.InstrumentationName)
+	rec, tr := tracingtest.New(t)
 	f := newFixture(t, func(c *webhook.Config) {
 		c.Tracer = tr
 		if handler != nil {
@@ -42,15 +39,6 @@ func producer(t *testing.T, tr trace.Tracer) (trace.SpanContext, string) {
 	ctx, span := tr.Start(context.Background(), "place order")
 	span.End()
 	return span.SpanContext(), tracing.Inject(ctx, nil)[tracing.TraceparentHeader]
-}
-
-func attr(s sdktrace.ReadOnlySpan, key attribute.Key) (attribute.Value, bool) {
-	for _, kv := range s.Attributes() {
-		if kv.Key == key {
-			return kv.Value, true
-		}
-	}
-	return attribute.Value{}, false
 }
 
 // spansNamed returns the ended spans whose name starts with prefix, in end order.
@@ -112,13 +100,13 @@ func TestTracingFirstDeliveryAndRedelivery(t *testing.T) {
 	}
 	for i, want := range []string{"processed", "duplicate"} {
 		s := deliveries[i]
-		if v, _ := attr(s, webhook.InboxOutcomeKey); v.AsString() != want {
+		if v, _ := tracingtest.Attr(s, webhook.InboxOutcomeKey); v.AsString() != want {
 			t.Fatalf("delivery %d: %s = %q, want %q", i, webhook.InboxOutcomeKey, v.AsString(), want)
 		}
-		if v, _ := attr(commits[i], webhook.InboxOutcomeKey); v.AsString() != want {
+		if v, _ := tracingtest.Attr(commits[i], webhook.InboxOutcomeKey); v.AsString() != want {
 			t.Fatalf("commit %d: %s = %q, want %q", i, webhook.InboxOutcomeKey, v.AsString(), want)
 		}
-		if v, _ := attr(s, "http.response.status_code"); v.AsInt64() != http.StatusOK {
+		if v, _ := tracingtest.Attr(s, "http.response.status_code"); v.AsInt64() != http.StatusOK {
 			t.Fatalf("delivery %d: status code attribute %v, want 200", i, v.Emit())
 		}
 		if s.Status().Code == codes.Error {
@@ -166,17 +154,17 @@ func TestTracingErrorsAndSecrets(t *testing.T) {
 	if failed.Status().Code != codes.Error || commits[0].Status().Code != codes.Error {
 		t.Fatalf("failed delivery: span status %v, commit %v; want both errors", failed.Status(), commits[0].Status())
 	}
-	if v, _ := attr(failed, "http.response.status_code"); v.AsInt64() != http.StatusInternalServerError {
+	if v, _ := tracingtest.Attr(failed, "http.response.status_code"); v.AsInt64() != http.StatusInternalServerError {
 		t.Fatalf("failed delivery status attribute %s", v.Emit())
 	}
-	if v, _ := attr(commits[0], "error.type"); v.AsString() != "transient" {
+	if v, _ := tracingtest.Attr(commits[0], "error.type"); v.AsString() != "transient" {
 		t.Fatalf("failed commit error.type %q, want transient", v.AsString())
 	}
-	if _, ok := attr(failed, webhook.InboxOutcomeKey); ok {
+	if _, ok := tracingtest.Attr(failed, webhook.InboxOutcomeKey); ok {
 		t.Fatal("a rolled-back delivery has an inbox outcome")
 	}
 	conflict := deliveries[2]
-	if v, _ := attr(conflict, webhook.InboxOutcomeKey); v.AsString() != "conflict" || conflict.Status().Code == codes.Error {
+	if v, _ := tracingtest.Attr(conflict, webhook.InboxOutcomeKey); v.AsString() != "conflict" || conflict.Status().Code == codes.Error {
 		t.Fatalf("conflict: outcome %q status %v; want conflict, not an error (489 is QStash's answer, not a fault here)", v.AsString(), conflict.Status())
 	}
 
