@@ -6,7 +6,8 @@
 // FAILURE_PUBLIC_URL (the exact failure-callback URL the relay publishes; default: the
 // Function URL's own origin plus the request path), MAX_BODY_BYTES (default 4 MiB),
 // LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
-// LISTEN_ADDR (optional).
+// LISTEN_ADDR (optional); tracing: the standard OTEL_* variables (package telemetry;
+// off unless an OTLP exporter is configured).
 package main
 
 import (
@@ -18,12 +19,14 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 // maxConns: one Lambda environment serves one invoke at a time.
@@ -35,6 +38,8 @@ type config struct {
 	// nil with a plain DATABASE_URL.
 	creds      *awsenv.Credentials
 	failureURL string
+	// tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
+	tracer trace.Tracer
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
@@ -66,6 +71,14 @@ func main() {
 		logger.Error("load failure-callback config", slog.Any("error", err))
 		os.Exit(1)
 	}
+	// Tracing is on when the OTEL_* variables name an exporter (the ADOT layer's collector).
+	tel, err := telemetry.Setup(context.Background(), getenv, "outbox-failure")
+	if err != nil {
+		logger.Error("set up tracing", slog.Any("error", err))
+		os.Exit(1)
+	}
+	defer tel.Shutdown(context.Background())
+	cfg.tracer = tel.Tracer()
 	h, pool, err := build(context.Background(), cfg, logger)
 	if err != nil {
 		logger.Error("start failure-callback recorder", slog.Any("error", err))
@@ -73,7 +86,7 @@ func main() {
 	}
 	defer pool.Close()
 	// Every request first makes sure the pool can connect, re-reading a rotated secret.
-	if err := funcurl.Serve(cfg.creds.Handler(pool, h), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+	if err := funcurl.Serve(telemetry.FlushHandler(tel, logger, cfg.creds.Handler(pool, h)), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
 		logger.Error("serve failure callbacks", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -96,6 +109,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 		FailureURL:   cfg.failureURL,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
+		Tracer:       cfg.tracer,
 		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger),
 	})
 	if err != nil {

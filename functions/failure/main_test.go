@@ -10,11 +10,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -71,6 +73,8 @@ func TestBuildServesRecorder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec, tr := tracingtest.New(t)
+	cfg.tracer = tr
 	h, pool, err := build(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +87,23 @@ func TestBuildServesRecorder(t *testing.T) {
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/failure", strings.NewReader(`{}`)))
 	if w.Code != http.StatusUnauthorized {
 		t.Fatalf("unsigned callback: %d", w.Code)
+	}
+	// The tracer telemetry.Setup returned reaches the handler: a signed request is traced.
+	body, _ := json.Marshal(map[string]any{"status": 500, "sourceMessageId": "msg-1", "retried": 3, "maxRetries": 3,
+		"url": "https://hooks.example.com/events/order.created?outbox_id=1&generation=0"})
+	sig, err := qstash.Sign(qstash.DevCurrentSigningKey, m["FAILURE_PUBLIC_URL"], body, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/failure", bytes.NewReader(body))
+	r.Header.Set("Upstash-Signature", sig)
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Fatalf("signed callback: %d %s", w.Code, w.Body)
+	}
+	if spans := rec.Ended(); len(spans) != 1 || spans[0].Name() != "dead_letter order.created" {
+		t.Fatalf("%d spans; want the callback's", len(spans))
 	}
 }
 

@@ -5,7 +5,8 @@
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
 // PUBLIC_BASE_URL (the base URL the relay publishes to; default: the Function URL's own
 // origin), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
-// LISTEN_ADDR (optional).
+// LISTEN_ADDR (optional); tracing: the standard OTEL_* variables (package telemetry;
+// off unless an OTLP exporter is configured).
 package main
 
 import (
@@ -19,11 +20,13 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -37,6 +40,8 @@ type config struct {
 	// nil with a plain DATABASE_URL.
 	creds         *awsenv.Credentials
 	publicBaseURL string
+	// tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
+	tracer trace.Tracer
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
@@ -68,6 +73,14 @@ func main() {
 		logger.Error("load webhook config", slog.Any("error", err))
 		os.Exit(1)
 	}
+	// Tracing is on when the OTEL_* variables name an exporter (the ADOT layer's collector).
+	tel, err := telemetry.Setup(context.Background(), getenv, "outbox-webhook")
+	if err != nil {
+		logger.Error("set up tracing", slog.Any("error", err))
+		os.Exit(1)
+	}
+	defer tel.Shutdown(context.Background())
+	cfg.tracer = tel.Tracer()
 	h, pool, err := build(context.Background(), cfg, logger)
 	if err != nil {
 		logger.Error("start webhook", slog.Any("error", err))
@@ -75,7 +88,7 @@ func main() {
 	}
 	defer pool.Close()
 	// Every request first makes sure the pool can connect, re-reading a rotated secret.
-	if err := funcurl.Serve(cfg.creds.Handler(pool, h), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+	if err := funcurl.Serve(telemetry.FlushHandler(tel, logger, cfg.creds.Handler(pool, h)), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
 		logger.Error("serve webhook", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -102,6 +115,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		PublicBaseURL: cfg.publicBaseURL,
 		Logger:        logger,
+		Tracer:        cfg.tracer,
 		// The outbox shares this database: deliveries published before the message id
 		// moved into the signed URL are checked against it (README, Message identity).
 		Legacy:  webhook.LegacyOutbox(pool),

@@ -11,10 +11,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -86,6 +88,8 @@ func TestBuildServesWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec, tr := tracingtest.New(t)
+	cfg.tracer = tr
 	h, pool, err := build(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +102,23 @@ func TestBuildServesWebhook(t *testing.T) {
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/events/order.created", strings.NewReader(`{}`)))
 	if w.Code != http.StatusUnauthorized {
 		t.Fatalf("unsigned request: %d", w.Code)
+	}
+	// The tracer telemetry.Setup returned reaches the handler: a signed request is traced.
+	target := "/events/order.created?outbox_id=1&generation=0"
+	body := []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`)
+	sig, err := qstash.Sign(qstash.DevCurrentSigningKey, "https://hooks.example.com"+target, body, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, target, bytes.NewReader(body))
+	r.Header.Set("Upstash-Signature", sig)
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Fatalf("signed delivery: %d %s", w.Code, w.Body)
+	}
+	if spans := rec.Ended(); len(spans) != 2 || spans[1].Name() != "process order.created" {
+		t.Fatalf("%d spans; want the delivery and its inbox commit", len(spans))
 	}
 }
 
