@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {
@@ -34,6 +36,8 @@ func runDev(ctx context.Context, e env, args []string) error {
 	latency := fs.Duration("qstash-latency", 0, "built-in QStash: delay every API answer by this much (the round trip to a remote QStash)")
 	jitter := fs.Duration("qstash-latency-jitter", 0, "built-in QStash: add a random extra delay in [0, this)")
 	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
+	trace := fs.Bool("trace", false, "record OpenTelemetry spans in memory and print the span trees of a few events at the end (producer -> relay batch -> delivery -> handler commit)")
+	traces := fs.Int("traces", 3, "with --trace: how many events' trees to print")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,6 +50,9 @@ func runDev(ctx context.Context, e env, args []string) error {
 	}
 	if *poison < 0 || *poison > 100 {
 		bad = append(bad, "--poison must be a percentage in 0..100")
+	}
+	if *traces < 1 {
+		bad = append(bad, "--traces must be at least 1")
 	}
 	if *rate < 0 {
 		bad = append(bad, "--rate must not be negative")
@@ -122,9 +129,24 @@ func runDev(ctx context.Context, e env, args []string) error {
 	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
 		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
 
+	var spans *tracetest.SpanRecorder
+	if *trace {
+		spans = tracetest.NewSpanRecorder()
+		tel, err := telemetry.NewProvider(ctx, spans, "outboxctl-dev")
+		if err != nil {
+			return err
+		}
+		defer tel.Shutdown(context.Background())
+		opts.Tracer = tel.Tracer()
+	}
+
 	s, err := localstack.Run(ctx, opts)
 	if err != nil && s.Produced == 0 {
 		return err
+	}
+	if spans != nil {
+		fmt.Fprintf(progress, "\ntraces (%d of %d events; the batch span links every event it published)\n", min(int64(*traces), s.Produced), s.Produced)
+		localstack.RenderTraces(progress, spans.Ended(), *traces)
 	}
 	if *asJSON {
 		b, _ := json.Marshal(s)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -65,6 +67,9 @@ type ProducerConfig struct {
 	PoisonPercent float64
 	// OnProduced is called after each committed order (progress).
 	OnProduced func(n int)
+	// Tracer, when set, wraps each business transaction in a "place order" span, as a
+	// traced service would; Enqueue records it in the event's headers.
+	Tracer trace.Tracer
 }
 
 // PoisonCount is the exact number of poison events a config produces.
@@ -117,7 +122,7 @@ func Produce(ctx context.Context, db *pgxpool.Pool, cfg ProducerConfig) (int, er
 			amount = 0
 		}
 		payload, _ := json.Marshal(map[string]any{"order_id": orderID, "amount_cents": amount, "currency": "EUR", "customer": customer})
-		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		err := placeOrder(ctx, db, cfg.Tracer, orderID, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO demo_orders (id, customer, amount_cents, poison) VALUES ($1, $2, $3, $4)`, orderID, customer, amount, poison); err != nil {
 				return err
 			}
@@ -137,4 +142,14 @@ func Produce(ctx context.Context, db *pgxpool.Pool, cfg ProducerConfig) (int, er
 		}
 	}
 	return cfg.Events, nil
+}
+
+// placeOrder runs one business transaction, inside a "place order" span when tr is set.
+func placeOrder(ctx context.Context, db *pgxpool.Pool, tr trace.Tracer, orderID string, fn func(context.Context, pgx.Tx) error) error {
+	if tr != nil {
+		var span trace.Span
+		ctx, span = tr.Start(ctx, "place order", trace.WithAttributes(attribute.String("demo.order_id", orderID)))
+		defer span.End()
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
@@ -54,6 +55,9 @@ type PipelineConfig struct {
 	Publisher qstash.PublisherConfig
 	// Logger receives every component's logs. Default: discard.
 	Logger *slog.Logger
+	// Tracer, when set, traces the webhook's deliveries and the failure callbacks (and the
+	// relays NewRelay makes, unless their config names another). Nil: tracing off.
+	Tracer trace.Tracer
 }
 
 // Pipeline is everything between the outbox and the consumer's commit, in this process:
@@ -73,6 +77,7 @@ type Pipeline struct {
 	Callback            *deadletter.CallbackHandler
 	Publisher           *qstash.Publisher
 
+	tracer  trace.Tracer
 	closers []func()
 }
 
@@ -87,7 +92,7 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	p = &Pipeline{}
+	p = &Pipeline{tracer: cfg.Tracer}
 	defer func() {
 		if err != nil {
 			p.Close()
@@ -127,12 +132,12 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 	}
 	p.BaseURL = "http://" + ln.Addr().String()
 	p.FailureURL = p.BaseURL + FailurePath
-	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, Observe: cfg.Observe, Logger: log})
+	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer})
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
-	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log})
+	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log, Tracer: cfg.Tracer})
 	if err != nil {
 		ln.Close()
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -61,6 +62,10 @@ type Options struct {
 	// before the demo producer starts, with the stack's pool; the stop it returns runs
 	// before the pool closes. outboxctl dev --ui serves the operator console this way.
 	OnReady func(ctx context.Context, pool *pgxpool.Pool) (stop func(), err error)
+	// Tracer, when set, traces the whole pipeline: the demo producer's business
+	// transactions, the relay's batches, the deliveries and the failure callbacks
+	// (outboxctl dev --trace records them in memory). Nil: tracing off.
+	Tracer trace.Tracer
 }
 
 // Run brings the stack up, runs the demo, waits until every event is applied or
@@ -115,6 +120,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 			MaxInFlight: opts.QStashMaxInFlight},
 		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
 		Logger:    log,
+		Tracer:    opts.Tracer,
 	}
 	if opts.QStashURL != "" {
 		pcfg.External = &ExternalQStash{URL: opts.QStashURL, Token: opts.QStashToken, CurrentSigningKey: opts.CurrentSigningKey, NextSigningKey: opts.NextSigningKey}
@@ -155,7 +161,11 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	defer cancelProduce()
 	produced := make(chan error, 1)
 	go func() {
-		_, err := Produce(produceCtx, pool, opts.Producer)
+		pc := opts.Producer
+		if pc.Tracer == nil {
+			pc.Tracer = opts.Tracer
+		}
+		_, err := Produce(produceCtx, pool, pc)
 		produced <- err
 	}()
 
