@@ -29,6 +29,11 @@ func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	return poolFor(ctx, url)
+}
+
+// poolFor opens and checks a pool on url, a DATABASE_URL already resolved (awsenv).
+func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	pool, err := awsenv.NewPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
