@@ -7,7 +7,8 @@
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
 // FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
-// DEDUPE_TTL, METRICS_NAMESPACE, LOG_LEVEL optional).
+// DEDUPE_TTL, METRICS_NAMESPACE, LOG_LEVEL optional); tracing: the standard OTEL_* variables
+// (package telemetry; off unless an OTLP exporter is configured).
 package main
 
 import (
@@ -23,6 +24,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
@@ -32,6 +34,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 const (
@@ -50,6 +53,8 @@ type config struct {
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
 	creds *awsenv.Credentials
+	// tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
+	tracer trace.Tracer
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
@@ -78,6 +83,14 @@ func main() {
 		logger.Error("load relay config", slog.Any("error", err))
 		os.Exit(1)
 	}
+	// Tracing is on when the OTEL_* variables name an exporter (the ADOT layer's collector).
+	tel, err := telemetry.Setup(context.Background(), getenv, "outbox-relay")
+	if err != nil {
+		logger.Error("set up tracing", slog.Any("error", err))
+		os.Exit(1)
+	}
+	defer tel.Shutdown(context.Background())
+	cfg.tracer = tel.Tracer()
 	pool, err := newPool(context.Background(), cfg, logger)
 	if err != nil {
 		logger.Error("start relay", slog.Any("error", err))
@@ -89,7 +102,9 @@ func main() {
 		logger.Error("start relay", slog.Any("error", err))
 		os.Exit(1)
 	}
-	lambda.Start(h.handle)
+	// The batch spans leave before the invocation returns: the environment may be frozen
+	// right after.
+	lambda.Start(telemetry.FlushAfter(tel, logger, h.handle))
 }
 
 // checkTimeout refuses, at cold start, a function timeout that leaves the drain no time:

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 const modulePath = "github.com/outbox-relay/outbox-relay"
@@ -71,7 +72,8 @@ func buildPackage(t *testing.T, id string) string {
 // codeVariables returns the environment variables the main package in dir reads: every
 // getenv("X") / os.Getenv("X") in its non-test files, what its envconfig reader reads
 // (functions/relay ReadRelay, functions/webhook ReadWebhook, functions/failure ReadFailure)
-// if it imports envconfig, and, for variables awsenv can resolve, their references if it
+// if it imports envconfig, the OTEL_* variables the template passes (telemetry.Variables) if
+// it imports telemetry, and, for variables awsenv can resolve, their references if it
 // imports awsenv. imports reports which of those packages it uses.
 func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
 	t.Helper()
@@ -126,6 +128,12 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			_, _ = envconfig.ReadFailure(record, 1)
 		default:
 			t.Fatalf("%s imports envconfig but has no reader here", dir)
+		}
+	}
+	if imports[modulePath+"/pkg/telemetry"] {
+		// telemetry.Setup and the OpenTelemetry SDK read these; the main never names them.
+		for _, v := range telemetry.Variables {
+			vars[v] = true
 		}
 	}
 	if imports[modulePath+"/pkg/awsenv"] {

@@ -23,6 +23,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
+// Variables are the OTEL_* variables the SAM template passes to the functions (from its
+// Tracing* parameters). Setup and the SDK honour the specification's other variables too
+// (OTEL_EXPORTER_OTLP_HEADERS, OTEL_SERVICE_NAME, ...); these are the ones a deployment of
+// this project sets, and the template test holds the template to them.
+var Variables = []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
+
 // Provider is the tracer provider Setup built; nil when tracing is off. Its methods are
 // safe on a nil Provider.
 type Provider struct {
