@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -104,6 +105,9 @@ func TestBuildServesWebhook(t *testing.T) {
 		t.Fatalf("unsigned request: %d", w.Code)
 	}
 	// The tracer telemetry.Setup returned reaches the handler: a signed request is traced.
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	target := "/events/order.created?outbox_id=1&generation=0"
 	body := []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`)
 	sig, err := qstash.Sign(qstash.DevCurrentSigningKey, "https://hooks.example.com"+target, body, time.Now())

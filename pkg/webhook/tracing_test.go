@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -60,7 +61,7 @@ func TestTracingFirstDeliveryAndRedelivery(t *testing.T) {
 	var handlerSpan trace.SpanContext
 	capture := func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		handlerSpan = trace.SpanContextFromContext(ctx)
-		return webhook.OrderCreated(ctx, tx, d)
+		return orders.OrderCreated(ctx, tx, d)
 	}
 	f, rec, tr := traced(t, capture)
 	prod, tp := producer(t, tr)
@@ -126,7 +127,7 @@ func TestTracingErrorsAndSecrets(t *testing.T) {
 		if calls.Add(1) == 1 {
 			return errors.New(secret)
 		}
-		return webhook.OrderCreated(ctx, tx, d)
+		return orders.OrderCreated(ctx, tx, d)
 	}
 	f, rec, tr := traced(t, flaky)
 	_, tp := producer(t, tr)
