@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
@@ -38,6 +39,12 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func newStack(t *testing.T, handlers webhook.Handlers, retries int) *stack {
 	t.Helper()
+	return newStackTraced(t, handlers, retries, nil)
+}
+
+// newStackTraced is newStack with tr (nil: off) tracing the receivers and the relay.
+func newStackTraced(t *testing.T, handlers webhook.Handlers, retries int, tr trace.Tracer) *stack {
+	t.Helper()
 	s := &stack{db: pgtest.New(t)}
 	if err := orders.Migrate(context.Background(), s.db.Pool); err != nil {
 		t.Fatal(err)
@@ -48,6 +55,7 @@ func newStack(t *testing.T, handlers webhook.Handlers, retries int) *stack {
 		QStash:    qstashtest.Options{TimeScale: 0.0001},
 		Publisher: qstash.PublisherConfig{Retries: retries},
 		Logger:    quiet(),
+		Tracer:    tr,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -16,27 +16,14 @@ import (
 // relay's batch span links every event it published; a redelivery's span links the
 // producer's). It is what `outboxctl dev --trace` prints.
 func RenderTraces(w io.Writer, spans []sdktrace.ReadOnlySpan, n int) {
-	children := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
-	linkers := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
-	var roots []sdktrace.ReadOnlySpan
-	for _, s := range spans {
-		if p := s.Parent(); p.IsValid() {
-			children[p.SpanID()] = append(children[p.SpanID()], s)
-		} else if s.SpanKind() != trace.SpanKindProducer || len(s.Links()) == 0 {
-			roots = append(roots, s) // a producer's own span; batch spans hang off their links
-		}
-		for _, l := range s.Links() {
-			linkers[l.SpanContext.SpanID()] = append(linkers[l.SpanContext.SpanID()], s)
-		}
-	}
-	byStart := func(a, b sdktrace.ReadOnlySpan) int { return a.StartTime().Compare(b.StartTime()) }
-	slices.SortFunc(roots, byStart)
+	ix := indexSpans(spans)
 	shown := 0
-	for _, r := range roots {
+	for _, r := range ix.roots {
 		if shown == n {
 			break
 		}
-		if len(children[r.SpanContext().SpanID()]) == 0 && len(linkers[r.SpanContext().SpanID()]) == 0 {
+		id := r.SpanContext().SpanID()
+		if len(ix.children[id]) == 0 && len(ix.linkers[id]) == 0 {
 			continue // a span nothing followed: not an event's trace
 		}
 		shown++
@@ -46,15 +33,11 @@ func RenderTraces(w io.Writer, spans []sdktrace.ReadOnlySpan, n int) {
 			fmt.Fprintf(w, "%s%s%s  [%s, %s]%s\n", strings.Repeat("  ", depth), how, s.Name(),
 				s.SpanKind().String(), s.EndTime().Sub(s.StartTime()).Round(10*time.Microsecond), attrs(s))
 			id := s.SpanContext().SpanID()
-			l := slices.Clone(linkers[id])
-			slices.SortFunc(l, byStart)
-			for _, k := range l {
+			for _, k := range ix.linkersOf(id) {
 				fmt.Fprintf(w, "%s  ~ linked from %s  [%s, trace %s]\n", strings.Repeat("  ", depth), k.Name(),
 					k.SpanKind().String(), k.SpanContext().TraceID())
 			}
-			c := slices.Clone(children[id])
-			slices.SortFunc(c, byStart)
-			for _, k := range c {
+			for _, k := range ix.childrenOf(id) {
 				walk(k, depth+1, "└ ")
 			}
 		}
@@ -63,6 +46,46 @@ func RenderTraces(w io.Writer, spans []sdktrace.ReadOnlySpan, n int) {
 	if shown == 0 {
 		fmt.Fprintln(w, "no traces recorded")
 	}
+}
+
+// spanIndex is recorded spans as trees: children by parent, the spans linking to each span,
+// and the roots (spans without a parent, except the relay's batch spans, which hang off
+// the producer spans they link), oldest first.
+type spanIndex struct {
+	children, linkers map[trace.SpanID][]sdktrace.ReadOnlySpan
+	roots             []sdktrace.ReadOnlySpan
+}
+
+func indexSpans(spans []sdktrace.ReadOnlySpan) spanIndex {
+	ix := spanIndex{children: map[trace.SpanID][]sdktrace.ReadOnlySpan{}, linkers: map[trace.SpanID][]sdktrace.ReadOnlySpan{}}
+	for _, s := range spans {
+		if p := s.Parent(); p.IsValid() {
+			ix.children[p.SpanID()] = append(ix.children[p.SpanID()], s)
+		} else if s.SpanKind() != trace.SpanKindProducer || len(s.Links()) == 0 {
+			ix.roots = append(ix.roots, s) // a producer's own span; batch spans hang off their links
+		}
+		for _, l := range s.Links() {
+			ix.linkers[l.SpanContext.SpanID()] = append(ix.linkers[l.SpanContext.SpanID()], s)
+		}
+	}
+	slices.SortFunc(ix.roots, byStart)
+	return ix
+}
+
+func (ix spanIndex) childrenOf(id trace.SpanID) []sdktrace.ReadOnlySpan {
+	return sortedByStart(ix.children[id])
+}
+
+func (ix spanIndex) linkersOf(id trace.SpanID) []sdktrace.ReadOnlySpan {
+	return sortedByStart(ix.linkers[id])
+}
+
+func byStart(a, b sdktrace.ReadOnlySpan) int { return a.StartTime().Compare(b.StartTime()) }
+
+func sortedByStart(spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
+	c := slices.Clone(spans)
+	slices.SortFunc(c, byStart)
+	return c
 }
 
 // attrs renders the attributes an operator reads in a trace tree.

@@ -17,6 +17,28 @@ import (
 // delivery (its child) and the commit (the delivery's child) appear under it.
 func TestRenderTraces(t *testing.T) {
 	t.Parallel()
+	spans := sampleSpans(t)
+	producer := spans[0]
+
+	var b strings.Builder
+	localstack.RenderTraces(&b, spans, 5)
+	out := b.String()
+	for _, want := range []string{"trace " + producer.SpanContext().TraceID().String(), "place order", "~ linked from send http://127.0.0.1/events  [producer",
+		"  └ process order.created  [consumer", "    └ inbox commit", "messaging.message.id=1"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("rendered traces lack %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "unrelated") || strings.Count(out, "trace ") != 2 {
+		t.Fatalf("want exactly the producer's trace (and the batch's trace id in its link):\n%s", out)
+	}
+}
+
+// sampleSpans records one event's trace (the producer's span first, the relay's batch span
+// linking it, the first delivery as its child, the inbox commit under that) and an
+// unrelated span.
+func sampleSpans(t *testing.T) []sdktrace.ReadOnlySpan {
+	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	tr := tp.Tracer("test")
@@ -35,16 +57,5 @@ func TestRenderTraces(t *testing.T) {
 	_, lonely := tr.Start(ctx, "unrelated")
 	lonely.End()
 
-	var b strings.Builder
-	localstack.RenderTraces(&b, rec.Ended(), 5)
-	out := b.String()
-	for _, want := range []string{"trace " + producer.SpanContext().TraceID().String(), "place order", "~ linked from send http://127.0.0.1/events  [producer",
-		"  └ process order.created  [consumer", "    └ inbox commit", "messaging.message.id=1"} {
-		if !strings.Contains(out, want) {
-			t.Fatalf("rendered traces lack %q:\n%s", want, out)
-		}
-	}
-	if strings.Contains(out, "unrelated") || strings.Count(out, "trace ") != 2 {
-		t.Fatalf("want exactly the producer's trace (and the batch's trace id in its link):\n%s", out)
-	}
+	return rec.Ended()
 }
