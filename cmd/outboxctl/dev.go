@@ -103,7 +103,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 		// is throwaway, so redrive is on.
 		opts.Forever = true
 		opts.OnReady = func(_ context.Context, pool *pgxpool.Pool) (func(), error) {
-			srv, ln, err := listenConsole(progress, console.Config{DB: pool, Listen: *uiListen, AllowRedrive: true, Logger: logger})
+			srv, ln, err := listenConsole(progress, console.Config{DB: pool, Listen: *uiListen, AllowRedrive: true, Logger: logger, Tracer: opts.Tracer})
 			if err != nil {
 				return nil, err
 			}

@@ -328,7 +328,12 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 	if *dryRun {
 		res, err = deadletter.Plan(ctx, pool, f)
 	} else {
-		res, err = deadletter.Redrive(ctx, pool, f)
+		tr, stop, terr := startTracing(ctx, e)
+		if terr != nil {
+			return terr
+		}
+		res, err = deadletter.Redrive(ctx, pool, f, deadletter.Traced(tr))
+		stop()
 	}
 	if err != nil {
 		return err

@@ -50,7 +50,12 @@ func runUI(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	return serveConsole(ctx, e, console.Config{DB: pool, Listen: *listen, AllowRedrive: *allow, Token: tok, Logger: logger})
+	tr, stop, err := startTracing(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return serveConsole(ctx, e, console.Config{DB: pool, Listen: *listen, AllowRedrive: *allow, Token: tok, Logger: logger, Tracer: tr})
 }
 
 // serveConsole listens on cfg.Listen, prints the console's URL and serves until ctx ends.

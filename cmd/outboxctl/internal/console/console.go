@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 )
@@ -69,6 +70,9 @@ type Config struct {
 	QueryTimeout time.Duration
 	// Logger records actions (redrives, logins). Default: discard.
 	Logger *slog.Logger
+	// Tracer, when set, records each redrive in a span linked to the redriven events'
+	// producer spans (deadletter.Traced). Nil: tracing off.
+	Tracer trace.Tracer
 	// Now is the clock (tests). Default time.Now.
 	Now func() time.Time
 }

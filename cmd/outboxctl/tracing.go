@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
+)
+
+// tracingServiceName is outboxctl's OTEL_SERVICE_NAME unless the environment sets one.
+const tracingServiceName = "outboxctl"
+
+// startTracing sets tracing up from the OTEL_* variables (package telemetry): the tracer
+// is nil, and stop does nothing, when they name no exporter. stop flushes what was
+// recorded, waiting at most a few seconds for the collector.
+func startTracing(ctx context.Context, e env) (tr trace.Tracer, stop func(), err error) {
+	tel, err := telemetry.Setup(ctx, e.getenv, tracingServiceName)
+	if err != nil {
+		return nil, nil, &exitError{code: 2, err: fmt.Errorf("set up tracing: %w", err)}
+	}
+	return tel.Tracer(), func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}, nil
+}
