@@ -4,7 +4,7 @@
 //
 // Environment: see package relayconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
-// FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, LEASE,
+// FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, PUBLISH_CONCURRENCY, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
 // DEDUPE_TTL, METRICS_NAMESPACE, LOG_LEVEL optional).
 package main
@@ -32,9 +32,10 @@ import (
 )
 
 const (
-	// maxConns: one environment runs one invocation at a time. The drain uses one
-	// connection at a time and the backlog gauge another; linger adds the LISTEN session.
-	maxConns = 2
+	// baseConns: one environment runs one invocation at a time. The drain claims on one
+	// connection and marks each batch in flight (PUBLISH_CONCURRENCY) on its own; the
+	// backlog gauge uses one more; linger adds the LISTEN session.
+	baseConns = 2
 	// deadlineReserve is kept back from the Lambda deadline: the runtime is killed at the
 	// deadline itself, so the metrics line and the response must be out before it.
 	deadlineReserve = 2 * time.Second
@@ -82,7 +83,7 @@ func main() {
 
 // newPool opens the pool once per cold start.
 func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, error) {
-	conns := int32(maxConns)
+	conns := int32(baseConns + cfg.Relay.PublishConcurrency)
 	if cfg.Linger > 0 {
 		conns++
 	}
@@ -148,6 +149,8 @@ type result struct {
 	DeadLettered      int     `json:"dead_lettered,omitempty"`
 	Released          int     `json:"released,omitempty"`
 	LeaseLost         int     `json:"lease_lost,omitempty"`
+	DeferredQuota     int     `json:"deferred_quota,omitempty"`
+	DeferredDeploy    int     `json:"deferred_deployment,omitempty"`
 	Batches           int     `json:"batches,omitempty"`
 	StoppedAtDeadline bool    `json:"stopped_at_deadline,omitempty"`
 	BacklogPending    *int64  `json:"backlog_pending,omitempty"`
@@ -213,6 +216,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 	res := result{
 		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
 		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
+		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment,
 		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
 	}
 	values := metrics.RelayStats(st)

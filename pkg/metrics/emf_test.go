@@ -46,7 +46,7 @@ func TestEMFGolden(t *testing.T) {
 	for i := range many {
 		many[i] = float64(i)
 	}
-	st := relay.Stats{Batches: 3, Claimed: 250, Dispatched: 240, Retried: 6, DeadLettered: 1, Released: 3, LeaseLost: 0, PublishLatency: latency}
+	st := relay.Stats{Batches: 3, Claimed: 250, Dispatched: 240, Retried: 6, DeadLettered: 1, Released: 3, DeferredQuota: 2, DeferredDeployment: 1, LeaseLost: 0, PublishLatency: latency}
 	cases := []struct {
 		name string
 		cfg  EMFConfig

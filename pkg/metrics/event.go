@@ -46,6 +46,8 @@ func RelayStats(st relay.Stats) []Value {
 		Count(DeadLettered, int64(st.DeadLettered)),
 		Count(Released, int64(st.Released)),
 		Count(LeaseLost, int64(st.LeaseLost)),
+		Count(DeferredQuota, int64(st.DeferredQuota)),
+		Count(DeferredDeployment, int64(st.DeferredDeployment)),
 		Count(Batches, int64(st.Batches)),
 	}
 	if len(st.PublishLatency) > 0 {

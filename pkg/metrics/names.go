@@ -25,6 +25,8 @@ const (
 	DeadLettered              = "DeadLettered"
 	Released                  = "Released"
 	LeaseLost                 = "LeaseLost"
+	DeferredQuota             = "DeferredQuota"
+	DeferredDeployment        = "DeferredDeployment"
 	Batches                   = "Batches"
 	PublishLatency            = "PublishLatency"
 	BacklogPending            = "BacklogPending"
@@ -84,6 +86,8 @@ var Definitions = []Definition{
 	{DeadLettered, UnitCount, Counter, FunctionRelay, "Outbox rows dead-lettered by the relay (permanent failure or retry budget exhausted)."},
 	{Released, UnitCount, Counter, FunctionRelay, "Claimed rows put back unsent (held behind a failed same-key event, or out of time)."},
 	{LeaseLost, UnitCount, Counter, FunctionRelay, "Row outcomes discarded because the lease had expired and another relay took the rows."},
+	{DeferredQuota, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a used-up quota or rate limit; put back with no attempt spent."},
+	{DeferredDeployment, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a deployment fault (wrong QSTASH_URL or token); put back with no attempt spent."},
 	{Batches, UnitCount, Counter, FunctionRelay, "Claim/publish/mark batches run."},
 	{PublishLatency, UnitMilliseconds, Distribution, FunctionRelay, "Duration of one Publisher.Publish call."},
 	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},

@@ -42,7 +42,7 @@ func TestPromName(t *testing.T) {
 func TestRegistryGolden(t *testing.T) {
 	t.Parallel()
 	r := NewRegistry(RegistryConfig{Functions: []string{FunctionRelay}})
-	st := relay.Stats{Batches: 2, Claimed: 10, Dispatched: 9, Retried: 1,
+	st := relay.Stats{Batches: 2, Claimed: 10, Dispatched: 9, Retried: 1, DeferredQuota: 3,
 		PublishLatency: []time.Duration{4 * time.Millisecond, 30 * time.Millisecond, 2 * time.Second, 20 * time.Second}}
 	for range 2 {
 		if err := r.Record(Event{Function: FunctionRelay, Values: RelayStats(st)}); err != nil {

@@ -44,7 +44,7 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 		}
 		// Drain under work (so in-flight publishes are not cut off) but stop between
 		// batches as soon as stop is done.
-		if err := r.drain(stop, work, &total); err != nil || total.StoppedAtDeadline {
+		if err := r.drain(stop, work, &total); err != nil || total.StoppedAtDeadline || !total.PausedUntil.IsZero() {
 			return total, err
 		}
 		wait := r.cfg.PollInterval

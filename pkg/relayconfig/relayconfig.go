@@ -17,6 +17,7 @@
 //	FLOW_CONTROL_RATE          optional, publish ordering only
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
 //	BATCH_SIZE                 default 100 rows per claim
+//	PUBLISH_CONCURRENCY        default 4 batches in flight at once (1: strictly serial)
 //	LEASE                      default 30s
 //	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
 //	MAX_ATTEMPTS               default 12
@@ -64,7 +65,7 @@ type Config struct {
 var Variables = []string{
 	"DATABASE_URL", "QSTASH_TOKEN", "QSTASH_URL", "PUBLIC_BASE_URL", "FAILURE_CALLBACK_URL",
 	"QSTASH_RETRIES", "ORDERING", "FIFO_QUEUES", "FLOW_CONTROL_PARALLELISM", "FLOW_CONTROL_RATE",
-	"FLOW_CONTROL_PERIOD", "BATCH_SIZE", "LEASE", "PUBLISH_TIMEOUT", "MAX_ATTEMPTS", "BACKOFF_BASE",
+	"FLOW_CONTROL_PERIOD", "BATCH_SIZE", "PUBLISH_CONCURRENCY", "LEASE", "PUBLISH_TIMEOUT", "MAX_ATTEMPTS", "BACKOFF_BASE",
 	"BACKOFF_MAX", "LINGER", "OUTBOX_RETENTION", "DEDUPE_TTL", "METRICS_NAMESPACE", "LOG_LEVEL",
 }
 
@@ -117,6 +118,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 
 	rc := relay.Config{}
 	rc.BatchSize, _ = p.int("BATCH_SIZE", 1, relay.MaxBatchSize)
+	rc.PublishConcurrency, _ = p.int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency)
 	rc.Lease, _ = p.duration("LEASE")
 	rc.PublishTimeout, _ = p.duration("PUBLISH_TIMEOUT")
 	rc.MaxAttempts, _ = p.int("MAX_ATTEMPTS", 1, 1000)
@@ -139,6 +141,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	c.Publisher = pub.WithDefaults()
+	// The relay hands batches to the publisher as the queue orders them: waves for FIFO
+	// queues, one call per batch when QStash keeps no order.
+	c.Relay.Ordering = relay.OrderingFIFO
+	if c.Publisher.Ordering == qstash.OrderingPublish {
+		c.Relay.Ordering = relay.OrderingPublish
+	}
 	c.Publisher.HTTPClient = nil // let the caller choose; WithDefaults fills it again
 
 	// Consistency checks, reported with the variable names a user sets.
@@ -170,7 +178,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 
 // fieldVars maps config struct fields to the variables that set them.
 var fieldVars = map[string]string{
-	"BatchSize": "BATCH_SIZE", "Lease": "LEASE", "PublishTimeout": "PUBLISH_TIMEOUT", "MaxAttempts": "MAX_ATTEMPTS",
+	"BatchSize": "BATCH_SIZE", "PublishConcurrency": "PUBLISH_CONCURRENCY", "Lease": "LEASE", "PublishTimeout": "PUBLISH_TIMEOUT", "MaxAttempts": "MAX_ATTEMPTS",
 	"BackoffBase": "BACKOFF_BASE", "BackoffMax": "BACKOFF_MAX",
 	"BaseURL": "QSTASH_URL", "Token": "QSTASH_TOKEN", "DestinationBaseURL": "PUBLIC_BASE_URL",
 	"FailureCallbackURL": "FAILURE_CALLBACK_URL", "Retries": "QSTASH_RETRIES", "Ordering": "ORDERING",
