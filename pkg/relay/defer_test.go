@@ -229,9 +229,9 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 // callCounter fails a whole Publish call (every message) with refuse(n) for the n-th call,
 // otherwise passes it to inner; it records when each call started.
 type callCounter struct {
-	inner relay.Publisher
+	inner  relay.Publisher
 	refuse func(n int32) error
-	calls *atomic.Int32
+	calls  *atomic.Int32
 
 	mu    sync.Mutex
 	times []callTime
