@@ -142,23 +142,26 @@ type request struct {
 
 // result is the invocation's response: the counts of what it did.
 type result struct {
-	Task              string  `json:"task"`
-	Claimed           int     `json:"claimed,omitempty"`
-	Dispatched        int     `json:"dispatched,omitempty"`
-	Retried           int     `json:"retried,omitempty"`
-	DeadLettered      int     `json:"dead_lettered,omitempty"`
-	Released          int     `json:"released,omitempty"`
-	LeaseLost         int     `json:"lease_lost,omitempty"`
-	DeferredQuota     int     `json:"deferred_quota,omitempty"`
-	DeferredDeploy    int     `json:"deferred_deployment,omitempty"`
-	Batches           int     `json:"batches,omitempty"`
-	StoppedAtDeadline bool    `json:"stopped_at_deadline,omitempty"`
-	BacklogPending    *int64  `json:"backlog_pending,omitempty"`
-	OldestPendingAge  float64 `json:"oldest_pending_age_seconds,omitempty"`
-	OutboxDeleted     int64   `json:"outbox_deleted,omitempty"`
-	ProcessedDeleted  int64   `json:"processed_deleted,omitempty"`
-	Complete          *bool   `json:"complete,omitempty"`
-	DurationMS        int64   `json:"duration_ms"`
+	Task              string `json:"task"`
+	Claimed           int    `json:"claimed,omitempty"`
+	Dispatched        int    `json:"dispatched,omitempty"`
+	Retried           int    `json:"retried,omitempty"`
+	DeadLettered      int    `json:"dead_lettered,omitempty"`
+	Released          int    `json:"released,omitempty"`
+	LeaseLost         int    `json:"lease_lost,omitempty"`
+	DeferredQuota     int    `json:"deferred_quota,omitempty"`
+	DeferredDeploy    int    `json:"deferred_deployment,omitempty"`
+	Batches           int    `json:"batches,omitempty"`
+	StoppedAtDeadline bool   `json:"stopped_at_deadline,omitempty"`
+	BacklogPending    *int64 `json:"backlog_pending,omitempty"`
+	// OldestPendingAge is the lateness (health.BacklogGauge.Lateness), OldestCreatedAge
+	// the oldest pending row's age from its creation.
+	OldestPendingAge float64 `json:"oldest_pending_age_seconds,omitempty"`
+	OldestCreatedAge float64 `json:"oldest_created_age_seconds,omitempty"`
+	OutboxDeleted    int64   `json:"outbox_deleted,omitempty"`
+	ProcessedDeleted int64   `json:"processed_deleted,omitempty"`
+	Complete         *bool   `json:"complete,omitempty"`
+	DurationMS       int64   `json:"duration_ms"`
 }
 
 func parseTask(payload json.RawMessage) (string, error) {
@@ -227,11 +230,11 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		timeout = min(timeout, time.Until(dl)-h.reserve/4)
 	}
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(timeout, 0))
-	pending, age, gerr := health.Backlog(gctx, h.pool)
+	g, gerr := health.Backlog(gctx, h.pool)
 	cancel()
 	if gerr == nil {
-		values = append(values, metrics.Backlog(pending, age)...)
-		res.BacklogPending, res.OldestPendingAge = &pending, age.Seconds()
+		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)...)
+		res.BacklogPending, res.OldestPendingAge, res.OldestCreatedAge = &g.Pending, g.Lateness.Seconds(), g.OldestCreatedAge.Seconds()
 	} else {
 		h.log.Warn("backlog gauge skipped", slog.Any("error", gerr))
 	}
@@ -243,7 +246,8 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		h.log.Error("relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", pending), slog.Float64("oldest_pending_age_seconds", age.Seconds()))
+	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }
 

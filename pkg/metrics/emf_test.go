@@ -53,9 +53,9 @@ func TestEMFGolden(t *testing.T) {
 		ev   Event
 	}{
 		{"relay_drain", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(RelayStats(st), Backlog(42, 3500*time.Millisecond)...)}},
+			Values: append(RelayStats(st), Backlog(42, 3500*time.Millisecond, 7200*time.Second)...)}},
 		{"relay_drain_idle", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(RelayStats(relay.Stats{Batches: 1}), Backlog(0, 0)...)}},
+			Values: append(RelayStats(relay.Stats{Batches: 1}), Backlog(0, 0, 0)...)}},
 		{"relay_retention", EMFConfig{Namespace: "Shop/Outbox"}, Event{Function: FunctionRelay, Time: fixedTime,
 			Values: Retention(1000, 25), Properties: map[string]string{"task": "retention", "request_id": "r-1"}}},
 		{"webhook_bounded_topic", EMFConfig{Topics: []string{"order.created"}}, Event{Function: FunctionWebhook, Topic: "order.created", Time: fixedTime,

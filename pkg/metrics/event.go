@@ -60,12 +60,14 @@ func RelayStats(st relay.Stats) []Value {
 	return vs
 }
 
-// Backlog returns the backlog gauges: pending rows and the oldest pending row's age in
-// seconds.
-func Backlog(pending int64, oldest time.Duration) []Value {
+// Backlog returns the backlog gauges: pending rows, how late the latest-to-go due event is
+// (OldestPendingAgeSeconds, the template's alarm) and the oldest pending row's age from its
+// creation (OldestCreatedAgeSeconds), in seconds.
+func Backlog(pending int64, lateness, oldestCreated time.Duration) []Value {
 	return []Value{
 		Count(BacklogPending, pending),
-		{Name: OldestPendingAgeSeconds, Values: []float64{oldest.Seconds()}},
+		{Name: OldestPendingAgeSeconds, Values: []float64{lateness.Seconds()}},
+		{Name: OldestCreatedAgeSeconds, Values: []float64{oldestCreated.Seconds()}},
 	}
 }
 

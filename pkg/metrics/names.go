@@ -31,6 +31,7 @@ const (
 	PublishLatency            = "PublishLatency"
 	BacklogPending            = "BacklogPending"
 	OldestPendingAgeSeconds   = "OldestPendingAgeSeconds"
+	OldestCreatedAgeSeconds   = "OldestCreatedAgeSeconds"
 	RetentionDeletedOutbox    = "RetentionDeletedOutbox"
 	RetentionDeletedProcessed = "RetentionDeletedProcessed"
 
@@ -91,7 +92,8 @@ var Definitions = []Definition{
 	{Batches, UnitCount, Counter, FunctionRelay, "Claim/publish/mark batches run."},
 	{PublishLatency, UnitMilliseconds, Distribution, FunctionRelay, "Duration of one Publisher.Publish call."},
 	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},
-	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row; alert on this, not on depth."},
+	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "How long the longest-waiting due outbox event has been ready and unpublished (a delayed event counts from its AvailableAt); alert on this, not on depth."},
+	{OldestCreatedAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row from its creation, delays included."},
 	{RetentionDeletedOutbox, UnitCount, Counter, FunctionRelay, "Finished outbox rows deleted by retention."},
 	{RetentionDeletedProcessed, UnitCount, Counter, FunctionRelay, "processed_messages rows deleted by retention."},
 	{Processed, UnitCount, Counter, FunctionWebhook, "Deliveries handled for the first time (side effects committed)."},

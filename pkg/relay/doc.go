@@ -24,9 +24,9 @@
 //
 // An event enqueued with a future AvailableAt is pending but not ready. It holds every later
 // event of its key until it is due and published, as FIFO requires: a later event never
-// overtakes it. Events of other keys are not held. The lateness gauge (see
-// outbox.Store.Backlog) counts an event only from its AvailableAt, so a delay is not an
-// alarm.
+// overtakes it. Events of other keys are not held. The lateness gauge (health.Backlog,
+// metric OldestPendingAgeSeconds) counts an event only from its AvailableAt and ignores the
+// events a delay holds back, so a delay is not an alarm.
 //
 // # Deferred publishes
 //

@@ -6,9 +6,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -210,4 +213,44 @@ WHERE conrelid = 'outbox'::regclass AND contype = 'c' AND pg_get_constraintdef(o
 
 func pgxCollectStrings(rows pgx.Rows) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// A delayed event holds its key (its later events wait, as FIFO requires) without holding
+// other keys, and the age alarm's metric stays 0 while it waits for its AvailableAt.
+func TestDelayedEventHoldsKeyAndIsNotLate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if _, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{"n":0}`),
+		AvailableAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	seed(t, db, 5, func(int) string { return "k" })
+	seed(t, db, 3, func(i int) string { return fmt.Sprintf("other-%d", i) })
+	pub := &fakePublisher{}
+	st, err := newRelay(t, db, pub, relay.Config{Logger: quiet()}).Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Dispatched != 3 {
+		t.Fatalf("stats %+v: want only the other keys' 3 events", st)
+	}
+	for _, r := range pub.records() {
+		if r.key == "k" {
+			t.Fatalf("event %d of the delayed key went out before the delayed event", r.id)
+		}
+	}
+	g, err := health.Backlog(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)
+	for _, v := range vals {
+		if v.Name == metrics.OldestPendingAgeSeconds && v.Values[0] != 0 {
+			t.Fatalf("%s = %v while the only pending key waits for its delay", v.Name, v.Values[0])
+		}
+	}
+	if g.Pending != 6 {
+		t.Fatalf("gauge %+v", g)
+	}
 }
