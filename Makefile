@@ -114,9 +114,9 @@ bench-short: ## every benchmark scenario at its short size (under two minutes), 
 FUZZTIME ?= 20s
 # Every fuzz target, each for FUZZTIME (go test -fuzz takes one target in one package).
 FUZZ_TARGETS := \
-	./pkg/chaos:FuzzVerify \
-	./pkg/chaos:FuzzLimitsValidate \
-	./pkg/chaos:FuzzRelayConfig \
+	./pkg/qstash:FuzzVerify \
+	./pkg/outbox:FuzzLimitsValidate \
+	./internal/relayconfig:FuzzRelayConfig \
 	./pkg/qstash:FuzzDecodeFailureCallback \
 	./pkg/deadletter:FuzzFailureCallback \
 	./pkg/webhook:FuzzWebhookRequest

@@ -11,7 +11,7 @@ import (
 	"runtime/pprof"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/pkg/bench"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
 )
 
 // runBench runs the benchmark scenarios against DATABASE_URL, each in a throwaway

@@ -11,7 +11,7 @@ import (
 )
 
 // TestBenchCommand runs outboxctl bench at the tiny size (the memory scenario re-executes
-// outboxctl itself, which a test binary is not, so it is covered in pkg/bench).
+// outboxctl itself, which a test binary is not, so it is covered in cmd/outboxctl/internal/bench).
 func TestBenchCommand(t *testing.T) {
 	t.Parallel()
 	_ = pgtest.New(t) // fails under CI when Postgres is unreachable

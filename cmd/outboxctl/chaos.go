@@ -9,7 +9,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/chaos"
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]
@@ -62,16 +63,20 @@ func runChaos(ctx context.Context, e env, args []string) error {
 		opts.Progress = e.stderr
 	}
 
-	url, drop, err := chaos.NewSchema(ctx, base, logger)
+	sc, err := postgres.CreateSchema(ctx, base, "chaos", true, logger)
 	if err != nil {
 		return err
 	}
 	if *keep {
-		fmt.Fprintf(e.stderr, "outboxctl chaos: keeping the schema; connect with %s\n", redactURL(url))
+		fmt.Fprintf(e.stderr, "outboxctl chaos: keeping the schema; connect with %s\n", redactURL(sc.URL))
 	} else {
-		defer drop()
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			_ = sc.Drop(dctx)
+		}()
 	}
-	opts.DatabaseURL = url
+	opts.DatabaseURL = sc.URL
 	rep, err := chaos.Run(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("chaos run (seed %d): %w", opts.Seed, err)

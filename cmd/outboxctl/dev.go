@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -60,8 +60,8 @@ func runDev(ctx context.Context, e env, args []string) error {
 	if *asJSON {
 		progress = e.stderr
 	}
-	pc := devstack.ProducerConfig{Events: *events, Rate: *rate, Keys: *keys, PoisonPercent: *poison}
-	opts := devstack.Options{
+	pc := localstack.ProducerConfig{Events: *events, Rate: *rate, Keys: *keys, PoisonPercent: *poison}
+	opts := localstack.Options{
 		DatabaseURL:       e.getenv("DATABASE_URL"),
 		DataDir:           *dataDir,
 		QStashURL:         e.getenv("QSTASH_URL"),
@@ -88,7 +88,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
 		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
 
-	s, err := devstack.Run(ctx, opts)
+	s, err := localstack.Run(ctx, opts)
 	if err != nil && s.Produced == 0 {
 		return err
 	}
@@ -107,7 +107,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 	return nil
 }
 
-func printSummary(w io.Writer, s devstack.Summary) {
+func printSummary(w io.Writer, s localstack.Summary) {
 	fmt.Fprintf(w, `
 summary (from the database)
   produced              %d

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/pkg/devstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -57,7 +57,7 @@ func TestDevStackEndToEnd(t *testing.T) {
 		t.Fatalf("outboxctl dev: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	var s devstack.Summary
+	var s localstack.Summary
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\n%s", err, stdout.String())
 	}

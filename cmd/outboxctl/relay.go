@@ -15,11 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
@@ -166,31 +166,23 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// drainLoop runs relay.Run in chunks, so counters reach /metrics while it runs. On a
-// database error it backs off (1s doubling to 30s) and tries again: the process outlives
-// an outage, and /healthz reports it.
+// drainLoop keeps the relay running in chunks, so counters reach /metrics while it runs.
+// After a failed run (database down) relay.Supervise backs off (1s doubling to 30s) and
+// tries again: the process outlives an outage, and /healthz reports it.
 func (p *relayProcess) drainLoop(ctx context.Context) {
-	backoff := time.Second
-	for ctx.Err() == nil {
-		cctx, cancel := context.WithTimeout(ctx, relayChunk)
-		st, err := p.relay.Run(cctx)
-		cancel()
-		p.record(metrics.RelayStats(st))
-		if err == nil || ctx.Err() != nil {
-			p.lastOK.Store(time.Now().UnixNano())
-			p.lastErr.Store(nil)
-			backoff = time.Second
-			continue
-		}
-		msg := err.Error()
-		p.lastErr.Store(&msg)
-		p.log.Error("relay drain failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 30*time.Second)
-	}
+	_ = relay.Supervise(ctx, func(int) (*relay.Relay, error) { return p.relay, nil }, relay.SuperviseConfig{
+		Chunk: relayChunk,
+		OnRun: func(st relay.Stats, err error) {
+			p.record(metrics.RelayStats(st))
+			if err == nil || ctx.Err() != nil {
+				p.lastOK.Store(time.Now().UnixNano())
+				p.lastErr.Store(nil)
+				return
+			}
+			msg := err.Error()
+			p.lastErr.Store(&msg)
+		},
+	})
 }
 
 func (p *relayProcess) retentionLoop(ctx context.Context) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,27 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // deliveries counts what the webhook stand-in received, per outbox id.
 type deliveries struct {
@@ -62,7 +45,7 @@ func (d *deliveries) snapshot() map[string]int {
 }
 
 type relayInstance struct {
-	stderr *lockedBuffer
+	stderr *logtest.Buffer
 	done   chan int
 	addr   string
 }
@@ -71,7 +54,7 @@ var startedAddr = regexp.MustCompile(`"msg":"relay started".*?"addr":"([^"]+)"`)
 
 func startRelay(t *testing.T, ctx context.Context, vars map[string]string) *relayInstance {
 	t.Helper()
-	inst := &relayInstance{stderr: &lockedBuffer{}, done: make(chan int, 1)}
+	inst := &relayInstance{stderr: &logtest.Buffer{}, done: make(chan int, 1)}
 	e := env{stdout: io.Discard, stderr: inst.stderr, getenv: func(k string) string { return vars[k] }}
 	go func() {
 		inst.done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--gauge-interval", "50ms", "--batch", "40"})
@@ -256,13 +239,13 @@ func TestRelayFlags(t *testing.T) {
 		{[]string{"--lease", "1s"}, "LEASE"},
 		{[]string{"--gauge-interval", "0s"}, "must be positive"},
 	} {
-		var stderr lockedBuffer
+		var stderr logtest.Buffer
 		e := env{stdout: io.Discard, stderr: &stderr, getenv: func(k string) string { return vars[k] }}
 		if code := run(context.Background(), e, append([]string{"relay"}, c.args...)); code != 2 || !strings.Contains(stderr.String(), c.want) {
 			t.Errorf("%v: code %d stderr %q, want %q", c.args, code, stderr.String(), c.want)
 		}
 	}
-	var stderr lockedBuffer
+	var stderr logtest.Buffer
 	e := env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}
 	if code := run(context.Background(), e, []string{"relay"}); code != 2 || !strings.Contains(stderr.String(), "DATABASE_URL is not set") {
 		t.Errorf("no environment: %d %s", code, stderr.String())

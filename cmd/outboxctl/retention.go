@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/outbox-relay/outbox-relay/pkg/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 

@@ -149,7 +149,9 @@ func TestStatusOpenTransaction(t *testing.T) {
 	for {
 		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")
 		age, _ := field(m, "xmin_horizon", "oldest_transaction_age_seconds").(float64)
-		if code == 1 && age >= 0.2 && field(m, "xmin_horizon", "open_transactions").(float64) >= 1 {
+		// Other tests share the database: only a report naming the holder is about it.
+		holder := field(m, "xmin_horizon", "oldest_transaction_application") == "status-test-holder"
+		if code == 1 && holder && age >= 0.2 && field(m, "xmin_horizon", "open_transactions").(float64) >= 1 {
 			if !strings.Contains(strings.Join(toStrings(m["reasons"]), "\n"), "a transaction has been open for") {
 				t.Fatalf("reasons %v", m["reasons"])
 			}

@@ -19,11 +19,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
 )
 
 // maxConns: one Lambda environment serves one invoke at a time.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -48,35 +48,7 @@ type stack struct {
 	qs      *qstashtest.Server
 	cons    *consumer
 	env     map[string]string
-	metrics *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines() []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			panic(err)
-		}
-		out = append(out, m)
-	}
-	return out
+	metrics *logtest.Buffer
 }
 
 func newStack(t *testing.T) *stack {
@@ -87,7 +59,7 @@ func newStack(t *testing.T) *stack {
 	cons := &consumer{seen: map[string]int{}}
 	dest := httptest.NewServer(cons)
 	t.Cleanup(dest.Close)
-	return &stack{db: db, qs: qs, cons: cons, metrics: &syncBuffer{}, env: map[string]string{
+	return &stack{db: db, qs: qs, cons: cons, metrics: &logtest.Buffer{}, env: map[string]string{
 		"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL,
 		"BATCH_SIZE": "50",
 	}}
@@ -158,7 +130,7 @@ func TestDrainTask(t *testing.T) {
 	if d := s.cons.distinct(); d != 230 {
 		t.Fatalf("consumer saw %d distinct events, want 230", d)
 	}
-	lines := s.metrics.lines()
+	lines := s.metrics.Lines()
 	if len(lines) != 1 {
 		t.Fatalf("want one EMF line per invocation, got %d", len(lines))
 	}
@@ -220,7 +192,7 @@ func TestUnknownTaskChangesNothing(t *testing.T) {
 	if n := s.count(t, "dispatched_at IS NULL AND attempts = 0 AND lease_token IS NULL"); n != 3 {
 		t.Fatalf("an unknown task touched rows: %d untouched of 3", n)
 	}
-	if len(s.metrics.lines()) != 0 {
+	if len(s.metrics.Lines()) != 0 {
 		t.Fatal("an unknown task wrote metrics")
 	}
 }
@@ -258,7 +230,7 @@ func TestRetentionTask(t *testing.T) {
 	if n := s.count(t, "true"); n != 2 {
 		t.Fatalf("%d outbox rows left, want the 2 pending", n)
 	}
-	lines := s.metrics.lines()
+	lines := s.metrics.Lines()
 	if len(lines) != 1 || lines[0]["RetentionDeletedOutbox"] != 12.0 || lines[0]["RetentionDeletedProcessed"] != 4.0 {
 		t.Fatalf("EMF %v", lines)
 	}
@@ -287,7 +259,7 @@ func TestDeadlineReserve(t *testing.T) {
 	if n := s.count(t, "lease_token IS NOT NULL"); n != 0 {
 		t.Fatalf("%d rows left leased", n)
 	}
-	if l := s.metrics.lines(); len(l) != 1 || l[0]["BacklogPending"] != 4.0 {
+	if l := s.metrics.Lines(); len(l) != 1 || l[0]["BacklogPending"] != 4.0 {
 		t.Fatalf("EMF %v", l)
 	}
 }
@@ -350,7 +322,7 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	// The counters are written although no claim succeeded (Batches counts claims that
 	// leased rows).
-	if l := s.metrics.lines(); len(l) != 1 || l[0]["Batches"] != 0.0 || l[0]["Claimed"] != 0.0 {
+	if l := s.metrics.Lines(); len(l) != 1 || l[0]["Batches"] != 0.0 || l[0]["Claimed"] != 0.0 {
 		t.Fatalf("EMF %v", l)
 	}
 }

@@ -20,10 +20,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/receiverconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // Querier is what Enqueue writes through: pgx.Tx in real use (so the event commits or rolls
@@ -36,13 +38,15 @@ func EnqueueBatch(ctx context.Context, db Querier, evs []Event) ([]ID, error) {
 	return Producer{}.EnqueueBatch(ctx, db, evs)
 }
 
-// Enqueue validates ev and inserts it through db. The insert wakes listening relays once
+// Enqueue validates ev and inserts it through db. When ctx carries a span, its W3C trace
+// context is stored in the event's headers (traceparent, tracestate) unless ev sets its own,
+// so the consumer's span joins the producer's trace (package tracing). The insert wakes listening relays once
 // per statement (a trigger calls pg_notify), and only when the caller's transaction commits.
 func (p Producer) Enqueue(ctx context.Context, db Querier, ev Event) (ID, error) {
 	if err := p.Limits.Validate(ev); err != nil {
 		return 0, err
 	}
-	headers, err := encodeHeaders(ev.Headers)
+	headers, err := encodeHeaders(tracing.Inject(ctx, ev.Headers))
 	if err != nil {
 		return 0, err
 	}
@@ -68,7 +72,7 @@ func (p Producer) EnqueueBatch(ctx context.Context, db Querier, evs []Event) ([]
 			err.(*ValidationError).Index = i
 			return nil, err
 		}
-		h, err := encodeHeaders(ev.Headers)
+		h, err := encodeHeaders(tracing.Inject(ctx, ev.Headers))
 		if err != nil {
 			return nil, err
 		}

@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,36 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// logBuffer collects a relay's JSON log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) lines(substr string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// deferLines returns the relay's "publishing deferred" log lines.
+func deferLines(b *logtest.Buffer) []string {
 	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		if strings.Contains(l, substr) {
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.Contains(l, "publishing deferred") {
 			out = append(out, l)
 		}
 	}
 	return out
 }
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(b, nil)) }
 
 // attempts returns every row's attempts column, by id.
 func attempts(t *testing.T, db *pgtest.DB) map[outbox.ID]int {
@@ -83,8 +68,8 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	pub := &fakePublisher{fail: func(outbox.Message) error {
 		return &relay.DeferError{Reason: relay.DeferQuota, Until: reset, Err: errors.New("qstash api: 429 daily quota exceeded")}
 	}}
-	var logs logBuffer
-	r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 1, Logger: logs.logger()})
+	logger, logs := logtest.New()
+	r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 1, Logger: logger})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for range 12 { // more drains than MaxAttempts: none may spend an attempt
@@ -110,7 +95,7 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	if n := deadLetters(t, db); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
-	lines := logs.lines("publishing deferred")
+	lines := deferLines(logs)
 	if len(lines) != 1 || !strings.Contains(lines[0], `"reason":"quota"`) || !strings.Contains(lines[0], "daily quota exceeded") {
 		t.Fatalf("deferral log lines = %q, want one naming the reason and the error", lines)
 	}
@@ -202,11 +187,11 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 		}
 		return nil
 	}}
-	var logs logBuffer
+	logger, logs := logtest.New()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	st, err := newRelay(t, db, pub, relay.Config{DeferPause: 20 * time.Millisecond, Logger: logs.logger()}).Drain(ctx)
+	st, err := newRelay(t, db, pub, relay.Config{DeferPause: 20 * time.Millisecond, Logger: logger}).Drain(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +202,7 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 	if el := time.Since(start); el < 140*time.Millisecond {
 		t.Fatalf("drain took %v: the pauses did not double from DeferPause", el)
 	}
-	lines := logs.lines("publishing deferred")
+	lines := deferLines(logs)
 	if len(lines) != 1 || !strings.Contains(lines[0], "QSTASH_URL") || !strings.Contains(lines[0], `"reason":"deployment"`) {
 		t.Fatalf("log lines %q: want one per drain naming QSTASH_URL", lines)
 	}

@@ -7,15 +7,13 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -62,35 +60,24 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	admin, err := pgx.Connect(ctx, URL())
-	if err != nil {
+	sc, err := postgres.CreateSchema(ctx, URL(), "t", false, nil)
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
 		unreachable(tb, err)
 		return nil
 	}
-	defer admin.Close(context.Background())
-
-	schema := "t_" + randomHex(8)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		tb.Fatalf("pgtest: create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, URL())
-		if err != nil {
-			tb.Logf("pgtest: drop schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Logf("pgtest: drop schema %s: %v", schema, err)
-		}
-	})
-
-	url, err := WithSearchPath(URL(), schema)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
+	schema, url := sc.Name, sc.URL
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := sc.Drop(ctx); err != nil {
+			tb.Logf("pgtest: %v", err)
+		}
+	})
+
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: parse DATABASE_URL: %v", err)
@@ -112,19 +99,6 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	return &DB{Pool: pool, Schema: schema, URL: url}
 }
 
-// WithSearchPath returns url with search_path set to schema as a pgx runtime parameter
-// (pgx sends unknown URL parameters to the server as settings).
-func WithSearchPath(url, schema string) (string, error) {
-	if _, err := pgx.ParseConfig(url); err != nil {
-		return "", fmt.Errorf("parse database url: %w", err)
-	}
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return url + sep + "search_path=" + schema, nil
-}
-
 func unreachable(tb testing.TB, err error) {
 	tb.Helper()
 	msg := fmt.Sprintf("pgtest: cannot reach Postgres at DATABASE_URL=%q: %v "+
@@ -133,12 +107,4 @@ func unreachable(tb testing.TB, err error) {
 		tb.Fatal(msg)
 	}
 	tb.Skip(msg)
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
 }

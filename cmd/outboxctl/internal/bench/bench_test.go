@@ -1,0 +1,270 @@
+package bench_test
+
+// These tests run every scenario at its tiny size against real Postgres so the bench code
+// cannot rot. They check structure and counts (every event dispatched, order held), never
+// times: timing targets are reported by outboxctl bench, not asserted.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+// The memory scenario's child: the test binary re-executed with this variable set.
+const childEnv = "BENCH_TEST_DRAIN_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		if err := bench.RunDrainChild(context.Background(), os.Stdin, os.Stdout); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func logf(t *testing.T) func(string) { return func(s string) { t.Log(s) } }
+
+func TestDrain(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.DrainConfigFor(bench.Tiny)
+	res, err := bench.Drain(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(cfg.Relays) * (2*len(cfg.Batches) + 1); len(res.Runs) != want {
+		t.Fatalf("got %d runs, want %d: %+v", len(res.Runs), want, res.Runs)
+	}
+	for _, n := range cfg.Relays {
+		for _, b := range cfg.Batches {
+			for _, way := range []string{bench.WayFloor, bench.WayRelay} {
+				r := res.Find(way, b, n)
+				if r == nil {
+					t.Fatalf("no %s run at batch %d relays %d", way, b, n)
+				}
+				if r.Dispatched != cfg.Events || r.EventsPerSec <= 0 {
+					t.Errorf("%s batch %d relays %d: dispatched %d of %d at %v events/s", way, b, n, r.Dispatched, cfg.Events, r.EventsPerSec)
+				}
+				// The relay publishes every event in batch-sized requests (1,000 keys > batch
+				// here, so no same-key waves split a batch); the floor publishes nothing.
+				if way == bench.WayRelay && (r.PublishRequests < cfg.Events/b || r.PublishRequests > cfg.Events) {
+					t.Errorf("relay batch %d: %d publish requests for %d events", b, r.PublishRequests, cfg.Events)
+				}
+				if way == bench.WayFloor && r.PublishRequests != 0 {
+					t.Errorf("floor made %d publish requests", r.PublishRequests)
+				}
+			}
+		}
+		base := res.Baseline(n)
+		if base == nil || base.Dispatched != cfg.BaselineEvents || base.PublishRequests != cfg.BaselineEvents {
+			t.Errorf("baseline relays %d: %+v, want %d events, one request each", n, base, cfg.BaselineEvents)
+		}
+	}
+	var svg bytes.Buffer
+	if err := bench.WriteDrainSVG(&svg, res, "test machine"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), "<polyline") != 3*len(cfg.Relays) {
+		t.Errorf("chart has %d lines, want %d:\n%s", strings.Count(svg.String(), "<polyline"), 3*len(cfg.Relays), svg.String())
+	}
+}
+
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.ClaimConfigFor(bench.Tiny)
+	res, err := bench.Claim(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cases) != len(cfg.History)*len(cfg.Pending) {
+		t.Fatalf("got %d cases, want %d", len(res.Cases), len(cfg.History)*len(cfg.Pending))
+	}
+	for _, c := range res.Cases {
+		if c.Claim.Samples != cfg.Iterations || c.RowsPerClaim != float64(cfg.Batch) {
+			t.Errorf("history %d pending %d: %d samples of %v rows, want %d of %d", c.History, c.Pending, c.Claim.Samples, c.RowsPerClaim, cfg.Iterations, cfg.Batch)
+		}
+		if !strings.Contains(c.Plan, "outbox_ready_idx") || c.PlanExecMillis <= 0 {
+			t.Errorf("history %d pending %d: plan does not use outbox_ready_idx or has no execution time:\n%s", c.History, c.Pending, c.Plan)
+		}
+	}
+	if _, ok := res.P99Ratio(); !ok {
+		t.Error("no p99 ratio")
+	}
+	// EXPLAIN ANALYZE ran in a rolled-back transaction: it claimed nothing for real.
+	var leased int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE lease_token IS NOT NULL`).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 {
+		t.Errorf("%d rows left leased after the scenario", leased)
+	}
+}
+
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 2})
+	cfg := bench.ConsumerConfigFor(bench.Tiny)
+	res, err := bench.Consumer(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != len(cfg.Concurrency) {
+		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Concurrency))
+	}
+	for _, r := range res.Runs {
+		if r.WebhookStatus[200] != cfg.Messages || len(r.WebhookStatus) != 1 {
+			t.Errorf("concurrency %d: statuses %v, want %d x 200", r.Concurrency, r.WebhookStatus, cfg.Messages)
+		}
+		if r.ProcessedRows != int64(2*cfg.Messages) || r.ChargeRows != int64(2*cfg.Messages) || r.RawPerSec <= 0 || r.WebhookVsRaw <= 0 {
+			t.Errorf("concurrency %d: %+v", r.Concurrency, r)
+		}
+	}
+}
+
+func TestMemory(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.MemoryConfigFor(bench.Tiny)
+	spawn := func(ctx context.Context) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		return cmd
+	}
+	res, err := bench.Memory(context.Background(), db.URL, cfg, spawn, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PeakRSSMiB <= 0 || res.RusageMaxRSSMiB < res.PeakRSSMiB || res.CPUSeconds <= 0 {
+		t.Errorf("memory figures inconsistent: %+v", res)
+	}
+	if res.PublishCalls < cfg.Events/cfg.Batch || res.QStashRequestsPerMillion <= 0 {
+		t.Errorf("publish calls %d for %d events at batch %d", res.PublishCalls, cfg.Events, cfg.Batch)
+	}
+	if g128, g512 := res.LambdaGBsPerMillion[128], res.LambdaGBsPerMillion[512]; g128 <= 0 || math.Abs(g512-4*g128) > 0.5 {
+		t.Errorf("GB-s should scale with memory: %v", res.LambdaGBsPerMillion)
+	}
+}
+
+func TestSummaryAndMarkdown(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	spawn := func(ctx context.Context) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		return cmd
+	}
+	// Run makes (and drops) its own bench_ schemas on the server of DATABASE_URL.
+	var schemas []string
+	progress := func(s string) {
+		t.Log(s)
+		if _, rest, ok := strings.Cut(s, "(schema "); ok {
+			schemas = append(schemas, strings.TrimSuffix(rest, ")"))
+		}
+	}
+	res, err := bench.Run(context.Background(), pgtest.URL(), bench.Options{
+		Size: bench.Tiny, Scenarios: []string{bench.ScenarioDrain, bench.ScenarioMemory}, Spawn: spawn, Progress: progress,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Summary, Machine map[string]any }
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"relay_vs_floor", "relay_vs_baseline", "relay_eps", "floor_eps", "baseline_eps",
+		"claim_p99_ratio_5m_vs_0", "e2e_p50_ms", "e2e_p99_ms", "webhook_vs_raw", "relay_peak_rss_mib"} {
+		if _, ok := doc.Summary[k]; !ok {
+			t.Errorf("summary has no %s", k)
+		}
+	}
+	// Scenarios that ran have numbers; the others are null.
+	for _, k := range []string{"relay_vs_floor", "relay_vs_baseline", "relay_peak_rss_mib"} {
+		if v, _ := doc.Summary[k].(float64); v <= 0 {
+			t.Errorf("summary %s = %v", k, doc.Summary[k])
+		}
+	}
+	if doc.Summary["webhook_vs_raw"] != nil {
+		t.Errorf("webhook_vs_raw = %v for a run without the consumer scenario", doc.Summary["webhook_vs_raw"])
+	}
+	if doc.Machine["nproc"].(float64) < 1 || doc.Machine["postgres_version"] == "" {
+		t.Errorf("machine: %v", doc.Machine)
+	}
+	var md bytes.Buffer
+	res.WriteMarkdown(&md)
+	for _, want := range []string{"| relay_vs_floor |", "## 1. Drain throughput", "## 6. Memory and cost"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+	if len(schemas) != 2 {
+		t.Fatalf("schemas %v, want one per scenario", schemas)
+	}
+	var left int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1)`, schemas).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d of the schemas %v were not dropped", left, schemas)
+	}
+}
+
+func TestFIFO(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.FIFOConfigFor(bench.Tiny)
+	res, err := bench.FIFO(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != len(cfg.Keys) {
+		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Keys))
+	}
+	for _, r := range res.Runs {
+		if r.Delivered != cfg.Events || r.OrderViolations != 0 || r.EventsPerSec <= 0 {
+			t.Errorf("%d keys: delivered %d of %d, %d order violations", r.Keys, r.Delivered, cfg.Events, r.OrderViolations)
+		}
+	}
+}
+
+func TestE2E(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.E2EConfigFor(bench.Tiny)
+	res, err := bench.E2E(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int(float64(cfg.Rate) * cfg.Duration.Seconds())
+	for _, mode := range []string{bench.ModeLinger, bench.ModePoll} {
+		m := res.Mode(mode)
+		if m == nil {
+			t.Fatalf("no %s mode", mode)
+		}
+		if m.Produced != want || m.Delivered != want || m.Latency.Samples != want || m.Latency.P50 <= 0 || m.Latency.P99 < m.Latency.P50 {
+			t.Errorf("%s: %+v, want %d events", mode, m, want)
+		}
+	}
+	// Every event was charged once by the real handler.
+	var charges int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&charges); err != nil {
+		t.Fatal(err)
+	}
+	if charges != want {
+		t.Errorf("%d billing_charges rows after the poll run, want %d", charges, want)
+	}
+}

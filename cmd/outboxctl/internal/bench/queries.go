@@ -1,0 +1,44 @@
+package bench
+
+const (
+	qReset = `TRUNCATE outbox, processed_messages, billing_charges, dead_letters RESTART IDENTITY`
+
+	qVacuumOutbox = `VACUUM ANALYZE outbox`
+
+	qPendingCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
+
+	qDispatchedCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL`
+
+	// qCreatedAt reads the producer-side timestamps of the e2e events.
+	qCreatedAt = `SELECT id, created_at FROM outbox WHERE id = ANY($1::bigint[])`
+
+	qClockTimestamp = `SELECT clock_timestamp()`
+
+	qTableSizes = `
+SELECT pg_total_relation_size('outbox'), pg_relation_size('outbox'),
+       pg_relation_size('outbox_ready_idx'), pg_relation_size('outbox_pkey'),
+       pg_relation_size('outbox_pending_key_idx')`
+
+	// The article's claim: the lease lives in locked_until, so claimed rows
+	// stay at the front of outbox_ready_idx (filtered out one heap fetch at a time).
+	qArticleClaim = `
+UPDATE outbox o
+SET locked_until = now() + $2::interval, attempts = o.attempts + 1
+WHERE o.id IN (
+    SELECT id FROM outbox
+    WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL
+      AND available_at <= now()
+      AND (locked_until IS NULL OR locked_until < now())
+    ORDER BY available_at, id
+    FOR UPDATE SKIP LOCKED
+    LIMIT $1)
+RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts`
+
+	// The article's per-row outcome statements.
+	qArticleMark       = `UPDATE outbox SET dispatched_at = now(), locked_until = NULL WHERE id = $1`
+	qArticleDeadLetter = `UPDATE outbox SET dead_lettered_at = now(), locked_until = NULL, last_error = $2 WHERE id = $1`
+	qArticleRetry      = `
+UPDATE outbox
+SET locked_until = NULL, available_at = now() + ($2 || ' seconds')::interval, last_error = $3
+WHERE id = $1`
+)

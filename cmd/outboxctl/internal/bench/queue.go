@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// newPublisher returns the relay's QStash publisher to qstashURL for events destined to
+// destBase/events/<topic>, configured by articlePublisher.
+func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher, error) {
+	cfg := articlePublisher(fifo)
+	cfg.BaseURL, cfg.Token, cfg.DestinationBaseURL = qstashURL, token, destBase
+	return qstash.NewPublisher(cfg)
+}
+
+// articlePublisher is the publisher's configuration: in publish mode what the article
+// sends (retries 5, flow control keyed by partition key with parallelism 1); fifo mode
+// enqueues into the publisher's default number of FIFO queues.
+func articlePublisher(fifo bool) qstash.PublisherConfig {
+	cfg := qstash.PublisherConfig{Retries: 5}
+	if fifo {
+		cfg.Ordering = qstash.OrderingFIFO
+	} else {
+		cfg.FlowControlParallelism = 1
+	}
+	return cfg
+}
+
+// sinkQStash is the local QStash (qstashtest) for scenarios that measure the publish path
+// only. qstashtest has no switch to turn delivery off, so its delay fault holds every
+// delivery back by a random delay of up to an hour: while the drain runs the server only
+// accepts, and Close drops what is still pending. The few deliveries that do start go to a
+// loopback sink that answers 200.
+type sinkQStash struct {
+	*qstashtest.Server
+	sink *httptest.Server
+	// SinkURL is the destination base URL to publish to.
+	SinkURL string
+}
+
+// startSinkQStash starts qstashtest and a sink that reads each delivery and answers 200.
+func startSinkQStash() *sinkQStash {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusOK)
+	}))
+	q := startDelivering()
+	q.SetFaults(qstashtest.Faults{DelayRate: 1, MaxDelay: time.Hour})
+	return &sinkQStash{Server: q, sink: sink, SinkURL: sink.URL}
+}
+
+func (q *sinkQStash) Close() {
+	q.Server.Close()
+	q.sink.Close()
+}
+
+// startDelivering starts the project's local QStash server on a free loopback port, with
+// deliveringOptions.
+func startDelivering() *qstashtest.Server { return qstashtest.NewServer(deliveringOptions()) }
+
+// deliveringOptions: the delivery client keeps up to 1024 idle connections per host.
+// qstashtest delivers every ready message at once (up to one per flow-control key, here
+// 1,000 keys), and with its default of 64 idle connections most deliveries dial a new TCP
+// connection: profiled, dialing took a fifth of the process's CPU and slowed the relay
+// under test by half.
+func deliveringOptions() qstashtest.Options {
+	return qstashtest.Options{
+		Logger: discardLogger(),
+		HTTPClient: &http.Client{
+			Transport:     &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+	}
+}

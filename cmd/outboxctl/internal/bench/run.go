@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+)
+
+// Scenario names, in the order Run runs them.
+const (
+	ScenarioDrain    = "drain"
+	ScenarioClaim    = "claim"
+	ScenarioFIFO     = "fifo"
+	ScenarioE2E      = "e2e"
+	ScenarioConsumer = "consumer"
+	ScenarioMemory   = "memory"
+)
+
+// Scenarios lists every scenario.
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioConsumer, ScenarioMemory}
+
+// ParseScenarios splits a comma-separated list and checks every name.
+func ParseScenarios(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return slices.Clone(Scenarios), nil
+	}
+	var out []string
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(Scenarios, name) {
+			return nil, fmt.Errorf("unknown scenario %q: want some of %s", name, strings.Join(Scenarios, ","))
+		}
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+// Options configures Run.
+type Options struct {
+	Size      Size
+	Scenarios []string
+	// Spawn starts the memory scenario's drain child (required for ScenarioMemory).
+	Spawn Spawner
+	// Progress receives one line per measurement (nil: silent).
+	Progress func(string)
+}
+
+// Run runs the chosen scenarios, each in its own bench_<random> schema on baseURL's server
+// (created, migrated, dropped), and summarises. A failing scenario is recorded in
+// Results.Errors and the others still run; the error returned is the first failure.
+func Run(ctx context.Context, baseURL string, opts Options) (*Results, error) {
+	res := &Results{Size: opts.Size, Started: time.Now()}
+	m, err := DescribeMachine(ctx, baseURL)
+	if err != nil {
+		return nil, err
+	}
+	res.Machine = m
+	var first error
+	for _, name := range Scenarios {
+		if !slices.Contains(opts.Scenarios, name) {
+			continue
+		}
+		if err := runScenario(ctx, baseURL, name, opts, res); err != nil {
+			if res.Errors == nil {
+				res.Errors = map[string]string{}
+			}
+			res.Errors[name] = err.Error()
+			if first == nil {
+				first = fmt.Errorf("scenario %s: %w", name, err)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	res.Machine.LoadEnd = LoadAvg()
+	res.Seconds = round3(time.Since(res.Started).Seconds())
+	res.Summarise()
+	return res, first
+}
+
+func runScenario(ctx context.Context, baseURL, name string, opts Options, res *Results) (err error) {
+	s, err := postgres.CreateSchema(ctx, baseURL, "bench", true, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if derr := s.Drop(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	if opts.Progress != nil {
+		opts.Progress(fmt.Sprintf("== %s (schema %s)", name, s.Name))
+	}
+	switch name {
+	case ScenarioDrain:
+		res.Drain, err = Drain(ctx, s.URL, DrainConfigFor(opts.Size), opts.Progress)
+	case ScenarioClaim:
+		res.Claim, err = Claim(ctx, s.URL, ClaimConfigFor(opts.Size), opts.Progress)
+	case ScenarioFIFO:
+		res.FIFO, err = FIFO(ctx, s.URL, FIFOConfigFor(opts.Size), opts.Progress)
+	case ScenarioE2E:
+		res.E2E, err = E2E(ctx, s.URL, E2EConfigFor(opts.Size), opts.Progress)
+	case ScenarioConsumer:
+		res.Consumer, err = Consumer(ctx, s.URL, ConsumerConfigFor(opts.Size), opts.Progress)
+	case ScenarioMemory:
+		if opts.Spawn == nil {
+			return fmt.Errorf("memory scenario needs Options.Spawn")
+		}
+		res.Memory, err = Memory(ctx, s.URL, MemoryConfigFor(opts.Size), opts.Spawn, opts.Progress)
+	}
+	return err
+}

@@ -1,0 +1,110 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+// TestLogsCarryNoSecrets runs the pipeline under faults with every component logging at
+// debug level into one buffer, sends forged and expired tokens to the webhook and the
+// failure endpoint while it runs, and then scans the logs: no API token, signing key,
+// token or signature, database password or payload may appear.
+func TestLogsCarryNoSecrets(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 2})
+	const password = "pw-LEAK-7f3a"
+	url := strings.Replace(db.URL, "postgres://postgres@", "postgres://postgres:"+password+"@", 1)
+	if url == db.URL {
+		t.Skipf("DATABASE_URL %q has a user or password of its own; cannot add the marker password", db.URL)
+	}
+	logs := &logtest.Buffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+	var secrets []string
+	var sent sync.WaitGroup
+	opts := chaos.Options{DatabaseURL: url, Events: 600, Seed: chaosSeed(t), Relays: 2, Faults: chaos.DefaultFaults(), Logger: logger,
+		OnStart: func(ep chaos.Endpoints) {
+			secrets = append(secrets, ep.QStashToken, ep.CurrentKey, ep.NextKey, password)
+			body := []byte(`{"order_id":"o-LEAKMARK","amount_cents":1,"currency":"EUR"}`)
+			hook := ep.WebhookBaseURL + "/events/order.created"
+			now := time.Now()
+			tokens := map[string]string{
+				"expired":   sign(t, ep.CurrentKey, hook, body, now.Add(-10*time.Minute)),
+				"HS512":     forge(t, jwt.SigningMethodHS512, []byte(ep.CurrentKey), hook, body, now),
+				"wrong key": forge(t, jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), hook, body, now),
+				"garbage":   "not.a.jwtMARKER",
+				"callback":  forge(t, jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), ep.FailureURL, body, now),
+			}
+			for name, tok := range tokens {
+				secrets = append(secrets, tok)
+				if parts := strings.Split(tok, "."); len(parts) == 3 && len(parts[2]) > 8 {
+					secrets = append(secrets, parts[2])
+				}
+				target := hook
+				if name == "callback" {
+					target = ep.FailureURL
+				}
+				sent.Go(func() {
+					req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, target, bytes.NewReader(body))
+					req.Header.Set("Upstash-Signature", tok)
+					req.Header.Set("X-Outbox-Id", "424242")
+					if resp, err := http.DefaultClient.Do(req); err == nil {
+						resp.Body.Close()
+						if resp.StatusCode != http.StatusUnauthorized {
+							t.Errorf("%s token: status %d, want 401", name, resp.StatusCode)
+						}
+					}
+				})
+			}
+			// A valid signature seen by the relay path: the delivery signatures are made
+			// by the QStash server with these keys; the keys are in secrets already.
+		},
+	}
+	rep, err := chaos.Run(context.Background(), opts)
+	sent.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Passed {
+		t.Fatalf("run failed (seed %d): %v", rep.Seed, rep.Violations)
+	}
+	out := logs.String()
+	for _, want := range []string{"webhook signature rejected", `"relay":`} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("logs lack %q: the capture missed a component (%d bytes)", want, len(out))
+		}
+	}
+	for _, s := range secrets {
+		if s != "" && strings.Contains(out, s) {
+			t.Errorf("logs contain a secret or token: %.24q…", s)
+		}
+	}
+	// Every produced payload carries "order_id":"c-..., the forged one a marker; neither may
+	// be logged, as raw JSON or as an escaped string.
+	for _, s := range []string{`"order_id":"c-`, `order_id\":\"c-`, "LEAKMARK", `Upstash-Signature":"ey`, `Upstash-Signature\":\"ey`} {
+		if strings.Contains(out, s) {
+			i := strings.Index(out, s)
+			t.Errorf("logs contain %q (a payload or signature): …%s…", s, out[max(0, i-200):min(len(out), i+100)])
+		}
+	}
+	t.Logf("scanned %d bytes of logs from %d events, %d faults", len(out), rep.Events, sum(rep.Faults))
+}
+
+func sum(m map[string]int64) (n int64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,188 @@
+package localstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+)
+
+// Paths of the receivers on the pipeline's loopback server, as the two Function URLs
+// would serve them.
+const (
+	EventsPath  = "/events/"
+	FailurePath = "/failure"
+)
+
+// ExternalQStash selects a QStash the pipeline does not start (the official dev server).
+type ExternalQStash struct {
+	URL, Token, CurrentSigningKey, NextSigningKey string
+}
+
+// PipelineConfig configures StartPipeline. Zero fields take the defaults noted.
+type PipelineConfig struct {
+	// Pool is the migrated database the receivers write to. Required.
+	Pool *pgxpool.Pool
+	// Handlers are the webhook's topic handlers. Required.
+	Handlers webhook.Handlers
+	// Observe is passed to the webhook (webhook.Config.Observe).
+	Observe func(topic, outcome string)
+	// QStash configures the built-in QStash server; ignored when External is set.
+	QStash qstashtest.Options
+	// External, when set, is used instead of the built-in server.
+	External *ExternalQStash
+	// QStashFront, when set, wraps the built-in server: the publisher talks to the wrapper
+	// (fault injection in front of QStash).
+	QStashFront func(http.Handler) http.Handler
+	// ReceiverFront, when set, wraps both receivers (fault injection in front of them).
+	ReceiverFront func(http.Handler) http.Handler
+	// Publisher is the publisher's configuration; BaseURL, Token, DestinationBaseURL and
+	// FailureCallbackURL are filled in by StartPipeline.
+	Publisher qstash.PublisherConfig
+	// Logger receives every component's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Pipeline is everything between the outbox and the consumer's commit, in this process:
+// QStash (built-in or external), the webhook and the failure-callback recorder on one
+// loopback server, and a publisher aimed at them. Relays are made with NewRelay.
+type Pipeline struct {
+	// QStash is the built-in server, nil with an external one.
+	QStash *qstashtest.Server
+	// QStashURL is what the publisher talks to (the front when there is one).
+	QStashURL                                string
+	Token, CurrentSigningKey, NextSigningKey string
+	// BaseURL is the receivers' origin (http://127.0.0.1:port); events go to
+	// BaseURL+EventsPath+topic, failure callbacks to FailureURL.
+	BaseURL, FailureURL string
+	Verifier            *qstash.Verifier
+	Webhook             *webhook.Handler
+	Callback            *deadletter.CallbackHandler
+	Publisher           *qstash.Publisher
+
+	closers []func()
+}
+
+// StartPipeline starts the pipeline. The receivers' listener is opened first, so their URL
+// is known before anything that needs it is built; they learn their public origin from the
+// request context (pkg/origin), as behind a Lambda Function URL, not from configuration.
+func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err error) {
+	if cfg.Pool == nil || cfg.Handlers == nil {
+		return nil, errors.New("start pipeline: Pool and Handlers are required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	p = &Pipeline{}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+
+	if e := cfg.External; e != nil {
+		if e.URL == "" || e.Token == "" || e.CurrentSigningKey == "" || e.NextSigningKey == "" {
+			return nil, errors.New("with QSTASH_URL set, QSTASH_TOKEN, QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY are required too")
+		}
+		p.QStashURL, p.Token, p.CurrentSigningKey, p.NextSigningKey = e.URL, e.Token, e.CurrentSigningKey, e.NextSigningKey
+	} else {
+		opts := cfg.QStash
+		if opts.Logger == nil {
+			opts.Logger = log
+		}
+		p.QStash = qstashtest.NewServer(opts)
+		p.closers = append(p.closers, p.QStash.Close)
+		p.QStashURL, p.Token = p.QStash.URL, p.QStash.Token
+		p.CurrentSigningKey, p.NextSigningKey = p.QStash.CurrentSigningKey, p.QStash.NextSigningKey
+		if cfg.QStashFront != nil {
+			url, closeFront, err := serveLoopback(cfg.QStashFront(p.QStash))
+			if err != nil {
+				return nil, fmt.Errorf("start qstash front: %w", err)
+			}
+			p.closers = append(p.closers, closeFront)
+			p.QStashURL = url
+		}
+	}
+	if p.Verifier, err = qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: p.CurrentSigningKey, NextSigningKey: p.NextSigningKey}); err != nil {
+		return nil, err
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen for receivers: %w", err)
+	}
+	p.BaseURL = "http://" + ln.Addr().String()
+	p.FailureURL = p.BaseURL + FailurePath
+	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, Observe: cfg.Observe, Logger: log})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(EventsPath, p.Webhook)
+	mux.Handle(FailurePath, p.Callback)
+	var h http.Handler = withOrigin(p.BaseURL, mux)
+	if cfg.ReceiverFront != nil {
+		h = cfg.ReceiverFront(h)
+	}
+	srv := funcurl.NewLocalServer("", h)
+	go func() { _ = srv.Serve(ln) }()
+	p.closers = append(p.closers, func() { _ = srv.Close() })
+
+	pc := cfg.Publisher
+	pc.BaseURL, pc.Token, pc.DestinationBaseURL, pc.FailureCallbackURL = p.QStashURL, p.Token, p.BaseURL, p.FailureURL
+	if p.Publisher, err = qstash.NewPublisher(pc); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// NewRelay returns a relay over db publishing through the pipeline's publisher.
+func (p *Pipeline) NewRelay(db *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
+	return relay.New(db, p.Publisher, cfg)
+}
+
+// Close stops the receivers and the built-in QStash server, newest first.
+func (p *Pipeline) Close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+	p.closers = nil
+}
+
+// withOrigin gives every request the trusted origin, as funcurl does for a Function URL.
+func withOrigin(o string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(origin.NewContext(r.Context(), o)))
+	})
+}
+
+// serveLoopback serves h on a free loopback port and returns its URL and a closer.
+func serveLoopback(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := funcurl.NewLocalServer("", h)
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}

@@ -1,0 +1,283 @@
+// Package localstack runs the whole pipeline on one machine: Postgres (given or throwaway),
+// QStash (given or the built-in server), the webhook and failure-callback handlers on
+// loopback, a relay as the schedule would run it (with LISTEN/NOTIFY), and a demo producer
+// writing orders and their events in business transactions. The summary is read from the
+// database, so it checks the guarantees rather than echoing counters.
+package localstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+)
+
+// Options configures Run. Zero values take the defaults noted.
+type Options struct {
+	// DatabaseURL is the server to use; the stack works in its own schema there and drops
+	// it at the end (unless Keep). Empty: a throwaway cluster under DataDir.
+	DatabaseURL string
+	// DataDir holds the throwaway cluster. Default a temporary directory, removed at exit.
+	DataDir string
+	// QStashURL, QStashToken and the signing keys select an external QStash (the official
+	// dev server). Empty QStashURL: the built-in server. Upstash itself cannot deliver to
+	// this machine's loopback handlers.
+	QStashURL, QStashToken, CurrentSigningKey, NextSigningKey string
+	// Producer shapes the demo load.
+	Producer ProducerConfig
+	// Ordering is "fifo" (default: per-key order end to end) or "publish".
+	Ordering qstash.Ordering
+	// Forever keeps the stack up after the demo until ctx is cancelled.
+	Forever bool
+	// Keep leaves the schema in place for inspection.
+	Keep bool
+	// Timeout bounds the wait for the pipeline to settle. Default 2 minutes.
+	Timeout time.Duration
+	// Progress receives the live display; nil disables it. Terminal selects a one-line
+	// display redrawn in place instead of periodic lines.
+	Progress io.Writer
+	Terminal bool
+	// Logger receives component logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Run brings the stack up, runs the demo, waits until every event is applied or
+// dead-lettered (or Timeout), and returns the summary.
+func Run(ctx context.Context, opts Options) (Summary, error) {
+	if opts.Ordering == "" {
+		opts.Ordering = qstash.OrderingFIFO
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 2 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	log := opts.Logger
+
+	// Postgres.
+	base := opts.DatabaseURL
+	if base == "" {
+		dir, cleanup, err := dataDir(opts.DataDir)
+		if err != nil {
+			return Summary{}, err
+		}
+		defer cleanup()
+		cl, err := StartCluster(ctx, dir)
+		if err != nil {
+			return Summary{}, err
+		}
+		defer cl.Stop()
+		base = cl.URL
+		log.Info("started throwaway postgres", "dir", dir, "port", cl.Port)
+	}
+	pool, dropSchema, err := openSchema(ctx, base, opts.Keep)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer dropSchema()
+	defer pool.Close()
+
+	// QStash, the receivers on loopback (the same handlers the Lambdas serve) and the
+	// publisher; then the relay, as the schedule runs it, lingering on NOTIFY.
+	var duplicates atomic.Int64
+	pcfg := PipelineConfig{
+		Pool:     pool,
+		Handlers: webhook.Handlers{"order.created": DemoHandler},
+		Observe: func(_, outcome string) {
+			if outcome == webhook.OutcomeDuplicate {
+				duplicates.Add(1)
+			}
+		},
+		QStash:    qstashtest.Options{TimeScale: 0.001},
+		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
+		Logger:    log,
+	}
+	if opts.QStashURL != "" {
+		pcfg.External = &ExternalQStash{URL: opts.QStashURL, Token: opts.QStashToken, CurrentSigningKey: opts.CurrentSigningKey, NextSigningKey: opts.NextSigningKey}
+	}
+	pl, err := StartPipeline(ctx, pcfg)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer pl.Close()
+	r, err := pl.NewRelay(pool, relay.Config{BatchSize: 100, Logger: log})
+	if err != nil {
+		return Summary{}, err
+	}
+	stopRelay, cancelRelay := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var relayErr error
+	wg.Go(func() {
+		_ = relay.Supervise(stopRelay, func(int) (*relay.Relay, error) { return r, nil }, relay.SuperviseConfig{
+			OnRun: func(_ relay.Stats, err error) {
+				if err != nil {
+					relayErr = err // logged by Supervise
+				}
+			},
+		})
+	})
+	defer func() { cancelRelay(); wg.Wait() }()
+
+	// The demo producer.
+	produceCtx, cancelProduce := context.WithCancel(ctx)
+	defer cancelProduce()
+	produced := make(chan error, 1)
+	go func() {
+		_, err := Produce(produceCtx, pool, opts.Producer)
+		produced <- err
+	}()
+
+	want := int64(opts.Producer.Events)
+	deadline := time.Now().Add(opts.Timeout)
+	disp := newDisplay(opts.Progress, opts.Terminal)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	produceDone := false
+	var prodErr error
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-produced:
+			produceDone, prodErr = true, err
+			if err != nil && ctx.Err() == nil {
+				break wait
+			}
+		case <-tick.C:
+			p, err := ReadProgress(ctx, pool)
+			if err != nil {
+				if ctx.Err() != nil {
+					break wait
+				}
+				return Summary{}, err
+			}
+			disp.show(p)
+			settled := produceDone && p.Processed+p.DeadLetters >= want
+			if settled && !opts.Forever {
+				break wait
+			}
+			if !opts.Forever && time.Now().After(deadline) {
+				log.Error("pipeline did not settle before the timeout", "timeout", opts.Timeout.String())
+				break wait
+			}
+		}
+	}
+	disp.done()
+	cancelProduce()
+	cancelRelay()
+	wg.Wait()
+
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Summarize(sctx, pool)
+	if err != nil {
+		return s, err
+	}
+	s.DuplicatesAbsorbed = duplicates.Load()
+	s.Ordering = string(opts.Ordering)
+	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
+		return s, prodErr
+	}
+	if relayErr != nil && !s.OK() {
+		return s, relayErr
+	}
+	return s, nil
+}
+
+func dataDir(dir string) (string, func(), error) {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", nil, fmt.Errorf("create data dir: %w", err)
+		}
+		return dir, func() {}, nil
+	}
+	d, err := os.MkdirTemp("", "outbox-dev-pg-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create data dir: %w", err)
+	}
+	return d, func() { _ = os.RemoveAll(d) }, nil
+}
+
+// openSchema creates dev_<random> on base, migrated, with the demo tables, and opens a
+// pool on it.
+func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, func(), error) {
+	sc, err := postgres.CreateSchema(ctx, base, "dev", true, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	drop := func() {
+		if !keep {
+			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = sc.Drop(dctx)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(sc.URL)
+	if err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("parse database url: %w", err)
+	}
+	cfg.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := CreateDemoTables(ctx, pool); err != nil {
+		pool.Close()
+		drop()
+		return nil, nil, err
+	}
+	return pool, drop, nil
+}
+
+// display renders progress: one line redrawn in place on a terminal, else a line a second.
+type display struct {
+	w        io.Writer
+	terminal bool
+	start    time.Time
+	last     time.Time
+}
+
+func newDisplay(w io.Writer, terminal bool) *display {
+	return &display{w: w, terminal: terminal, start: time.Now()}
+}
+
+func (d *display) show(p Progress) {
+	if d.w == nil {
+		return
+	}
+	if !d.terminal && time.Since(d.last) < time.Second {
+		return
+	}
+	d.last = time.Now()
+	rate := float64(p.Processed+p.DeadLetters) / time.Since(d.start).Seconds()
+	line := fmt.Sprintf("produced %d  dispatched %d  processed %d  dead letters %d  backlog %d  oldest %.1fs  %.0f events/s",
+		p.Produced, p.Dispatched, p.Processed, p.DeadLetters, p.Backlog, p.OldestAgeSeconds, rate)
+	if d.terminal {
+		fmt.Fprintf(d.w, "\r\033[K%s", line)
+	} else {
+		fmt.Fprintln(d.w, line)
+	}
+}
+
+func (d *display) done() {
+	if d.w != nil && d.terminal {
+		fmt.Fprintln(d.w)
+	}
+}

@@ -1,0 +1,427 @@
+package samtemplate_test
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+)
+
+var buildDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deploy-test-")
+	if err != nil {
+		panic(err)
+	}
+	buildDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	buildMu  sync.Mutex
+	built    = map[string]string{}
+	buildErr = map[string]error{}
+)
+
+// binary builds pkg once per test run: bootstraps as lambdatest.Build makes them, other
+// commands plainly.
+func binary(t *testing.T, pkg string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs Lambda bootstraps under aws-lambda-rie")
+	}
+	lambdatest.RequireRIE(t)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[pkg]; ok || buildErr[pkg] != nil {
+		if buildErr[pkg] != nil {
+			t.Fatal(buildErr[pkg])
+		}
+		return p
+	}
+	dir := filepath.Join(buildDir, strings.NewReplacer("/", "_", ".", "_").Replace(pkg))
+	var p string
+	var err error
+	if strings.HasPrefix(pkg, "./functions/") {
+		p, err = lambdatest.Build(context.Background(), pkg, dir)
+	} else {
+		p = filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", p, pkg)
+		cmd.Dir = root(t)
+		if out, e := cmd.CombinedOutput(); e != nil {
+			err = &buildError{pkg, e, out}
+		}
+	}
+	built[pkg], buildErr[pkg] = p, err
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type buildError struct {
+	pkg string
+	err error
+	out []byte
+}
+
+func (e *buildError) Error() string {
+	return "build " + e.pkg + ": " + e.err.Error() + "\n" + string(e.out)
+}
+
+// signEvent runs `outboxctl sign-event` on a sample event, as a user does before a local
+// invoke.
+func signEvent(t *testing.T, event string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(binary(t, "./cmd/outboxctl"), append([]string{"sign-event", "-in", filepath.Join(root(t), event)}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the dev keys, whatever the caller's environment
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("outboxctl sign-event %s: %v", event, err)
+	}
+	return out
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func invoke(t *testing.T, f *lambdatest.Function, payload []byte) lambdatest.Response {
+	t.Helper()
+	resp, err := f.Invoke(ctxT(t, 2*time.Minute), payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// urlResponse decodes a receiver's Function URL response.
+func urlResponse(t *testing.T, r lambdatest.Response) lambdatest.URLResponse {
+	t.Helper()
+	var out lambdatest.URLResponse
+	if err := r.Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func count(t *testing.T, db *pgtest.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// receiverEnv is a receiver's local environment: the database and the dev signing keys,
+// no public URL (so it verifies against https://<domainName><rawPath>).
+func receiverEnv(db *pgtest.DB) map[string]string {
+	return map[string]string{
+		"DATABASE_URL":               db.URL,
+		"QSTASH_CURRENT_SIGNING_KEY": qstash.DevCurrentSigningKey,
+		"QSTASH_NEXT_SIGNING_KEY":    qstash.DevNextSigningKey,
+		"LOG_LEVEL":                  "debug",
+	}
+}
+
+type relayResult struct {
+	Task              string  `json:"task"`
+	Claimed           int     `json:"claimed"`
+	Dispatched        int     `json:"dispatched"`
+	Released          int     `json:"released"`
+	Retried           int     `json:"retried"`
+	StoppedAtDeadline bool    `json:"stopped_at_deadline"`
+	BacklogPending    *int64  `json:"backlog_pending"`
+	OutboxDeleted     int64   `json:"outbox_deleted"`
+	ProcessedDeleted  int64   `json:"processed_deleted"`
+	Complete          *bool   `json:"complete"`
+	OldestPendingAge  float64 `json:"oldest_pending_age_seconds"`
+}
+
+// TestRIEScheduledDrainEndToEnd deploys the three built functions as the template wires
+// them: the relay resolves its database secret and QStash token from (stub) Secrets Manager
+// and SSM, learns the receivers' URLs with the trailing "/" a FunctionUrl has, and
+// publishes to the local QStash, which delivers over TLS to emulated Function URLs whose
+// functions verify the signature against https://<domainName><rawPath>. A delivery is
+// only processed if the relay published byte-for-byte the URL the webhook rebuilds.
+func TestRIEScheduledDrainEndToEnd(t *testing.T) {
+	t.Parallel()
+	relayBin, webhookBin, failureBin := binary(t, "./functions/relay"), binary(t, "./functions/webhook"), binary(t, "./functions/failure")
+	db := pgtest.New(t)
+
+	// Secrets as deployed: the RDS JSON in Secrets Manager, QStash values in SSM.
+	aws := awsenvtest.NewServer()
+	defer aws.Close()
+	server, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secretARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:outbox/db-Ab12Cd"
+	secret, _ := json.Marshal(map[string]any{"username": server.User, "password": orText(server.Password, "unused-locally"),
+		"host": server.Host, "port": server.Port, "dbname": server.Database, "engine": "postgres"})
+	aws.PutSecret(secretARN, string(secret))
+	aws.PutParameter("/outbox-relay/qstash/token", qstash.DevToken)
+	aws.PutParameter("/outbox-relay/qstash/current-signing-key", qstash.DevCurrentSigningKey)
+	aws.PutParameter("/outbox-relay/qstash/next-signing-key", qstash.DevNextSigningKey)
+	sslmode := "require"
+	if strings.Contains(db.URL, "sslmode=disable") {
+		sslmode = "disable"
+	}
+	deployed := func(extra map[string]string) map[string]string {
+		env := map[string]string{
+			"AWS_ENDPOINT_URL": aws.URL, "DB_SECRET_ARN": secretARN, "DB_SSLMODE": sslmode,
+			// The secret cannot carry the test schema; libpq's PGOPTIONS can.
+			"PGOPTIONS": "-c search_path=" + db.Schema, "LOG_LEVEL": "debug",
+		}
+		for k, v := range extra {
+			env[k] = v
+		}
+		return env
+	}
+	receiverParams := map[string]string{
+		"QSTASH_CURRENT_SIGNING_KEY_PARAM": "/outbox-relay/qstash/current-signing-key",
+		"QSTASH_NEXT_SIGNING_KEY_PARAM":    "/outbox-relay/qstash/next-signing-key",
+	}
+
+	webhook := lambdatest.Start(t, lambdatest.Options{Bootstrap: webhookBin, Name: "WebhookFunction", Timeout: 15 * time.Second, Env: deployed(receiverParams)})
+	failure := lambdatest.Start(t, lambdatest.Options{Bootstrap: failureBin, Name: "FailureFunction", Timeout: 15 * time.Second, Env: deployed(receiverParams)})
+	webhookURL := lambdatest.NewFunctionURL(webhook)
+	defer webhookURL.Close()
+	failureURL := lambdatest.NewFunctionURL(failure)
+	defer failureURL.Close()
+
+	roots := x509.NewCertPool()
+	roots.AddCert(webhookURL.Certificate())
+	roots.AddCert(failureURL.Certificate())
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig.RootCAs = roots
+	qs := qstashtest.NewServer(qstashtest.Options{HTTPClient: &http.Client{Transport: tr, Timeout: time.Minute}, TimeScale: 0.0001})
+	defer qs.Close()
+
+	relay := lambdatest.Start(t, lambdatest.Options{Bootstrap: relayBin, Name: "RelayFunction", Timeout: 50 * time.Second, Env: deployed(map[string]string{
+		"QSTASH_URL": qs.URL, "QSTASH_TOKEN_PARAM": "/outbox-relay/qstash/token",
+		"PUBLIC_BASE_URL": webhookURL.URL + "/", "FAILURE_CALLBACK_URL": failureURL.URL + "/",
+		"QSTASH_RETRIES": "1",
+	})})
+
+	ctx := ctxT(t, 2*time.Minute)
+	var events []outbox.Event
+	for i := range 4 {
+		events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "cust-" + strconv.Itoa(i),
+			Payload: json.RawMessage(`{"order_id":"ord-` + strconv.Itoa(i) + `","amount_cents":` + strconv.Itoa(100*(i+1)) + `,"currency":"EUR"}`)})
+	}
+	// A payload the handler rejects permanently: 489 -> failure callback -> dead letter.
+	events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "cust-poison", Payload: json.RawMessage(`{"order_id":"ord-poison","amount_cents":-1,"currency":"EUR"}`)})
+	if _, err := outbox.EnqueueBatch(ctx, db.Pool, events); err != nil {
+		t.Fatal(err)
+	}
+
+	var res relayResult
+	if err := invoke(t, relay, readFile(t, "events/schedule.json")).Decode(&res); err != nil {
+		t.Fatalf("drain: %v\n%s", err, relay.Log())
+	}
+	if res.Task != "drain" || res.Claimed != 5 || res.Dispatched != 5 || res.BacklogPending == nil || *res.BacklogPending != 0 {
+		t.Fatalf("drain result %+v, want 5 claimed and dispatched, backlog 0", res)
+	}
+	if err := qs.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, "select count(*) from billing_charges"); n != 4 {
+		t.Errorf("%d charges, want 4 (each valid event applied once)", n)
+	}
+	if n := count(t, db, "select count(*) from dead_letters where source = 'delivery' and topic = 'order.created'"); n != 1 {
+		t.Errorf("%d delivery dead letters, want 1 (the poison event)", n)
+	}
+	for _, a := range qs.Attempts() {
+		if !a.FailureCallback && a.Status != http.StatusOK && a.Status != 489 {
+			t.Errorf("delivery to %s answered %d (a signature/URL mismatch answers 401)", a.URL, a.Status)
+		}
+		if a.FailureCallback && a.Status != http.StatusOK {
+			t.Errorf("failure callback to %s answered %d", a.URL, a.Status)
+		}
+		if strings.Contains(strings.TrimPrefix(a.URL, "https://"), "//") {
+			t.Errorf("published URL %s has a doubled slash", a.URL)
+		}
+	}
+	// Secrets were read once per cold start, not per invocation.
+	if _, err := relay.Invoke(ctx, readFile(t, "events/schedule.json")); err != nil {
+		t.Fatal(err)
+	}
+	if n := aws.Requests(awsenvtest.TargetGetSecretValue); n != 3 {
+		t.Errorf("%d secret reads for three cold starts", n)
+	}
+}
+
+func orText(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func TestRIERetention(t *testing.T) {
+	t.Parallel()
+	relayBin := binary(t, "./functions/relay")
+	db := pgtest.New(t)
+	ctx := ctxT(t, time.Minute)
+	// Dispatched 8 and 1 days ago; processed 15 and 1 days ago. Defaults: 7d / 14d.
+	_, err := db.Pool.Exec(ctx, `
+INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
+VALUES ('t', 'k', '{}', now() - interval '8 days'), ('t', 'k', '{}', now() - interval '8 days'),
+       ('t', 'k', '{}', now() - interval '1 day'), ('t', 'k', '{}', NULL);
+INSERT INTO processed_messages (consumer, message_id, processed_at)
+VALUES ('webhook', 'old', now() - interval '15 days'), ('webhook', 'new', now() - interval '1 day');`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := lambdatest.Start(t, lambdatest.Options{Bootstrap: relayBin, Name: "RelayFunction", Timeout: 30 * time.Second, Env: map[string]string{
+		"DATABASE_URL": db.URL, "QSTASH_URL": "http://127.0.0.1:1", "QSTASH_TOKEN": qstash.DevToken,
+		"PUBLIC_BASE_URL": "https://example.lambda-url.eu-west-1.on.aws/",
+	}})
+	var res relayResult
+	if err := invoke(t, relay, readFile(t, "events/retention.json")).Decode(&res); err != nil {
+		t.Fatalf("retention: %v\n%s", err, relay.Log())
+	}
+	if res.Task != "retention" || res.OutboxDeleted != 2 || res.ProcessedDeleted != 1 || res.Complete == nil || !*res.Complete {
+		t.Fatalf("retention result %+v, want 2 outbox and 1 processed deleted, complete", res)
+	}
+	if n := count(t, db, "select count(*) from outbox"); n != 2 {
+		t.Errorf("%d outbox rows left, want 2 (recent and pending)", n)
+	}
+	if n := count(t, db, "select count(*) from processed_messages where message_id = 'new'"); n != 1 {
+		t.Errorf("recent dedupe record deleted")
+	}
+}
+
+func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
+	t.Parallel()
+	bin := binary(t, "./functions/webhook")
+	db := pgtest.New(t)
+	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "WebhookFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
+
+	// The committed sample's signature has long expired: refused, nothing applied.
+	if r := urlResponse(t, invoke(t, f, readFile(t, "events/webhook.json"))); r.StatusCode != http.StatusUnauthorized {
+		t.Errorf("stale sample: status %d %s, want 401", r.StatusCode, r.Body)
+	}
+	signed := signEvent(t, "events/webhook.json")
+	first := urlResponse(t, invoke(t, f, signed))
+	if first.StatusCode != http.StatusOK || !strings.Contains(first.Body, "processed") {
+		t.Fatalf("first delivery: %d %s\n%s", first.StatusCode, first.Body, f.Log())
+	}
+	again := urlResponse(t, invoke(t, f, signed))
+	if again.StatusCode != http.StatusOK || !strings.Contains(again.Body, "duplicate") {
+		t.Errorf("repeated delivery: %d %s, want 200 duplicate", again.StatusCode, again.Body)
+	}
+	if n := count(t, db, "select count(*) from billing_charges where order_id = 'ord_1001' and amount_cents = 4200"); n != 1 {
+		t.Errorf("%d charges for ord_1001, want exactly 1", n)
+	}
+	// Signed with the next key (rotation in progress): still accepted, still once.
+	next := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json", "-key", "next")))
+	if next.StatusCode != http.StatusOK || !strings.Contains(next.Body, "duplicate") {
+		t.Errorf("next-key delivery: %d %s", next.StatusCode, next.Body)
+	}
+	// Signed for another URL: the webhook rebuilds its own and refuses.
+	other := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json", "-url", "https://elsewhere.example/events/order.created")))
+	if other.StatusCode != http.StatusUnauthorized {
+		t.Errorf("signature for another URL: %d, want 401", other.StatusCode)
+	}
+}
+
+func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
+	t.Parallel()
+	bin := binary(t, "./functions/failure")
+	db := pgtest.New(t)
+	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "FailureFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
+	signed := signEvent(t, "events/failure.json")
+	for i, want := range []string{"recorded", "duplicate"} {
+		r := urlResponse(t, invoke(t, f, signed))
+		if r.StatusCode != http.StatusOK || !strings.Contains(r.Body, want) {
+			t.Fatalf("callback %d: %d %s, want 200 %s\n%s", i, r.StatusCode, r.Body, want, f.Log())
+		}
+	}
+	if n := count(t, db, `select count(*) from dead_letters where source = 'delivery'
+		and qstash_message_id = 'msg_26hZCxZCuWyyTWPmSVBrNB882AMRP1TsgzpygELRcLWep' and status_code = 489`); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+}
+
+// TestRIERelayReturnsBeforeFunctionTimeout: QStash answers every publish 503 after 1.5 s,
+// one row per batch, twenty rows: thirty seconds of work against a 12 s function timeout
+// (drain deadline 10 s; no batch starts with less than publish + mark timeout, 7 s, left).
+// The drain must stop claiming at the Lambda deadline less its reserve and reply, instead
+// of the emulator's "Task timed out" (which would also lose the metrics line), and leave
+// every row pending for the next tick.
+func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
+	t.Parallel()
+	relayBin := binary(t, "./functions/relay")
+	db := pgtest.New(t)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(1500 * time.Millisecond):
+			http.Error(w, `{"error":"unavailable"}`, http.StatusServiceUnavailable)
+		case <-r.Context().Done():
+		}
+	}))
+	defer slow.Close()
+	const timeout = 12 * time.Second
+	relay := lambdatest.Start(t, lambdatest.Options{Bootstrap: relayBin, Name: "RelayFunction", Timeout: timeout, Env: map[string]string{
+		"DATABASE_URL": db.URL, "QSTASH_URL": slow.URL, "QSTASH_TOKEN": qstash.DevToken,
+		"PUBLIC_BASE_URL": "https://example.lambda-url.eu-west-1.on.aws/", "PUBLISH_TIMEOUT": "2s", "BATCH_SIZE": "1",
+	}})
+	ctx := ctxT(t, time.Minute)
+	var events []outbox.Event
+	for i := range 20 {
+		events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "k" + strconv.Itoa(i), Payload: json.RawMessage(`{}`)})
+	}
+	if _, err := outbox.EnqueueBatch(ctx, db.Pool, events); err != nil {
+		t.Fatal(err)
+	}
+	// Warm the environment first, so the measured invoke has no init phase.
+	if r := invoke(t, relay, readFile(t, "events/retention.json")); r.Err() != nil {
+		t.Fatalf("warm-up: %v", r.Err())
+	}
+	start := time.Now()
+	resp := invoke(t, relay, readFile(t, "events/schedule.json"))
+	elapsed := time.Since(start)
+	if strings.HasPrefix(strings.TrimSpace(string(resp.Body)), "Task timed out") {
+		t.Fatalf("the emulator timed the relay out after %v: the drain ignored the deadline\n%s", elapsed, relay.Log())
+	}
+	t.Logf("after %v: %s", elapsed, resp.Body)
+	if elapsed >= timeout {
+		t.Errorf("replied after %v, the function timeout is %v", elapsed, timeout)
+	}
+	var res relayResult
+	if err := resp.Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.StoppedAtDeadline || res.Claimed < 1 || res.Claimed >= 20 || res.Dispatched != 0 {
+		t.Errorf("result %+v: want some rows claimed, none dispatched, stopped at the deadline", res)
+	}
+	if n := count(t, db, "select count(*) from outbox where dispatched_at is null and dead_lettered_at is null"); n != 20 {
+		t.Errorf("%d pending rows, want all 20 still pending", n)
+	}
+}
