@@ -216,12 +216,6 @@ claiming:
 		}
 		lease, c, claimedAt, err := r.claim(work)
 		if err != nil {
-			if stop.Err() != nil || work.Err() != nil {
-				// Stopped while claiming (the claim overlaps publishes): a clean stop. Rows
-				// the statement leased before it was cancelled are ready again when the
-				// lease ends.
-				break
-			}
 			errs = append(errs, err)
 			break
 		}

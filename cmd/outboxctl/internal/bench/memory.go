@@ -70,11 +70,11 @@ func RunDrainChild(ctx context.Context, in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	pub, err := newPublisher(cfg.QStashURL, cfg.Token, cfg.Destination, false)
+	pub, err := newPublisher(cfg.QStashURL, cfg.Token, cfg.Destination, false, 0)
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, pub, relay.Config{BatchSize: cfg.Batch, Logger: discardLogger()})
+	r, err := relay.New(pool, pub, relayConfig(cfg.Batch, false))
 	if err != nil {
 		return err
 	}

@@ -13,10 +13,23 @@ import (
 
 // newPublisher returns the relay's QStash publisher to qstashURL for events destined to
 // destBase/events/<topic>, configured by articlePublisher.
-func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher, error) {
+func newPublisher(qstashURL, token, destBase string, fifo bool, rtt time.Duration) (relay.Publisher, error) {
 	cfg := articlePublisher(fifo)
 	cfg.BaseURL, cfg.Token, cfg.DestinationBaseURL = qstashURL, token, destBase
+	if rtt > 0 {
+		cfg.HTTPClient = latencyClient(rtt, relay.DefaultPublishTimeout)
+	}
 	return qstash.NewPublisher(cfg)
+}
+
+// relayConfig is the relay's configuration for a publisher built by newPublisher: the
+// ordering matches the publisher's (waves only for FIFO queues), the rest the defaults.
+func relayConfig(batch int, fifo bool) relay.Config {
+	c := relay.Config{BatchSize: batch, Ordering: relay.OrderingPublish, Logger: discardLogger()}
+	if fifo {
+		c.Ordering = relay.OrderingFIFO
+	}
+	return c
 }
 
 // articlePublisher is the publisher's configuration: in publish mode what the article
