@@ -392,39 +392,51 @@ func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline tim
 		pending = append(pending, m)
 	}
 
-	waves := r.cfg.Ordering == OrderingFIFO
-	var rest []outbox.Message
-	for len(pending) > 0 {
-		if time.Now().Before(r.paused()) {
-			// Another batch was deferred: send nothing more until the pause ends.
-			for _, m := range pending {
+	// Each key's pending events in id order, keys in order of their first event. A wave
+	// takes the first event of every key still sending (fifo mode); publish mode sends
+	// everything at once.
+	type keyRun struct{ ms []outbox.Message }
+	var runs []*keyRun
+	byKey := make(map[string]*keyRun)
+	for _, m := range pending {
+		kr := byKey[m.PartitionKey]
+		if kr == nil {
+			kr = &keyRun{}
+			byKey[m.PartitionKey] = kr
+			runs = append(runs, kr)
+		}
+		kr.ms = append(kr.ms, m)
+	}
+	releaseAll := func() {
+		for _, kr := range runs {
+			for _, m := range kr.ms {
 				out.released = append(out.released, m.ID)
 			}
+		}
+		runs = nil
+	}
+	waves := r.cfg.Ordering == OrderingFIFO
+	for len(runs) > 0 {
+		if time.Now().Before(r.paused()) {
+			// Another batch was deferred: send nothing more until the pause ends.
+			releaseAll()
 			unblocked = true
 			break
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 {
 			// Out of time: what is left goes back unsent, attempts uncounted.
-			for _, m := range pending {
-				out.released = append(out.released, m.ID)
-			}
+			releaseAll()
 			break
 		}
-		wave := pending
-		rest = rest[:0]
+		var wave []outbox.Message
 		if waves {
-			// The first pending event of every key; pending is in id order, so each key's
-			// events keep their order across waves.
-			wave = make([]outbox.Message, 0, len(pending))
-			seen := make(map[string]bool, len(pending))
-			for _, m := range pending {
-				if seen[m.PartitionKey] {
-					rest = append(rest, m)
-					continue
-				}
-				seen[m.PartitionKey] = true
-				wave = append(wave, m)
+			wave = make([]outbox.Message, len(runs))
+			for i, kr := range runs {
+				wave[i] = kr.ms[0]
+				kr.ms = kr.ms[1:]
 			}
+		} else {
+			wave, runs = pending, nil // in id order, so each key's events too
 		}
 		results := r.publish(ctx, wave, deadline, st)
 		stopAll := false
@@ -482,18 +494,27 @@ func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline tim
 		} else if len(out.published) > 0 {
 			r.published()
 		}
-		// Later events of a key whose event failed (or of every key, after a deferral)
-		// wait until that outcome is recorded.
-		next := make([]outbox.Message, 0, len(rest))
-		for _, m := range rest {
-			if stopAll || hold[m.PartitionKey] {
-				out.released = append(out.released, m.ID)
-				unblocked = unblocked || (!stopAll && dead[m.PartitionKey])
+		if stopAll {
+			releaseAll()
+			break
+		}
+		// Later events of a key whose event failed wait until that outcome is recorded;
+		// a key whose events are all sent is done.
+		next := runs[:0]
+		for _, kr := range runs {
+			if len(kr.ms) == 0 {
 				continue
 			}
-			next = append(next, m)
+			if k := kr.ms[0].PartitionKey; hold[k] {
+				for _, m := range kr.ms {
+					out.released = append(out.released, m.ID)
+				}
+				unblocked = unblocked || dead[k]
+				continue
+			}
+			next = append(next, kr)
 		}
-		pending = next
+		runs = next
 	}
 	return out, unblocked
 }

@@ -61,6 +61,9 @@ type FIFORun struct {
 	Duplicates   int `json:"duplicates"`
 	PublishCalls int `json:"publish_calls"`
 	RelayBatches int `json:"relay_batches"`
+	// RelaySeconds is when the relay had published (and marked) every event; Seconds is
+	// when the last delivery arrived. Their difference is the delivery side's tail.
+	RelaySeconds float64 `json:"relay_seconds"`
 }
 
 // FIFOResult is the hot-key scenario's output.
@@ -123,7 +126,8 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 						break
 					}
 				}
-				last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
+				run.RelaySeconds = round3(time.Since(start).Seconds())
+			last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
 				run.Delivered, run.OrderViolations, run.Duplicates = rec.counts()
 				if err != nil {
 					return run, err
@@ -138,8 +142,8 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 			}
 			res.Runs = append(res.Runs, run)
 			if progress != nil {
-				progress(fmt.Sprintf("hot-key %-7s keys=%-6d rtt=%dms %7.0f events/s  delivered %d  order violations %d  duplicates %d  publish calls %d",
-					mode, keys, cfg.RTTMillis, run.EventsPerSec, run.Delivered, run.OrderViolations, run.Duplicates, run.PublishCalls))
+				progress(fmt.Sprintf("hot-key %-7s keys=%-6d rtt=%dms %7.0f events/s  relay done %.2fs, last delivery %.2fs  delivered %d  order violations %d  duplicates %d  publish calls %d",
+					mode, keys, cfg.RTTMillis, run.EventsPerSec, run.RelaySeconds, run.Seconds, run.Delivered, run.OrderViolations, run.Duplicates, run.PublishCalls))
 			}
 		}
 	}
