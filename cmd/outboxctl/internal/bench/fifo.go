@@ -127,7 +127,7 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 					}
 				}
 				run.RelaySeconds = round3(time.Since(start).Seconds())
-			last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
+				last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
 				run.Delivered, run.OrderViolations, run.Duplicates = rec.counts()
 				if err != nil {
 					return run, err
