@@ -27,7 +27,13 @@ type keyGuard struct {
 	active  map[string]int
 	calls   int
 	maxCall int
+	// overlapped is closed when two calls are first in progress at once. Until then a
+	// call waits for that (at most overlapWait): pipelining shows deterministically, and
+	// a relay that does not pipeline only makes the test slower, then fail.
+	overlapped chan struct{}
 }
+
+const overlapWait = time.Second
 
 func (g *keyGuard) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
 	g.mu.Lock()
@@ -46,7 +52,22 @@ func (g *keyGuard) Publish(ctx context.Context, msgs []outbox.Message) []relay.R
 	}
 	g.calls++
 	g.maxCall = max(g.maxCall, g.calls)
+	if g.overlapped == nil {
+		g.overlapped = make(chan struct{})
+	}
+	overlapped := g.overlapped
+	if g.calls == 2 && g.maxCall == 2 {
+		select {
+		case <-overlapped:
+		default:
+			close(overlapped)
+		}
+	}
 	g.mu.Unlock()
+	select {
+	case <-overlapped:
+	case <-time.After(overlapWait):
+	}
 	if g.delay != nil {
 		time.Sleep(g.delay()) // the queue's round trip
 	}
