@@ -26,6 +26,9 @@ func runDev(ctx context.Context, e env, args []string) error {
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the pipeline to settle")
 	dataDir := fs.String("data-dir", "", "directory for the throwaway Postgres cluster (default: a temporary one)")
 	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
+	latency := fs.Duration("qstash-latency", 0, "built-in QStash: delay every API answer by this much (the round trip to a remote QStash)")
+	jitter := fs.Duration("qstash-latency-jitter", 0, "built-in QStash: add a random extra delay in [0, this)")
+	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -62,20 +65,23 @@ func runDev(ctx context.Context, e env, args []string) error {
 	}
 	pc := localstack.ProducerConfig{Events: *events, Rate: *rate, Keys: *keys, PoisonPercent: *poison}
 	opts := localstack.Options{
-		DatabaseURL:       e.getenv("DATABASE_URL"),
-		DataDir:           *dataDir,
-		QStashURL:         e.getenv("QSTASH_URL"),
-		QStashToken:       e.getenv("QSTASH_TOKEN"),
-		CurrentSigningKey: e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
-		NextSigningKey:    e.getenv("QSTASH_NEXT_SIGNING_KEY"),
-		Producer:          pc,
-		Ordering:          qstash.Ordering(*ordering),
-		Forever:           *forever,
-		Keep:              *keep,
-		Timeout:           *timeout,
-		Progress:          progress,
-		Terminal:          isTerminal(progress),
-		Logger:            logger,
+		DatabaseURL:         e.getenv("DATABASE_URL"),
+		DataDir:             *dataDir,
+		QStashURL:           e.getenv("QSTASH_URL"),
+		QStashToken:         e.getenv("QSTASH_TOKEN"),
+		CurrentSigningKey:   e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
+		NextSigningKey:      e.getenv("QSTASH_NEXT_SIGNING_KEY"),
+		Producer:            pc,
+		Ordering:            qstash.Ordering(*ordering),
+		QStashLatency:       *latency,
+		QStashLatencyJitter: *jitter,
+		QStashMaxInFlight:   *inFlight,
+		Forever:             *forever,
+		Keep:                *keep,
+		Timeout:             *timeout,
+		Progress:            progress,
+		Terminal:            isTerminal(progress),
+		Logger:              logger,
 	}
 	where := "DATABASE_URL (own schema)"
 	if opts.DatabaseURL == "" {

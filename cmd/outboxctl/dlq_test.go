@@ -40,7 +40,7 @@ func seedLetter(t *testing.T, db *pgtest.DB, topic, key, msgID string) (letterID
 	}
 	r, err := deadletter.Record(ctx, db.Pool, deadletter.DeliveryFailure{
 		QStashMessageID: msgID, Status: 489, MaxRetries: 3, ResponseBody: []byte(`{"error":"rejected"}`),
-		SourceHeader: map[string][]string{"X-Outbox-Id": {id.String()}}, SourceBody: []byte(`{"order_id":"o-1"}`),
+		OutboxID: int64(id), SourceBody: []byte(`{"order_id":"o-1"}`),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
@@ -25,12 +26,32 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 	pub429 := fs.Float64("fault-publish-429", 0, "probability a publish request is answered 429")
 	drop := fs.Float64("fault-drop-response", 0, "probability a publish is accepted but its response dropped")
 	dup := fs.Float64("fault-duplicate", 0, "probability a successful delivery is repeated")
+	plan := fs.String("plan", "", "enforce a QStash plan's limits: free, payg or fixed (default: none, as the official dev server)")
+	batchErrors := fs.String("batch-errors", string(qstashtest.BatchErrorsPerItem), "how a batch with an invalid message is answered: per-item (documented) or whole-request (observed in production)")
+	quota := fs.Int("quota", 0, "daily message quota: answer 429 with RateLimit-* headers once this many messages were accepted (0: none)")
+	quotaWindow := fs.Duration("quota-window", qstashtest.DefaultQuotaWindow, "how often the quota count restarts")
+	latency := fs.Duration("latency", 0, "delay every API answer by this much (network round trip to QStash)")
+	jitter := fs.Duration("latency-jitter", 0, "add a random extra delay in [0, this) to every API answer")
+	maxInFlight := fs.Int("max-in-flight", 0, "cap on delivery attempts in flight (QStash's parallelism; default: the plan's, none without --plan; -1: none)")
 	verbose := fs.Bool("v", false, "log every delivery attempt to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *port < 1 || *port > 65535 {
 		return fmt.Errorf("qstash-dev: --port %d is outside 1..65535", *port)
+	}
+	if *plan != "" {
+		if _, err := qstash.Plan(*plan).Limits(); err != nil {
+			return fmt.Errorf("qstash-dev: --plan: %w", err)
+		}
+	}
+	switch qstashtest.BatchErrorMode(*batchErrors) {
+	case qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest:
+	default:
+		return fmt.Errorf("qstash-dev: --batch-errors %q must be %s or %s", *batchErrors, qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest)
+	}
+	if *quota < 0 || *latency < 0 || *jitter < 0 {
+		return fmt.Errorf("qstash-dev: --quota, --latency and --latency-jitter must not be negative")
 	}
 	opts := qstashtest.Options{
 		Addr:             net.JoinHostPort(*host, strconv.Itoa(*port)),
@@ -40,6 +61,13 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 		SignWithNextKey:  *nextKey,
 		Seed:             *seed,
 		Faults:           qstashtest.Faults{Publish5xxRate: *pub5xx, Publish429Rate: *pub429, DropResponseRate: *drop, DuplicateRate: *dup},
+		Plan:             qstash.Plan(*plan),
+		BatchErrors:      qstashtest.BatchErrorMode(*batchErrors),
+		QuotaMessages:    *quota,
+		QuotaWindow:      *quotaWindow,
+		Latency:          *latency,
+		LatencyJitter:    *jitter,
+		MaxInFlight:      *maxInFlight,
 	}
 	if *verbose {
 		log := slog.New(slog.NewJSONHandler(e.stderr, nil))
@@ -55,7 +83,13 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("qstash-dev: %w", err)
 	}
 	defer srv.Close()
-	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n\n", srv.URL)
+	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n", srv.URL)
+	planName := *plan
+	if planName == "" {
+		planName = "none (as the official dev server)"
+	}
+	fmt.Fprintf(e.stdout, "plan limits: %s; batch errors: %s; daily quota: %d (0: none); latency: %v + [0, %v); max in flight: %d (0: plan's or none)\n\n",
+		planName, *batchErrors, *quota, *latency, *jitter, *maxInFlight)
 	fmt.Fprintf(e.stdout, "QSTASH_URL=%s\nQSTASH_TOKEN=%s\nQSTASH_CURRENT_SIGNING_KEY=%s\nQSTASH_NEXT_SIGNING_KEY=%s\n",
 		srv.URL, srv.Token, srv.CurrentSigningKey, srv.NextSigningKey)
 	<-ctx.Done()

@@ -70,6 +70,10 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
+	// In FIFO ordering the queues must exist with parallelism 1 and not be paused.
+	if err := pub.EnsureQueues(ctx); err != nil {
+		return fmt.Errorf("relay: check qstash fifo queues: %w", err)
+	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
 		return err

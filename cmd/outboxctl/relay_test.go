@@ -263,3 +263,34 @@ func TestCheckLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayRefusesAPausedFIFOQueue: outboxctl relay in fifo ordering checks the queues
+// before it starts: a paused one stops it with an error naming the queue.
+func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+	defer qs.Close()
+	for _, path := range []string{"/v2/queues/", "/v2/queues/shop-1/pause"} {
+		body := ""
+		if path == "/v2/queues/" {
+			body = `{"queueName":"shop-1","parallelism":1}`
+		}
+		req, _ := http.NewRequest(http.MethodPost, qs.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+qs.Token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": "http://127.0.0.1:1",
+		"ORDERING": "fifo", "FIFO_QUEUES": "2", "OUTBOX_NAME": "shop"}
+	stderr := &logtest.Buffer{}
+	e := env{stdout: io.Discard, stderr: stderr, getenv: func(k string) string { return vars[k] }}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code := run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0"}); code == 0 || !strings.Contains(stderr.String(), "shop-1 is paused") {
+		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+}

@@ -30,8 +30,8 @@ func TestSignEventSignsTheURLTheReceiverRebuilds(t *testing.T) {
 		event, url string
 		key        string
 	}{
-		{"webhook.json", "https://abcdefghijklmnopqrstuvwxyz234567.lambda-url.eu-west-1.on.aws/events/order.created", "current"},
-		{"webhook.json", "https://abcdefghijklmnopqrstuvwxyz234567.lambda-url.eu-west-1.on.aws/events/order.created", "next"},
+		{"webhook.json", "https://abcdefghijklmnopqrstuvwxyz234567.lambda-url.eu-west-1.on.aws/events/order.created?outbox_id=1001&generation=0", "current"},
+		{"webhook.json", "https://abcdefghijklmnopqrstuvwxyz234567.lambda-url.eu-west-1.on.aws/events/order.created?outbox_id=1001&generation=0", "next"},
 		{"failure.json", "https://zyxwvutsrqponmlkjihgfedcba765432.lambda-url.eu-west-1.on.aws/", "current"},
 	} {
 		var out, errOut bytes.Buffer

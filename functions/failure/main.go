@@ -31,6 +31,9 @@ const maxConns = 2
 
 type config struct {
 	receiverconfig.Config
+	// creds re-reads the database secret when the server refuses the password (a rotation);
+	// nil with a plain DATABASE_URL.
+	creds      *awsenv.Credentials
 	failureURL string
 }
 
@@ -55,6 +58,9 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
+	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
+		cfg.creds = awsenv.NewCredentials(read)
+	}
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load failure-callback config", slog.Any("error", err))
@@ -66,7 +72,8 @@ func main() {
 		os.Exit(1)
 	}
 	defer pool.Close()
-	if err := funcurl.Serve(h, cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+	// Every request first makes sure the pool can connect, re-reading a rotated secret.
+	if err := funcurl.Serve(cfg.creds.Handler(pool, h), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
 		logger.Error("serve failure callbacks", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -74,7 +81,7 @@ func main() {
 
 // build creates the pool (once per cold start) and the handler.
 func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.CallbackHandler, *pgxpool.Pool, error) {
-	pool, err := newPool(ctx, cfg.DatabaseURL, logger)
+	pool, err := newPool(ctx, cfg.DatabaseURL, cfg.creds, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -98,18 +105,29 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 	return h, pool, nil
 }
 
-func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger})
+func newPool(ctx context.Context, dsn string, creds *awsenv.Credentials, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger, Credentials: creds})
 }
 
-// observer counts every newly recorded dead letter (DeliveryDeadLetters, Function=failure):
-// the "any delivery dead letter" alarm watches it. Duplicated callbacks are not counted.
+// outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead
+// letter counts as DeliveryDeadLetters (the "any delivery dead letter" alarm); a refused
+// callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks
+// and transient failures (QStash retries them) are not counted.
+var outcomeMetric = map[string]string{
+	deadletter.OutcomeRecorded:     metrics.DeliveryDeadLetters,
+	deadletter.OutcomeUnauthorized: metrics.RejectedCallbacks,
+	deadletter.OutcomeMalformed:    metrics.RejectedCallbacks,
+	deadletter.OutcomeTooLarge:     metrics.RejectedCallbacks,
+}
+
+// observer writes one EMF line per counted callback outcome.
 func observer(em *metrics.EMF, logger *slog.Logger) func(outcome string) {
 	return func(outcome string) {
-		if outcome != deadletter.OutcomeRecorded {
+		name, ok := outcomeMetric[outcome]
+		if !ok {
 			return
 		}
-		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(metrics.DeliveryDeadLetters, 1)}}
+		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(name, 1)}}
 		if err := em.Record(ev); err != nil {
 			logger.Warn("record failure metric", slog.Any("error", err))
 		}

@@ -86,15 +86,24 @@ func TestBuildServesRecorder(t *testing.T) {
 	}
 }
 
-func TestObserverCountsNewDeadLettersOnly(t *testing.T) {
+func TestObserverCountsNewDeadLettersAndRejections(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	obs := observer(metrics.NewEMF(&buf, metrics.EMFConfig{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	obs(deadletter.OutcomeDuplicate)
-	obs(deadletter.OutcomeUnauthorized)
+	obs(deadletter.OutcomeTransient)
 	if buf.Len() != 0 {
-		t.Fatalf("duplicates or forgeries counted: %q", buf.String())
+		t.Fatalf("duplicates or retried callbacks counted: %q", buf.String())
 	}
+	for _, outcome := range []string{deadletter.OutcomeUnauthorized, deadletter.OutcomeMalformed, deadletter.OutcomeTooLarge} {
+		buf.Reset()
+		obs(outcome)
+		var doc map[string]any
+		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil || doc["RejectedCallbacks"] != float64(1) || doc["Function"] != "failure" {
+			t.Fatalf("%s: EMF line %q (%v), want RejectedCallbacks=1", outcome, buf.String(), err)
+		}
+	}
+	buf.Reset()
 	obs(deadletter.OutcomeRecorded)
 	var doc map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil || doc["DeliveryDeadLetters"] != float64(1) || doc["Function"] != "failure" {

@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -45,13 +46,16 @@ const (
 
 type config struct {
 	relayconfig.Config
+	// creds re-reads the database secret when the server refuses the password (a rotation);
+	// nil with a plain DATABASE_URL.
+	creds *awsenv.Credentials
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
 	c, err := relayconfig.FromEnv(getenv)
-	return config{c}, err
+	return config{Config: c}, err
 }
 
 func main() {
@@ -62,7 +66,13 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
+	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
+		cfg.creds = awsenv.NewCredentials(read)
+	}
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if err == nil {
+		err = checkTimeout(getenv, cfg.Relay.DeadlineMargin)
+	}
 	if err != nil {
 		logger.Error("load relay config", slog.Any("error", err))
 		os.Exit(1)
@@ -81,13 +91,40 @@ func main() {
 	lambda.Start(h.handle)
 }
 
+// checkTimeout refuses, at cold start, a function timeout that leaves the drain no time:
+// Drain claims no batch with less than margin (publish + mark timeout) left before the
+// deadline, and the handler keeps deadlineReserve of it back, so such a relay would claim
+// nothing on every tick, silently. The timeout is FUNCTION_TIMEOUT (seconds; the template
+// sets it from RelayTimeout), else AWS_LAMBDA_FUNCTION_TIMEOUT (set by the emulator and sam
+// local); with neither it is unknown and not checked.
+func checkTimeout(getenv func(string) string, margin time.Duration) error {
+	name, v := "FUNCTION_TIMEOUT", getenv("FUNCTION_TIMEOUT")
+	if v == "" {
+		name, v = "AWS_LAMBDA_FUNCTION_TIMEOUT", getenv("AWS_LAMBDA_FUNCTION_TIMEOUT")
+	}
+	if v == "" {
+		return nil
+	}
+	secs, err := strconv.Atoi(v)
+	if err != nil || secs <= 0 {
+		return fmt.Errorf("%s %q must be the function timeout in whole seconds", name, v)
+	}
+	timeout := time.Duration(secs) * time.Second
+	if left := timeout - deadlineReserve; left < margin {
+		return fmt.Errorf("relay function timeout %v (%s) leaves %v after the %v reserve, less than the drain's deadline margin %v "+
+			"(PUBLISH_TIMEOUT + mark timeout): no batch would ever be claimed; raise the timeout (RelayTimeout) to at least %v or lower PUBLISH_TIMEOUT",
+			timeout, name, left, deadlineReserve, margin, (margin + deadlineReserve).Round(time.Second))
+	}
+	return nil
+}
+
 // newPool opens the pool once per cold start.
 func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, error) {
 	conns := int32(baseConns + cfg.Relay.PublishConcurrency)
 	if cfg.Linger > 0 {
 		conns++
 	}
-	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger})
+	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger, Credentials: cfg.creds})
 }
 
 // handler runs one invocation. pub nil means the QStash publisher from cfg.
@@ -99,15 +136,21 @@ type handler struct {
 	emf       *metrics.EMF
 	log       *slog.Logger
 	reserve   time.Duration
+	// ensureQueues, in FIFO ordering, sets up and checks the QStash queues; it runs before
+	// the first drain of a cold start and again until it succeeds.
+	ensureQueues func(context.Context) error
+	queuesReady  bool
+	creds        *awsenv.Credentials
 }
 
 func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
+	var ensure func(context.Context) error
 	if pub == nil {
 		p, err := qstash.NewPublisher(cfg.Publisher)
 		if err != nil {
 			return nil, err
 		}
-		pub = p
+		pub, ensure = p, p.EnsureQueues
 	}
 	rc := cfg.Relay
 	rc.Logger = logger
@@ -125,6 +168,9 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   deadlineReserve,
+
+		ensureQueues: ensure,
+		creds:        cfg.creds,
 	}, nil
 }
 
@@ -193,6 +239,12 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 		h.log.Error("reject relay invocation", slog.Any("error", err))
 		return result{}, err
 	}
+	// A rotated database secret is re-read here, once, instead of failing every invocation
+	// until the environment is recycled. A failure is not fatal here: the task meets it
+	// and reports it.
+	if err := h.creds.Ready(ctx, h.pool); err != nil {
+		h.log.Warn("database not ready", slog.Any("error", err))
+	}
 	work := ctx
 	if dl, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
@@ -208,6 +260,16 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 }
 
 func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, error) {
+	if h.ensureQueues != nil && !h.queuesReady {
+		// A FIFO queue that is missing, paused or not at parallelism 1 would break per-key
+		// order or hold events: nothing is claimed until the queues are right.
+		if err := h.ensureQueues(work); err != nil {
+			err = fmt.Errorf("check qstash fifo queues: %w", err)
+			h.log.Error("refuse to drain", slog.Any("error", err))
+			return result{Task: taskDrain, DurationMS: time.Since(start).Milliseconds()}, err
+		}
+		h.queuesReady = true
+	}
 	var st relay.Stats
 	var err error
 	if h.linger > 0 {

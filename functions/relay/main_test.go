@@ -354,3 +354,60 @@ func keys(m map[string]string) []string {
 	}
 	return out
 }
+
+// TestFIFOQueuesCheckedAtColdStart: in fifo ordering the first drain creates the queues
+// with parallelism 1; a cold start that finds one paused refuses to drain, names the
+// queue, and claims nothing.
+func TestFIFOQueuesCheckedAtColdStart(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.env["ORDERING"], s.env["FIFO_QUEUES"], s.env["OUTBOX_NAME"] = "fifo", "3", "shop"
+	s.enqueue(t, 20)
+	if _, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, s.qs.URL+"/v2/queues/shop-1/pause", nil)
+	req.Header.Set("Authorization", "Bearer "+s.qs.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("pause: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	s.enqueue(t, 10)
+	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
+	if err == nil || !strings.Contains(err.Error(), "shop-1 is paused") || res.Claimed != 0 {
+		t.Fatalf("drain with a paused queue: %+v %v", res, err)
+	}
+	if n := s.count(t, "dispatched_at IS NULL AND attempts = 0"); n != 10 {
+		t.Fatalf("%d untouched rows, want the 10 new ones", n)
+	}
+}
+
+// TestCheckTimeout: a function timeout that leaves less than the drain margin after the
+// reserve is refused at cold start, naming both numbers; enough, or unknown, passes.
+func TestCheckTimeout(t *testing.T) {
+	t.Parallel()
+	margin := 15 * time.Second
+	err := checkTimeout(mapEnv(map[string]string{"FUNCTION_TIMEOUT": "10"}), margin)
+	if err == nil || !strings.Contains(err.Error(), "10s") || !strings.Contains(err.Error(), "15s") || !strings.Contains(err.Error(), "at least 17s") {
+		t.Fatalf("10 s timeout against a 15 s margin: %v; want refused naming 10s, 15s and 17s", err)
+	}
+	if err := checkTimeout(mapEnv(map[string]string{"AWS_LAMBDA_FUNCTION_TIMEOUT": "16"}), margin); err == nil {
+		t.Fatal("16 s from the emulator's variable accepted: 14 s left is under the 15 s margin")
+	}
+	for name, m := range map[string]map[string]string{
+		"exactly enough": {"FUNCTION_TIMEOUT": "17"},
+		"default":        {"FUNCTION_TIMEOUT": "50"},
+		"ours wins":      {"FUNCTION_TIMEOUT": "50", "AWS_LAMBDA_FUNCTION_TIMEOUT": "3"},
+		"unknown":        {},
+	} {
+		if err := checkTimeout(mapEnv(m), margin); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if err := checkTimeout(mapEnv(map[string]string{"FUNCTION_TIMEOUT": "soon"}), margin); err == nil {
+		t.Fatal("a timeout that is not a number accepted")
+	}
+}
+
+func mapEnv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }

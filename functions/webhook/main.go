@@ -33,6 +33,9 @@ const maxConns = 2
 
 type config struct {
 	receiverconfig.Config
+	// creds re-reads the database secret when the server refuses the password (a rotation);
+	// nil with a plain DATABASE_URL.
+	creds         *awsenv.Credentials
 	publicBaseURL string
 }
 
@@ -57,6 +60,9 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := loadConfig(getenv)
+	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
+		cfg.creds = awsenv.NewCredentials(read)
+	}
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err != nil {
 		logger.Error("load webhook config", slog.Any("error", err))
@@ -68,7 +74,8 @@ func main() {
 		os.Exit(1)
 	}
 	defer pool.Close()
-	if err := funcurl.Serve(h, cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+	// Every request first makes sure the pool can connect, re-reading a rotated secret.
+	if err := funcurl.Serve(cfg.creds.Handler(pool, h), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
 		logger.Error("serve webhook", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -77,7 +84,7 @@ func main() {
 // build creates the pool (once per cold start) and the handler. This is where your own
 // topic handlers are registered.
 func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handler, *pgxpool.Pool, error) {
-	pool, err := newPool(ctx, cfg.DatabaseURL, logger)
+	pool, err := newPool(ctx, cfg.DatabaseURL, cfg.creds, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -95,7 +102,10 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		PublicBaseURL: cfg.publicBaseURL,
 		Logger:        logger,
-		Observe:       observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
+		// The outbox shares this database: deliveries published before the message id
+		// moved into the signed URL are checked against it (README, Message identity).
+		Legacy:  webhook.LegacyOutbox(pool),
+		Observe: observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
 	})
 	if err != nil {
 		pool.Close()
@@ -105,29 +115,35 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 }
 
 // outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use.
-var outcomeMetric = map[string]string{
-	webhook.OutcomeProcessed:    metrics.Processed,
-	webhook.OutcomeDuplicate:    metrics.Duplicate,
-	webhook.OutcomePermanent:    metrics.PermanentFailure,
-	webhook.OutcomeTransient:    metrics.TransientFailure,
-	webhook.OutcomeUnauthorized: metrics.Unauthorized,
+// A refused request also counts as RejectedDeliveries, the metric the rejection alarm watches.
+var outcomeMetric = map[string][]string{
+	webhook.OutcomeProcessed:    {metrics.Processed},
+	webhook.OutcomeDuplicate:    {metrics.Duplicate},
+	webhook.OutcomePermanent:    {metrics.PermanentFailure},
+	webhook.OutcomeTransient:    {metrics.TransientFailure},
+	webhook.OutcomeUnauthorized: {metrics.Unauthorized, metrics.RejectedDeliveries},
+	webhook.OutcomeTooLarge:     {metrics.PermanentFailure, metrics.RejectedDeliveries},
 }
 
 // observer writes one EMF line per delivery (Function=webhook, plus Topic for registered
 // topics).
 func observer(em *metrics.EMF, logger *slog.Logger) func(topic, outcome string) {
 	return func(topic, outcome string) {
-		name, ok := outcomeMetric[outcome]
+		names, ok := outcomeMetric[outcome]
 		if !ok {
 			return
 		}
-		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: []metrics.Value{metrics.Count(name, 1)}}
+		values := make([]metrics.Value, len(names))
+		for i, n := range names {
+			values[i] = metrics.Count(n, 1)
+		}
+		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: values}
 		if err := em.Record(ev); err != nil {
 			logger.Warn("record webhook metric", slog.Any("error", err))
 		}
 	}
 }
 
-func newPool(ctx context.Context, dsn string, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger})
+func newPool(ctx context.Context, dsn string, creds *awsenv.Credentials, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger, Credentials: creds})
 }

@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -103,15 +105,23 @@ func TestObserverEmitsConsumerMetrics(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	obs := observer(metrics.NewEMF(&buf, metrics.EMFConfig{Topics: []string{"order.created"}}), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	for outcome, name := range outcomeMetric {
+	for outcome, names := range outcomeMetric {
 		buf.Reset()
 		obs("order.created", outcome)
 		var doc map[string]any
 		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
 			t.Fatalf("%s: not one EMF line: %v: %q", outcome, err, buf.String())
 		}
-		if doc[name] != float64(1) || doc["Function"] != "webhook" || doc["Topic"] != "order.created" {
-			t.Fatalf("%s: EMF line %v lacks %s=1 with Function=webhook, Topic=order.created", outcome, doc, name)
+		for _, name := range names {
+			if doc[name] != float64(1) || doc["Function"] != "webhook" || doc["Topic"] != "order.created" {
+				t.Fatalf("%s: EMF line %v lacks %s=1 with Function=webhook, Topic=order.created", outcome, doc, name)
+			}
+		}
+	}
+	// Every refusal before a handler ran feeds the rejected-deliveries alarm.
+	for _, outcome := range []string{webhook.OutcomeUnauthorized, webhook.OutcomeTooLarge} {
+		if !slices.Contains(outcomeMetric[outcome], metrics.RejectedDeliveries) {
+			t.Errorf("outcome %s is not counted as %s", outcome, metrics.RejectedDeliveries)
 		}
 	}
 	buf.Reset()

@@ -153,6 +153,10 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 	if p.Publisher, err = qstash.NewPublisher(pc); err != nil {
 		return nil, err
 	}
+	// As the Lambda does at a cold start: FIFO queues exist with parallelism 1, unpaused.
+	if err = p.Publisher.EnsureQueues(ctx); err != nil {
+		return nil, fmt.Errorf("start pipeline: check qstash fifo queues: %w", err)
+	}
 	return p, nil
 }
 

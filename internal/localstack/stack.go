@@ -36,6 +36,11 @@ type Options struct {
 	// dev server). Empty QStashURL: the built-in server. Upstash itself cannot deliver to
 	// this machine's loopback handlers.
 	QStashURL, QStashToken, CurrentSigningKey, NextSigningKey string
+	// QStashLatency and QStashLatencyJitter delay every answer of the built-in server like
+	// a remote QStash; QStashMaxInFlight caps its deliveries in flight (0: none). See
+	// qstashtest.Options.
+	QStashLatency, QStashLatencyJitter time.Duration
+	QStashMaxInFlight                  int
 	// Producer shapes the demo load.
 	Producer ProducerConfig
 	// Ordering is "fifo" (default: per-key order end to end) or "publish".
@@ -102,7 +107,8 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 				duplicates.Add(1)
 			}
 		},
-		QStash:    qstashtest.Options{TimeScale: 0.001},
+		QStash: qstashtest.Options{TimeScale: 0.001, Latency: opts.QStashLatency, LatencyJitter: opts.QStashLatencyJitter,
+			MaxInFlight: opts.QStashMaxInFlight},
 		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
 		Logger:    log,
 	}

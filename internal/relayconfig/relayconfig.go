@@ -7,12 +7,22 @@
 //
 //	DATABASE_URL               required; postgres://user:pass@host:5432/db?sslmode=require
 //	QSTASH_TOKEN               required
-//	QSTASH_URL                 default https://qstash.upstash.io
+//	QSTASH_URL                 default https://qstash.upstash.io; a bare https origin (http only
+//	                           for a loopback host), no path, no query
+//	QSTASH_PLAN                free | payg (default) | fixed: bounds FIFO_QUEUES, QSTASH_RETRIES and
+//	                           the message size
+//	QSTASH_MAX_MESSAGE_BYTES   default the plan's message size (free 1000000, payg 10000000, fixed
+//	                           50000000); a larger payload is dead-lettered unsent
+//	QSTASH_MAX_REQUEST_BYTES   default 8388608: byte budget of one QStash batch request
+//	OUTBOX_NAME                default outbox; [A-Za-z0-9_-], at most 128: the deployment's name in
+//	                           dedup ids, FIFO queue names and flow-control keys
 //	PUBLIC_BASE_URL            required; the webhook's base URL; events go to <base>/events/<topic>
 //	FAILURE_CALLBACK_URL       optional; the failure function's URL (Upstash-Failure-Callback)
-//	QSTASH_RETRIES             default 3; 0 means a single delivery attempt
+//	QSTASH_RETRIES             default 3; 0 means a single delivery attempt; at most the plan's cap
+//	                           (free 3, payg 5, fixed 20)
 //	ORDERING                   publish (default) | fifo
-//	FIFO_QUEUES                default 8 (fifo ordering only)
+//	FIFO_QUEUES                default 8 (fifo ordering only); at most the plan's queue count (free
+//	                           10, payg 100, fixed 1000)
 //	FLOW_CONTROL_PARALLELISM   optional, publish ordering only
 //	FLOW_CONTROL_RATE          optional, publish ordering only
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
@@ -63,7 +73,8 @@ type Config struct {
 
 // Variables lists every environment variable FromEnv reads.
 var Variables = []string{
-	"DATABASE_URL", "QSTASH_TOKEN", "QSTASH_URL", "PUBLIC_BASE_URL", "FAILURE_CALLBACK_URL",
+	"DATABASE_URL", "QSTASH_TOKEN", "QSTASH_URL", "QSTASH_PLAN", "QSTASH_MAX_MESSAGE_BYTES",
+	"QSTASH_MAX_REQUEST_BYTES", "OUTBOX_NAME", "PUBLIC_BASE_URL", "FAILURE_CALLBACK_URL",
 	"QSTASH_RETRIES", "ORDERING", "FIFO_QUEUES", "FLOW_CONTROL_PARALLELISM", "FLOW_CONTROL_RATE",
 	"FLOW_CONTROL_PERIOD", "BATCH_SIZE", "PUBLISH_CONCURRENCY", "LEASE", "PUBLISH_TIMEOUT", "MAX_ATTEMPTS", "BACKOFF_BASE",
 	"BACKOFF_MAX", "LINGER", "OUTBOX_RETENTION", "DEDUPE_TTL", "METRICS_NAMESPACE", "LOG_LEVEL",
@@ -94,6 +105,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		DestinationBaseURL: getenv("PUBLIC_BASE_URL"),
 		FailureCallbackURL: getenv("FAILURE_CALLBACK_URL"),
 		Ordering:           qstash.Ordering(strings.ToLower(getenv("ORDERING"))),
+		Name:               getenv("OUTBOX_NAME"),
+		Plan:               qstash.Plan(strings.ToLower(getenv("QSTASH_PLAN"))),
 	}
 	if pub.Token == "" {
 		p.fail("QSTASH_TOKEN is not set (Upstash console, QStash, Request builder)")
@@ -112,6 +125,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	pub.FIFOQueues, _ = p.int("FIFO_QUEUES", 1, 1000)
+	if n, ok := p.int("QSTASH_MAX_MESSAGE_BYTES", 1, qstash.MaxRequestBytes); ok {
+		pub.MaxMessageBytes = int64(n)
+	}
+	if n, ok := p.int("QSTASH_MAX_REQUEST_BYTES", qstash.MinRequestBytes, qstash.MaxRequestBytes); ok {
+		pub.MaxRequestBytes = int64(n)
+	}
 	pub.FlowControlParallelism, _ = p.int("FLOW_CONTROL_PARALLELISM", 1, 1_000_000)
 	pub.FlowControlRate, _ = p.int("FLOW_CONTROL_RATE", 1, 1_000_000)
 	pub.FlowControlPeriod, _ = p.duration("FLOW_CONTROL_PERIOD")
@@ -170,7 +189,13 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if retries == qstash.NoRetries {
 		retries = 0
 	}
+	if limits, err := c.Publisher.Plan.Limits(); err == nil && retries > limits.MaxRetries {
+		p.fail("QSTASH_RETRIES %d is more than the %d retries QStash's %s plan allows (QSTASH_PLAN); QStash would refuse every message", retries, limits.MaxRetries, c.Publisher.Plan)
+	}
 	if err := retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries); err != nil {
+		p.errs = append(p.errs, err)
+	}
+	if err := retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries); err != nil {
 		p.errs = append(p.errs, err)
 	}
 	return c, errors.Join(p.errs...)
@@ -185,6 +210,8 @@ var fieldVars = map[string]string{
 	"FIFOQueues": "FIFO_QUEUES", "FlowControlParallelism": "FLOW_CONTROL_PARALLELISM",
 	"FlowControlRate": "FLOW_CONTROL_RATE", "FlowControlPeriod": "FLOW_CONTROL_PERIOD",
 	"RequestTimeout": "PUBLISH_TIMEOUT", "OutboxRetention": "OUTBOX_RETENTION", "DedupeTTL": "DEDUPE_TTL",
+	"Name": "OUTBOX_NAME", "Plan": "QSTASH_PLAN", "MaxMessageBytes": "QSTASH_MAX_MESSAGE_BYTES",
+	"MaxRequestBytes": "QSTASH_MAX_REQUEST_BYTES", "QueuePrefix": "OUTBOX_NAME",
 }
 
 // named adds each error joined in err, prefixed with the variable that sets the field it

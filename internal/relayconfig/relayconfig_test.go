@@ -54,6 +54,7 @@ func TestFromEnvEverySetting(t *testing.T) {
 		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
 		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
 		"LINGER": "40s", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
+		"OUTBOX_NAME": "shop-prod", "QSTASH_PLAN": "Free", "QSTASH_MAX_MESSAGE_BYTES": "500000", "QSTASH_MAX_REQUEST_BYTES": "1048576",
 	} {
 		m[k] = v
 	}
@@ -63,7 +64,8 @@ func TestFromEnvEverySetting(t *testing.T) {
 	}
 	if c.Publisher.Retries != qstash.NoRetries || c.Publisher.Ordering != qstash.OrderingFIFO || c.Publisher.FIFOQueues != 4 ||
 		c.Publisher.BaseURL != "http://127.0.0.1:8080" || c.Publisher.FailureCallbackURL != "https://fail.example.com/" ||
-		c.Publisher.RequestTimeout != 5*time.Second {
+		c.Publisher.RequestTimeout != 5*time.Second || c.Publisher.Name != "shop-prod" || c.Publisher.QueuePrefix != "shop-prod" ||
+		c.Publisher.Plan != qstash.PlanFree || c.Publisher.MaxMessageBytes != 500_000 || c.Publisher.MaxRequestBytes != 1<<20 {
 		t.Fatalf("publisher: %+v", c.Publisher)
 	}
 	if c.Relay.BatchSize != 250 || c.Relay.Lease != 45*time.Second || c.Relay.PublishTimeout != 5*time.Second ||
@@ -91,6 +93,7 @@ func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
 		"FLOW_CONTROL_PARALLELISM": "x", "FLOW_CONTROL_RATE": "-1", "FLOW_CONTROL_PERIOD": "soon",
 		"BATCH_SIZE": "0", "PUBLISH_CONCURRENCY": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
 		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
+		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}
 	_, err := FromEnv(env(bad))
 	if err == nil {
@@ -122,7 +125,14 @@ func TestFromEnvConsistency(t *testing.T) {
 		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL 2h0m0s", "retry horizon"}},
 		"flow control in fifo":         {map[string]string{"ORDERING": "fifo", "FLOW_CONTROL_RATE": "5"}, []string{"flow control is for publish ordering"}},
 		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BackoffMax"}},
-		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30"}, []string{"QStash 30 retries"}},
+		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30", "QSTASH_PLAN": "fixed"}, []string{"QStash 30 retries"}},
+		"fifo queues over the plan":    {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "11", "QSTASH_PLAN": "free"}, []string{"FIFO_QUEUES: ", "10 queues"}},
+		"fifo queues over the default": {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "101"}, []string{"FIFO_QUEUES: ", "payg plan"}},
+		"retries over the plan":        {map[string]string{"QSTASH_RETRIES": "4", "QSTASH_PLAN": "free"}, []string{"QSTASH_RETRIES 4", "QSTASH_PLAN"}},
+		"message size over the plan":   {map[string]string{"QSTASH_MAX_MESSAGE_BYTES": "2000000", "QSTASH_PLAN": "free"}, []string{"QSTASH_MAX_MESSAGE_BYTES: "}},
+		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL", "no path"}},
+		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL", "https"}},
+		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION 2h0m0s", "retry horizon"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -345,7 +345,7 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 		t.Errorf("next-key delivery: %d %s", next.StatusCode, next.Body)
 	}
 	// Signed for another URL: the webhook rebuilds its own and refuses.
-	other := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json", "-url", "https://elsewhere.example/events/order.created")))
+	other := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json", "-url", "https://elsewhere.example/events/order.created?outbox_id=1001&generation=0")))
 	if other.StatusCode != http.StatusUnauthorized {
 		t.Errorf("signature for another URL: %d, want 401", other.StatusCode)
 	}

@@ -3,6 +3,8 @@ package samtemplate_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -280,6 +282,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 	type alarm struct{ metric, function, stat string }
 	var found []alarm
 	lambdaErrors := map[string]bool{}
+	url5xx := map[string]bool{}
 	for id, r := range tpl.Resources {
 		if r.Type != "AWS::CloudWatch::Alarm" {
 			continue
@@ -294,11 +297,18 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		value := samtemplate.Get(dims[0], "Value")
 		metric, _ := p["MetricName"].(string)
 		if p["Namespace"] == "AWS/Lambda" {
-			if metric != "Errors" || name != "FunctionName" {
+			if (metric != "Errors" && metric != "Url5xxCount") || name != "FunctionName" {
 				t.Errorf("%s: AWS/Lambda %s by %s", id, metric, name)
 			}
 			if r := refs(value); len(r) == 1 && fns[r[0]].Type != "" {
-				lambdaErrors[r[0]] = true
+				if metric == "Errors" {
+					lambdaErrors[r[0]] = true
+				} else {
+					url5xx[r[0]] = true
+				}
+			}
+			if p["Statistic"] != "Sum" || toInt(p["Threshold"]) != 0 || p["ComparisonOperator"] != "GreaterThanThreshold" {
+				t.Errorf("%s: want any %s > 0 (Sum)", id, metric)
 			}
 		} else {
 			if r := refs(p["Namespace"]); len(r) != 1 || r[0] != "MetricsNamespace" {
@@ -330,6 +340,8 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		{metrics.OldestPendingAgeSeconds, metrics.FunctionRelay, "Maximum"},
 		{metrics.DeadLettered, metrics.FunctionRelay, "Sum"},
 		{metrics.DeliveryDeadLetters, metrics.FunctionFailure, "Sum"},
+		{metrics.RejectedDeliveries, metrics.FunctionWebhook, "Sum"},
+		{metrics.RejectedCallbacks, metrics.FunctionFailure, "Sum"},
 	} {
 		if !slices.Contains(found, want) {
 			t.Errorf("no alarm on %v", want)
@@ -338,6 +350,28 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 	for _, id := range functionIDs {
 		if !lambdaErrors[id] {
 			t.Errorf("no AWS/Lambda Errors alarm for %s", id)
+		}
+	}
+	// The receivers answer through Function URLs: their 5xx (a database or secret they
+	// cannot reach) are HTTP statuses, not Lambda errors.
+	for _, id := range []string{"WebhookFunction", "FailureFunction"} {
+		if !url5xx[id] {
+			t.Errorf("no AWS/Lambda Url5xxCount alarm for %s", id)
+		}
+	}
+	// Every alarm has a runbook line in docs/deploy.md.
+	runbook, err := os.ReadFile(filepath.Join(root(t), "docs", "deploy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, r := range tpl.Resources {
+		if r.Type != "AWS::CloudWatch::Alarm" {
+			continue
+		}
+		suffix, _ := samtemplate.Get(r.Properties, "AlarmName", "Fn::Sub").(string)
+		suffix = strings.TrimPrefix(suffix, "${AWS::StackName}")
+		if suffix == "" || !strings.Contains(string(runbook), "`<stack>"+suffix+"`") {
+			t.Errorf("%s: alarm name ...%s has no runbook line in docs/deploy.md (name it as `<stack>%s`)", id, suffix, suffix)
 		}
 	}
 	if c := tpl.Conditions["HasAlarmTopic"]; c == nil {

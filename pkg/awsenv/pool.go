@@ -60,6 +60,10 @@ type PoolConfig struct {
 	AWSConfig *aws.Config
 	// Logger receives the start-up ping warning. Default: discard.
 	Logger *slog.Logger
+	// Credentials, when set, supplies the user and password of new connections after a
+	// rotation (see Credentials.Ready). Ignored with IAMAuth, whose tokens are fresh per
+	// connection.
+	Credentials *Credentials
 }
 
 // NewPool opens the pool an execution environment keeps for its lifetime. It pings the
@@ -106,6 +110,8 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 			return nil, errors.New("RDS IAM auth needs an AWS region (AWS_REGION) and credentials")
 		}
 		pc.BeforeConnect = iamAuth(awsCfg.Region, awsCfg.Credentials)
+	} else if cfg.Credentials != nil {
+		pc.BeforeConnect = cfg.Credentials.beforeConnect
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -153,6 +153,35 @@ func (r Resolver) Resolve(ctx context.Context, getenv func(string) string) (func
 	}, nil
 }
 
+// DatabaseURLReader returns a function that reads DATABASE_URL again from the secret it
+// was resolved from (DB_SECRET_ARN, or DB_HOST with DB_* settings), for NewCredentials; nil
+// when there is nothing to re-read (a plain DATABASE_URL, or RDS IAM tokens, which are
+// fresh per connection anyway).
+func (r Resolver) DatabaseURLReader(getenv func(string) string) func(ctx context.Context) (string, error) {
+	if getenv(VarDBSecretARN) == "" || getenv(varDatabaseURL) != "" {
+		return nil
+	}
+	if iam, _ := parseBool(VarDBIAMAuth, getenv(VarDBIAMAuth)); iam {
+		return nil
+	}
+	return func(ctx context.Context) (string, error) {
+		timeout := r.Timeout
+		if timeout <= 0 {
+			timeout = DefaultTimeout
+		}
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := r.clients(ctx, true, false); err != nil {
+			return "", fmt.Errorf("re-read database secret: %w", err)
+		}
+		dsn, err := r.databaseURL(ctx, getenv)
+		if err != nil {
+			return "", fmt.Errorf("re-read database secret: %w", err)
+		}
+		return dsn, nil
+	}
+}
+
 func dbSource(getenv func(string) string) string {
 	if getenv(VarDBSecretARN) != "" {
 		return VarDBSecretARN

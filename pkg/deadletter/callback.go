@@ -1,16 +1,17 @@
 package deadletter
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 // DefaultCallbackMaxBodyBytes bounds a failure-callback body: it carries the original body
@@ -22,8 +23,9 @@ const (
 	OutcomeRecorded     = "recorded"
 	OutcomeDuplicate    = "duplicate"
 	OutcomeMalformed    = "malformed"
-	OutcomeUnauthorized = "unauthorized"
-	OutcomeTransient    = "transient"
+	OutcomeUnauthorized = receive.OutcomeUnauthorized
+	OutcomeTooLarge     = receive.OutcomeTooLarge
+	OutcomeTransient    = receive.OutcomeTransient
 )
 
 // CallbackConfig configures NewCallbackHandler. Zero fields take the defaults.
@@ -44,6 +46,10 @@ type CallbackConfig struct {
 	Logger *slog.Logger
 	// Observe, when set, is called once per POST with one of the Outcome* values.
 	Observe func(outcome string)
+	// LegacyWindow reports whether callbacks of deliveries published before the identity
+	// moved into the URL may still be linked to their outbox row through the source headers
+	// they report. Default: the legacy_identity window in Pool's database (LegacyOpen).
+	LegacyWindow func(ctx context.Context) (bool, error)
 }
 
 // CallbackHandler records QStash failure callbacks as dead letters. Any path, POST only:
@@ -53,8 +59,15 @@ type CallbackConfig struct {
 //	body over the limit     413 + Upstash-NonRetryable-Error: true
 //	bad or missing sig      401, nothing written
 //	database failure        500 (QStash retries the callback)
+//
+// The letter's outbox id and generation come from the signed body: the query of the
+// destination url it reports (outbox_id, generation). A callback about a delivery
+// published before the identity moved into the URL falls back to the X-Outbox-Id and
+// X-Outbox-Generation source headers it reports, while the legacy window is open; after
+// that its letter is recorded unlinked (no outbox id).
 type CallbackHandler struct {
-	cfg CallbackConfig
+	cfg  CallbackConfig
+	recv receive.Receiver
 }
 
 // NewCallbackHandler returns a CallbackHandler, or an error naming every invalid field.
@@ -83,89 +96,112 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid failure callback config: %w", errors.Join(errs...))
 	}
-	return &CallbackHandler{cfg: cfg}, nil
+	if cfg.LegacyWindow == nil {
+		cfg.LegacyWindow = LegacyOpen(cfg.Pool)
+	}
+	return &CallbackHandler{cfg: cfg, recv: receive.Receiver{
+		Verifier:     cfg.Verifier,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		URL:          cfg.FailureURL,
+		Name:         "failure callback",
+		ConfigHint:   "set FAILURE_PUBLIC_URL",
+	}}, nil
 }
+
+// The callback's rows of the status table; the receive step adds 401, 413 and 500.
+var (
+	replyRecorded  = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
+	replyDuplicate = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
+	replyMalformed = receive.Reply{Status: http.StatusBadRequest, Code: "malformed_callback", Outcome: OutcomeMalformed}
+	replyTransient = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
+)
 
 // ServeHTTP verifies, decodes and records one failure callback.
 func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeCode(w, http.StatusMethodNotAllowed, "error", "method_not_allowed")
+		receive.Reply{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed"}.Write(w)
 		return
 	}
-	log := h.cfg.Logger
-	respond := func(status int, key, code, outcome string, level slog.Level, msg string, attrs ...any) {
-		if status == http.StatusRequestEntityTooLarge {
-			w.Header().Set("Upstash-NonRetryable-Error", "true")
-		}
-		writeCode(w, status, key, code)
-		log.Log(r.Context(), level, msg, append(attrs, slog.Int("status", status), slog.String("outcome", outcome))...)
-		if h.cfg.Observe != nil {
-			h.cfg.Observe(outcome)
-		}
-	}
-
-	if r.ContentLength > h.cfg.MaxBodyBytes {
-		respond(http.StatusRequestEntityTooLarge, "error", "body_too_large", OutcomeMalformed, slog.LevelError,
-			"failure callback too large to record; the letter stays only in the QStash DLQ", slog.Int64("limit_bytes", h.cfg.MaxBodyBytes))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			respond(http.StatusRequestEntityTooLarge, "error", "body_too_large", OutcomeMalformed, slog.LevelError,
-				"failure callback too large to record; the letter stays only in the QStash DLQ", slog.Int64("limit_bytes", h.cfg.MaxBodyBytes))
-			return
-		}
-		respond(http.StatusInternalServerError, "error", "transient_error", OutcomeTransient, slog.LevelWarn, "failure callback body unreadable", slog.Any("error", err))
-		return
-	}
-
-	signedURL, ok := h.signedURL(r)
+	a := &receive.Answer{W: w, R: r, Log: h.cfg.Logger, Observe: h.cfg.Observe}
+	req, ok := h.recv.Receive(a)
 	if !ok {
-		respond(http.StatusInternalServerError, "error", "configuration_error", OutcomeTransient, slog.LevelError,
-			"failure callback configuration error: set FAILURE_PUBLIC_URL, or serve through the Function URL adapter that provides the trusted origin")
 		return
 	}
-	if err := h.cfg.Verifier.Verify(r.Header.Get("Upstash-Signature"), signedURL, body); err != nil {
-		reason := "unknown"
-		var ve *qstash.VerifyError
-		if errors.As(err, &ve) {
-			reason = string(ve.Reason)
-		}
-		respond(http.StatusUnauthorized, "error", "unauthorized", OutcomeUnauthorized, slog.LevelWarn, "failure callback signature rejected", slog.String("reason", reason))
-		return
-	}
-
-	cb, err := qstash.DecodeFailureCallback(body)
+	cb, err := qstash.DecodeFailureCallback(req.Body)
 	if err != nil {
-		respond(http.StatusBadRequest, "error", "malformed_callback", OutcomeMalformed, slog.LevelWarn, "failure callback malformed", slog.Any("error", err))
+		a.Reply(replyMalformed, slog.LevelWarn, "failure callback malformed", slog.Any("error", err))
 		return
 	}
 	f := FromCallback(cb)
-	log = log.With(slog.String("qstash_message_id", f.QStashMessageID), slog.Int64("outbox_id", f.OutboxID()))
 	if f.QStashMessageID == "" {
-		respond(http.StatusBadRequest, "error", "malformed_callback", OutcomeMalformed, slog.LevelWarn, "failure callback has no sourceMessageId")
+		a.Reply(replyMalformed, slog.LevelWarn, "failure callback has no sourceMessageId")
 		return
 	}
+	legacy := false
+	if f.OutboxID == 0 {
+		var err error
+		if legacy, err = h.legacyIdentity(r.Context(), cb, &f); err != nil {
+			a.Reply(replyTransient, slog.LevelError, "failure callback legacy window unreadable; QStash will retry", slog.Any("error", err))
+			return
+		}
+	}
+	a.Log = a.Log.With(slog.String("qstash_message_id", f.QStashMessageID), slog.Int64("outbox_id", f.OutboxID), slog.Bool("legacy_identity", legacy))
 	rec, err := Record(r.Context(), h.cfg.Pool, f)
 	switch {
 	case err != nil:
-		respond(http.StatusInternalServerError, "error", "transient_error", OutcomeTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
+		a.Reply(replyTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
 	case !rec.Created:
-		respond(http.StatusOK, "outcome", "duplicate", OutcomeDuplicate, slog.LevelInfo, "failure callback already recorded", slog.Int64("dead_letter_id", rec.LetterID))
+		a.Reply(replyDuplicate, slog.LevelInfo, "failure callback already recorded", slog.Int64("dead_letter_id", rec.LetterID))
 	default:
 		// A dead letter is an operator's problem: warn, so it shows in error dashboards.
-		respond(http.StatusOK, "outcome", "recorded", OutcomeRecorded, slog.LevelWarn, "delivery dead-lettered",
+		a.Reply(replyRecorded, slog.LevelWarn, "delivery dead-lettered",
 			slog.Int64("dead_letter_id", rec.LetterID), slog.Int("destination_status", f.Status),
 			slog.Int("retried", f.Retried), slog.Bool("outbox_marked", rec.OutboxMarked))
 	}
 }
 
-// FromCallback extracts what Record needs from a decoded failure callback.
+// legacyIdentity links a callback whose url carries no identity through the source
+// headers it reports, while the legacy window is open. It reports whether it did.
+func (h *CallbackHandler) legacyIdentity(ctx context.Context, cb qstash.FailureCallback, f *DeliveryFailure) (bool, error) {
+	id, err := receive.FromHeaders(receive.HeaderMap(cb.SourceHeader))
+	if err != nil {
+		return false, nil
+	}
+	open, err := h.cfg.LegacyWindow(ctx)
+	if err != nil || !open {
+		if err == nil {
+			h.cfg.Logger.WarnContext(ctx, "failure callback without outbox_id in its url after the legacy window: recorded unlinked",
+				slog.Int64("claimed_outbox_id", id.OutboxID))
+		}
+		return false, err
+	}
+	f.OutboxID, f.Generation = id.OutboxID, &id.Generation
+	return true, nil
+}
+
+// LegacyOpen reports whether db's legacy_identity window (migration 0007) is open. A
+// database without that table has none.
+func LegacyOpen(db Querier) func(ctx context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		var open bool
+		err := db.QueryRow(ctx, qLegacyWindowOpen).Scan(&open)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("read legacy identity window: %w", err)
+		}
+		return open, nil
+	}
+}
+
+// FromCallback extracts what Record needs from a decoded failure callback. The outbox id
+// and generation come from the reported destination url (signed with the callback body);
+// without them OutboxID stays 0.
 func FromCallback(cb qstash.FailureCallback) DeliveryFailure {
-	return DeliveryFailure{
+	f := DeliveryFailure{
 		QStashMessageID: cb.SourceMessageID,
 		DLQID:           cb.DLQID,
 		Status:          cb.Status,
@@ -176,26 +212,8 @@ func FromCallback(cb qstash.FailureCallback) DeliveryFailure {
 		SourceHeader:    cb.SourceHeader,
 		SourceBody:      cb.SourceBody,
 	}
-}
-
-func (h *CallbackHandler) signedURL(r *http.Request) (string, bool) {
-	if h.cfg.FailureURL != "" {
-		return h.cfg.FailureURL, true
+	if id, err := receive.FromRawURL(cb.URL); err == nil {
+		f.OutboxID, f.Generation = id.OutboxID, &id.Generation
 	}
-	o, ok := origin.FromContext(r.Context())
-	if !ok {
-		return "", false
-	}
-	u := strings.TrimRight(o, "/") + r.URL.EscapedPath()
-	if r.URL.RawQuery != "" {
-		u += "?" + r.URL.RawQuery
-	}
-	return u, true
-}
-
-func writeCode(w http.ResponseWriter, status int, key, code string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, "{%q:%q}\n", key, code)
+	return f
 }

@@ -49,7 +49,7 @@ func callbackBody(outboxID int64, msgID string) []byte {
 		"maxRetries":      3,
 		"dlqId":           "1725323658779-0",
 		"sourceMessageId": msgID,
-		"url":             "https://hooks.example.com/events/order.created",
+		"url":             destination(outboxID, 0),
 		"method":          "POST",
 		"sourceHeader":    map[string][]string{"Upstash-Forward-X-Outbox-Id": {itoa(outboxID)}, "Content-Type": {"application/json"}},
 		"sourceBody":      base64.StdEncoding.EncodeToString([]byte(`{"order_id":"o-1","amount_cents":0,"currency":"EUR"}`)),
@@ -207,7 +207,7 @@ func TestCallbackDocumentedStringForm(t *testing.T) {
 	h := newCallbackHandler(t, db, nil)
 	id := enqueue(t, db, "order.created", "order:9", `{"n":9}`)
 	body := []byte(`{"status":489,"body":"e30=","retried":"0","maxRetries":"3","dlqId":"1-0","sourceMessageId":"msg-doc",` +
-		`"url":"https://hooks.example.com/events/order.created","sourceHeader":{"x-outbox-id":"` + itoa(id) + `"},` +
+		`"url":"` + destination(id, 0) + `","sourceHeader":{"x-outbox-id":"` + itoa(id) + `"},` +
 		`"sourceBody":"eyJuIjo5fQ==","createdAt":"1725323658779","notBefore":"0"}`)
 	if w := serveCallback(h, signedCallback(t, failureURL, body)); w.Code != http.StatusOK {
 		t.Fatalf("status %d %s", w.Code, w.Body)

@@ -34,7 +34,9 @@ func dispatch(t *testing.T, db *pgtest.DB, id int64) {
 	}
 }
 
+// failure is what FromCallback makes of a callback for outbox row outboxID, generation 0.
 func failure(outboxID int64, msgID string) deadletter.DeliveryFailure {
+	gen := 0
 	return deadletter.DeliveryFailure{
 		QStashMessageID: msgID,
 		DLQID:           "dlq-" + msgID,
@@ -42,13 +44,20 @@ func failure(outboxID int64, msgID string) deadletter.DeliveryFailure {
 		ResponseBody:    []byte(`{"error":"rejected"}`),
 		Retried:         0,
 		MaxRetries:      3,
-		URL:             "https://hooks.example.com/events/order.created",
+		URL:             destination(outboxID, 0),
+		OutboxID:        outboxID,
+		Generation:      &gen,
 		SourceHeader:    map[string][]string{"upstash-forward-x-outbox-id": {itoa(outboxID)}, "Authorization": {"Bearer secret"}},
 		SourceBody:      []byte(`{"order_id": "o-1"}`),
 	}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// destination is the URL the relay publishes an event of outbox row id to.
+func destination(id int64, gen int) string {
+	return "https://hooks.example.com/events/order.created?outbox_id=" + itoa(id) + "&generation=" + strconv.Itoa(gen)
+}
 
 type outboxRow struct {
 	dispatched, dead bool
@@ -188,8 +197,7 @@ func TestRecordStaleGenerationDoesNotStopRedrivenEvent(t *testing.T) {
 	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox SET generation = 1 WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	f := failure(id, "msg-old")
-	f.SourceHeader["Upstash-Forward-X-Outbox-Generation"] = []string{"0"}
+	f := failure(id, "msg-old") // generation 0
 	r, err := deadletter.Record(context.Background(), db.Pool, f)
 	if err != nil || !r.Created || r.OutboxMarked {
 		t.Fatalf("stale callback: %+v %v; want recorded, outbox untouched", r, err)
@@ -198,7 +206,8 @@ func TestRecordStaleGenerationDoesNotStopRedrivenEvent(t *testing.T) {
 		t.Fatal("stale callback dead-lettered the redriven row")
 	}
 	f = failure(id, "msg-new")
-	f.SourceHeader["X-Outbox-Generation"] = []string{"1"}
+	gen := 1
+	f.Generation = &gen
 	if r, err := deadletter.Record(context.Background(), db.Pool, f); err != nil || !r.OutboxMarked {
 		t.Fatalf("current-generation callback: %+v %v", r, err)
 	}
@@ -387,7 +396,14 @@ func TestRedriveRowAlreadyPending(t *testing.T) {
 	a := enqueue(t, db, "order.created", "k", `{}`)
 	dispatch(t, db, a)
 	r1, _ := deadletter.Record(ctx, db.Pool, failure(a, "m1"))
-	r2, _ := deadletter.Record(ctx, db.Pool, failure(a, "m2")) // a second letter for the same row
+	// A second failure of the same generation adds nothing: one open letter per generation.
+	if dup, err := deadletter.Record(ctx, db.Pool, failure(a, "m2")); err != nil || dup.Created || dup.LetterID != r1.LetterID {
+		t.Fatalf("second letter of generation 0: %+v %v; want letter %d, not created", dup, err, r1.LetterID)
+	}
+	f := failure(a, "m3") // a letter about another generation of the same row
+	gen := 7
+	f.Generation = &gen
+	r2, _ := deadletter.Record(ctx, db.Pool, f)
 	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{r1.LetterID}})
 	if err != nil || len(res.Redriven) != 1 {
 		t.Fatalf("first %+v %v", res, err)

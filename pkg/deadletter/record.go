@@ -6,20 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-)
-
-// Source-header names that carry the outbox id and generation. QStash reports the
-// original message's headers; depending on the path they appear as forwarded
-// (Upstash-Forward-X-Outbox-Id) or as delivered (X-Outbox-Id).
-const (
-	HeaderOutboxID         = "X-Outbox-Id"
-	HeaderOutboxGeneration = "X-Outbox-Generation"
-	forwardPrefix          = "Upstash-Forward-"
 )
 
 // MaxResponseBodyBytes caps the destination response body kept in a dead letter.
@@ -44,38 +34,16 @@ type DeliveryFailure struct {
 	MaxRetries   int
 	// URL is the destination the message was sent to.
 	URL string
+	// OutboxID is the event's outbox row, 0 when unknown. FromCallback reads it from URL's
+	// outbox_id query parameter (signed with the callback body).
+	OutboxID int64
+	// Generation is the outbox generation the delivery was about (URL's generation); nil
+	// when unknown, and the letter is then about the row's current generation.
+	Generation *int
 	// SourceHeader are the original message's headers (names in any case).
 	SourceHeader map[string][]string
 	// SourceBody is the original message body.
 	SourceBody []byte
-}
-
-// OutboxID returns the outbox id from the source headers, or 0 if absent or not a
-// positive integer.
-func (f DeliveryFailure) OutboxID() int64 {
-	id, _ := strconv.ParseInt(f.header(HeaderOutboxID), 10, 64)
-	return max(id, 0)
-}
-
-// generation returns the forwarded outbox generation, or nil when not sent.
-func (f DeliveryFailure) generation() *int {
-	g, err := strconv.Atoi(f.header(HeaderOutboxGeneration))
-	if err != nil || g < 0 {
-		return nil
-	}
-	return &g
-}
-
-func (f DeliveryFailure) header(name string) string {
-	for k, vs := range f.SourceHeader {
-		if len(vs) == 0 {
-			continue
-		}
-		if strings.EqualFold(k, name) || strings.EqualFold(k, forwardPrefix+name) {
-			return strings.TrimSpace(vs[0])
-		}
-	}
-	return ""
 }
 
 // ErrorText is the dead letter's error column and the outbox row's last_error.
@@ -113,8 +81,9 @@ type Recorded struct {
 }
 
 // Record stores f as one dead letter (source "delivery") and marks its outbox row
-// dead-lettered with the error, in one statement. It is idempotent per QStash message id:
-// recording the same failure again changes nothing and returns Created false.
+// dead-lettered with the error, in one statement. It is idempotent per QStash message id,
+// and adds nothing when the event generation already has an open letter (the relay gave up
+// on it too): then it changes nothing and returns Created false with that letter's id.
 func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error) {
 	// Text columns reject NUL and invalid UTF-8; a hostile or odd id must not turn into
 	// a database error that QStash would retry forever.
@@ -130,15 +99,15 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 		payload = &s
 	}
 	var outboxID *int64
-	if id := f.OutboxID(); id > 0 {
-		outboxID = &id
+	if f.OutboxID > 0 {
+		outboxID = &f.OutboxID
 	}
 	errText := f.ErrorText()
 	var r Recorded
 	var gotOutbox *int64
 	err := db.QueryRow(ctx, qRecordDelivery,
 		outboxID, nullString(topicFromURL(f.URL)), payload, errText, f.Retried, nullInt(f.Status),
-		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.generation(),
+		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.Generation,
 	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked)
 	if isDataError(err) && payload != nil {
 		// The body was JSON to encoding/json but not to jsonb (e.g. a \u0000 escape): keep
@@ -148,8 +117,9 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		// Recorded before: find the existing letter for the caller's logs.
-		if err := db.QueryRow(ctx, qLetterByMessage, f.QStashMessageID).Scan(&r.LetterID); err != nil {
+		// Recorded before (this callback, or the relay's letter for the same event
+		// generation): find that letter for the caller's logs.
+		if err := db.QueryRow(ctx, qExistingLetter, f.QStashMessageID, outboxID, f.Generation).Scan(&r.LetterID); err != nil {
 			return Recorded{}, fmt.Errorf("find recorded delivery failure: %w", err)
 		}
 		if outboxID != nil {

@@ -211,7 +211,8 @@ func TestWebhookThroughAdapter(t *testing.T) {
 		if b64 {
 			enc = base64.StdEncoding.EncodeToString(body)
 		}
-		resp, err := fn(context.Background(), event("POST", "/events/order.created", "", enc, b64, map[string]string{
+		// The identity is in the query, as the relay publishes it (the signed URL includes it).
+		resp, err := fn(context.Background(), event("POST", "/events/order.created", "outbox_id=77&generation=0", enc, b64, map[string]string{
 			"upstash-signature": sig, "x-outbox-id": "77", "host": "evil.example", "x-forwarded-host": "evil.example",
 		}))
 		if err != nil {
@@ -219,10 +220,10 @@ func TestWebhookThroughAdapter(t *testing.T) {
 		}
 		return resp
 	}
-	if resp := send("https://evil.example/events/order.created", false); resp.StatusCode != http.StatusUnauthorized {
+	if resp := send("https://evil.example/events/order.created?outbox_id=77&generation=0", false); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("signature for the spoofed host: status %d", resp.StatusCode)
 	}
-	if resp := send("https://"+domain+"/events/order.created", true); resp.StatusCode != http.StatusOK {
+	if resp := send("https://"+domain+"/events/order.created?outbox_id=77&generation=0", true); resp.StatusCode != http.StatusOK {
 		t.Fatalf("signature for the function url: status %d %s", resp.StatusCode, resp.Body)
 	}
 	var n int

@@ -41,9 +41,14 @@ const (
 	PermanentFailure = "PermanentFailure"
 	TransientFailure = "TransientFailure"
 	Unauthorized     = "Unauthorized"
+	// RejectedDeliveries counts deliveries refused before any handler ran.
+	RejectedDeliveries = "RejectedDeliveries"
 
 	// Failure callback (Function=failure).
 	DeliveryDeadLetters = "DeliveryDeadLetters"
+	// RejectedCallbacks counts failure callbacks refused: their failures are only in
+	// QStash's DLQ.
+	RejectedCallbacks = "RejectedCallbacks"
 )
 
 // Unit is a CloudWatch metric unit.
@@ -101,7 +106,9 @@ var Definitions = []Definition{
 	{PermanentFailure, UnitCount, Counter, FunctionWebhook, "Deliveries rejected as permanent failures (QStash will not retry them)."},
 	{TransientFailure, UnitCount, Counter, FunctionWebhook, "Deliveries that failed transiently (QStash retries them)."},
 	{Unauthorized, UnitCount, Counter, FunctionWebhook, "Deliveries refused for a missing or invalid signature."},
+	{RejectedDeliveries, UnitCount, Counter, FunctionWebhook, "Deliveries refused before any handler ran: bad signature, identity headers contradicting the signed URL, body over the limit."},
 	{DeliveryDeadLetters, UnitCount, Counter, FunctionFailure, "QStash failure callbacks recorded as dead letters."},
+	{RejectedCallbacks, UnitCount, Counter, FunctionFailure, "Failure callbacks refused (bad signature, malformed, over the limit); their failures are only in QStash's DLQ."},
 }
 
 // Lookup returns the definition of name.

@@ -282,6 +282,10 @@ func reservedHeader(name string) bool {
 		n == "content-type" || n == "content-length" || n == "host" || n == "authorization"
 }
 
+// validHeaders checks the headers a producer sets. As a map of strings they always encode
+// to what the outbox_headers_strings constraint requires (a JSON object of string values;
+// nil and empty maps are stored as {}), so a rejected header is a *ValidationError here and
+// never a check violation that would abort the caller's transaction.
 func (l Limits) validHeaders(h map[string]string) error {
 	total := 0
 	for k, v := range h {

@@ -1,7 +1,7 @@
 package outbox
 
 import (
-	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -20,12 +20,28 @@ type Message struct {
 	CreatedAt  time.Time
 }
 
-// DeduplicationID is the QStash deduplication id of this publish: outbox-<id>, plus -r<n>
-// after the n-th redrive, because QStash would drop a reused id inside its window. It
-// contains no ':' (QStash rejects it in some regions).
-func (m Message) DeduplicationID() string {
-	if m.Generation == 0 {
-		return fmt.Sprintf("outbox-%d", m.ID)
+// DefaultDeploymentName is the deployment name DeduplicationID uses: the one every id had
+// before deployments were named, so outbox-<id> stays byte-identical.
+const DefaultDeploymentName = "outbox"
+
+// DeduplicationID is DeduplicationIDFor(DefaultDeploymentName): outbox-<id>, plus -r<n>
+// after the n-th redrive.
+func (m Message) DeduplicationID() string { return m.DeduplicationIDFor(DefaultDeploymentName) }
+
+// DeduplicationIDFor is the QStash deduplication id of this publish in the deployment
+// name: <name>-<id>, plus -r<n> after the n-th redrive, because QStash would drop a reused
+// id inside its window. The name keeps two deployments that share a QStash account from
+// deduplicating each other's events (QStash's dedup scope is the account). The caller
+// validates name (qstash.ValidName: [A-Za-z0-9_-]), so the id never contains ':', which
+// QStash rejects in some regions.
+func (m Message) DeduplicationIDFor(name string) string {
+	b := make([]byte, 0, len(name)+24)
+	b = append(b, name...)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, int64(m.ID), 10)
+	if m.Generation != 0 {
+		b = append(b, "-r"...)
+		b = strconv.AppendInt(b, int64(m.Generation), 10)
 	}
-	return fmt.Sprintf("outbox-%d-r%d", m.ID, m.Generation)
+	return string(b)
 }

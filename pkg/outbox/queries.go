@@ -138,20 +138,27 @@ FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS u(id, delay_ms, err)
 WHERE o.id = u.id AND o.lease_token = $4`
 
 	// qDeadLetter marks rows dead-lettered and records them in dead_letters in one
-	// statement (so in one transaction): both happen, or neither.
+	// statement (so in one transaction): both happen, or neither. A row the failure callback
+	// dead-lettered first keeps its time and error, and its open letter (unique per outbox id
+	// and generation) makes this insert a no-op. The statement returns the rows the lease
+	// held, so RowsAffected still counts them when no letter was added.
 	qDeadLetter = `
 WITH u AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[]) AS u(id, err, status)
 ), dead AS (
     UPDATE outbox o
-    SET dead_lettered_at = coalesce($5::timestamptz, now()), locked_until = NULL, lease_token = NULL, last_error = u.err
+    SET dead_lettered_at = coalesce(o.dead_lettered_at, $5::timestamptz, now()), locked_until = NULL, lease_token = NULL,
+        last_error = CASE WHEN o.dead_lettered_at IS NULL THEN u.err ELSE o.last_error END
     FROM u
     WHERE o.id = u.id AND o.lease_token = $4
-    RETURNING o.id, o.topic, o.partition_key, o.payload, o.headers, o.attempts, u.err, u.status
+    RETURNING o.id, o.topic, o.partition_key, o.payload, o.headers, o.attempts, o.generation, u.err, u.status
+), letters AS (
+    INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts, status_code, generation, created_at)
+    SELECT 'relay', id, topic, partition_key, payload, headers, err, attempts, nullif(status, 0), generation, coalesce($5::timestamptz, now())
+    FROM dead
+    ON CONFLICT DO NOTHING
 )
-INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts, status_code, created_at)
-SELECT 'relay', id, topic, partition_key, payload, headers, err, attempts, nullif(status, 0), coalesce($5::timestamptz, now())
-FROM dead`
+SELECT id FROM dead`
 
 	// qRelease returns claimed-but-unpublished rows (held back behind a failed same-key
 	// event, or out of time) without counting an attempt.

@@ -30,9 +30,13 @@ const (
 	DefaultBaseURL        = "https://qstash.upstash.io"
 	DefaultRetries        = 3
 	DefaultFIFOQueues     = 8
-	DefaultQueuePrefix    = "outbox"
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultMaxBatchItems  = 1000
+	// DefaultMaxRequestBytes is the byte budget of one /v2/batch request: far under
+	// QStash's 100 MB, so a request stays quick to send and to retry.
+	DefaultMaxRequestBytes = 8 << 20
+	// MinRequestBytes is the smallest budget accepted.
+	MinRequestBytes = 64 << 10
 	// NoRetries, as PublisherConfig.Retries, sends Upstash-Retries: 0 (one attempt).
 	NoRetries = -1
 	// MaxFlowControlPeriod is QStash's upper bound for the flow-control period.
@@ -41,8 +45,9 @@ const (
 
 // PublisherConfig configures NewPublisher. Zero fields take the Default* values.
 type PublisherConfig struct {
-	// BaseURL is the QStash API (QSTASH_URL). Default DefaultBaseURL. A trailing "/" is
-	// ignored.
+	// BaseURL is the QStash API (QSTASH_URL). Default DefaultBaseURL. It must be a bare
+	// origin: https (http only for a loopback host, the local server), no path other than
+	// "/", no query. A base ending in /v2 would make every request /v2/v2/..., answered 404.
 	BaseURL string
 	// Token is QSTASH_TOKEN, sent as a bearer token. Required.
 	Token string
@@ -62,8 +67,26 @@ type PublisherConfig struct {
 	// parallelism. Default DefaultFIFOQueues. Changing it while events are in flight moves
 	// keys between queues, and per-key order holds only within one queue.
 	FIFOQueues int
-	// QueuePrefix names FIFO queues <QueuePrefix>-<n>. Default DefaultQueuePrefix.
+	// QueuePrefix names FIFO queues <QueuePrefix>-<n>. Default Name.
 	QueuePrefix string
+	// Name is the deployment's name (OUTBOX_NAME): 1-MaxNameLen characters of
+	// [A-Za-z0-9_-]. It is in every deduplication id (<name>-<id>, <name>-<id>-r<gen>), in
+	// the default queue prefix and in every flow-control key, so two deployments sharing a
+	// QStash account neither deduplicate each other's events nor share queues or limits.
+	// Default DefaultName ("outbox": the ids and queues used before names existed).
+	Name string
+	// Plan is the QStash plan (QSTASH_PLAN). Default DefaultPlan. It bounds FIFOQueues
+	// (the plan's queue count) and MaxMessageBytes.
+	Plan Plan
+	// MaxMessageBytes is the largest payload sent (QSTASH_MAX_MESSAGE_BYTES). Default the
+	// plan's message size limit; it may be lowered, not raised above the plan's. A larger
+	// message is not sent: it fails alone with a permanent *MessageTooLargeError.
+	MaxMessageBytes int64
+	// MaxRequestBytes is the byte budget of one /v2/batch request body
+	// (QSTASH_MAX_REQUEST_BYTES). Default DefaultMaxRequestBytes; at most MaxRequestBytes.
+	// A Publish call is split into several requests by size as well as by MaxBatchItems. A
+	// single message larger than the budget (but within MaxMessageBytes) goes alone.
+	MaxRequestBytes int64
 	// FlowControlParallelism and FlowControlRate (per FlowControlPeriod, default 1s by
 	// QStash) limit deliveries per partition key in publish mode (Upstash-Flow-Control-*).
 	// Zero means unset; with both unset no flow control is sent. Not allowed in FIFO mode,
@@ -96,8 +119,22 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	if c.FIFOQueues == 0 {
 		c.FIFOQueues = DefaultFIFOQueues
 	}
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
 	if c.QueuePrefix == "" {
-		c.QueuePrefix = DefaultQueuePrefix
+		c.QueuePrefix = c.Name
+	}
+	if c.Plan == "" {
+		c.Plan = DefaultPlan
+	}
+	if c.MaxMessageBytes == 0 {
+		if l, err := c.Plan.Limits(); err == nil {
+			c.MaxMessageBytes = l.MaxMessageBytes
+		}
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout
@@ -117,7 +154,7 @@ func (c PublisherConfig) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("qstash publisher config %s: "+format, append([]any{field}, args...)...))
 	}
-	if err := checkHTTPURL(c.BaseURL); err != nil {
+	if err := checkBaseURL(c.BaseURL); err != nil {
 		bad("BaseURL", "%v", err)
 	}
 	if c.Token == "" {
@@ -147,11 +184,28 @@ func (c PublisherConfig) Validate() error {
 	default:
 		bad("Ordering", "%q is neither %q nor %q", c.Ordering, OrderingPublish, OrderingFIFO)
 	}
+	limits, err := c.Plan.Limits()
+	if err != nil {
+		bad("Plan", "%v", err)
+	}
 	if c.FIFOQueues < 1 {
 		bad("FIFOQueues", "%d must be at least 1", c.FIFOQueues)
+	} else if err == nil && c.Ordering == OrderingFIFO && c.FIFOQueues > limits.MaxQueues {
+		bad("FIFOQueues", "%d is more than the %d queues QStash's %s plan allows (set the plan, or fewer queues)", c.FIFOQueues, limits.MaxQueues, c.Plan)
 	}
 	if !validQueueName(c.QueuePrefix) {
 		bad("QueuePrefix", "%q must be letters, digits, '-' or '_'", c.QueuePrefix)
+	}
+	if !ValidName(c.Name) {
+		bad("Name", "%q must be 1-%d letters, digits, '-' or '_' (it goes into deduplication ids and queue names)", c.Name, MaxNameLen)
+	}
+	if c.MaxMessageBytes < 1 && !(err != nil && c.MaxMessageBytes == 0) {
+		bad("MaxMessageBytes", "%d must be positive", c.MaxMessageBytes)
+	} else if err == nil && c.MaxMessageBytes > limits.MaxMessageBytes {
+		bad("MaxMessageBytes", "%d is above the %d-byte message limit of QStash's %s plan", c.MaxMessageBytes, limits.MaxMessageBytes, c.Plan)
+	}
+	if c.MaxRequestBytes < MinRequestBytes || c.MaxRequestBytes > MaxRequestBytes {
+		bad("MaxRequestBytes", "%d is outside %d..%d (QStash refuses requests over 100 MB)", c.MaxRequestBytes, MinRequestBytes, MaxRequestBytes)
 	}
 	if c.FlowControlParallelism < 0 {
 		bad("FlowControlParallelism", "%d is negative", c.FlowControlParallelism)
@@ -183,6 +237,29 @@ func checkHTTPURL(s string) error {
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%q is not an absolute http(s) URL", s)
+	}
+	return nil
+}
+
+// checkBaseURL accepts only a bare API origin: https, or http for a loopback host (the
+// local server); no path but "/", no query or fragment. Anything else would send every
+// request to the wrong place, answered 404 (a base ending in /v2 gives /v2/v2/batch).
+func checkBaseURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("QSTASH_URL %q is not a URL: %w", s, err)
+	}
+	switch {
+	case u.User != nil:
+		return fmt.Errorf("QSTASH_URL must not carry credentials; the token goes in QSTASH_TOKEN")
+	case u.Host == "" || (u.Scheme != "https" && u.Scheme != "http"):
+		return fmt.Errorf("QSTASH_URL %q must be an absolute https URL such as %s", s, DefaultBaseURL)
+	case u.Scheme == "http" && !isLoopbackHost(u):
+		return fmt.Errorf("QSTASH_URL %q must use https (http is allowed only for a loopback host, the local server)", s)
+	case u.Path != "" && u.Path != "/":
+		return fmt.Errorf("QSTASH_URL %q must have no path (got %q): the client adds /v2/...; use e.g. %s", s, u.Path, DefaultBaseURL)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return fmt.Errorf("QSTASH_URL %q must have no query or fragment", s)
 	}
 	return nil
 }

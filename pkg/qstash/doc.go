@@ -13,8 +13,18 @@
 //	QSTASH_NEXT_SIGNING_KEY     verifier: next key (required; an empty key accepts forgeries)
 //	PUBLIC_BASE_URL             webhook base; a topic T is delivered to <base>/events/T
 //
-// Retries (Upstash-Retries, default 3), the failure-callback URL, the ordering mode and flow
-// control are PublisherConfig fields.
+// Retries (Upstash-Retries, default 3), the failure-callback URL, the ordering mode, flow
+// control, the deployment name (OUTBOX_NAME), the plan (QSTASH_PLAN) and the size limits are
+// PublisherConfig fields.
+//
+// # What QStash's answers mean
+//
+// docs/qstash-contract.md lists every rule of the service the relay relies on, its source,
+// how qstashtest enforces it and how the publisher reacts. In short: a 429 defers the call
+// until the reset (relay.DeferQuota); 401/403/404/405 and answers naming the deployment
+// defer it for an operator (relay.DeferDeployment, the error names the variable); a
+// 400/412/413/422 for several messages is bisected down to the message refused alone, the
+// only one that fails permanently; unknown item errors are retried.
 //
 // # Ordering
 //
@@ -23,7 +33,8 @@
 // QStash does not keep per-key order: not with flow control, not across retries. Consumers
 // must be order-tolerant. Throughput is highest.
 //
-// OrderingFIFO enqueues into FIFOQueues queues, queue = fnv1a(partition key) mod N. A queue
+// OrderingFIFO enqueues into FIFOQueues queues, queue = fnv1a(partition key) mod N, which
+// EnsureQueues creates with parallelism 1 and checks once per cold start. A queue
 // delivers one message at a time, and the next waits until the current one is delivered or
 // has exhausted its retries and its failure callback has run, so every key keeps strict
 // order end to end at a total delivery parallelism of N. The relay's own head-of-line rule

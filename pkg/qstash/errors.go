@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // APIError is a non-2xx answer from the QStash API. qstash-go v1.0.0 discards the status
@@ -28,14 +30,35 @@ type APIError struct {
 	Burst     RateLimit
 	// RetryAfter is the Retry-After header as a duration, 0 when absent or unparsable.
 	RetryAfter time.Duration
+	// Method and URL are the request answered (no token: it travels in a header).
+	Method, URL string
+	// at is when the answer arrived, the origin of RetryAfter and of a delta Reset.
+	at time.Time
 }
 
-// RateLimit is one family of rate-limit headers. Reset is kept as sent: QStash does not
-// document its unit.
+// RateLimit is one family of rate-limit headers. Reset is kept as sent; ResetTime reads it.
 type RateLimit struct {
 	Limit     int64
 	Remaining int64
 	Reset     string
+}
+
+// ResetTime reads Reset: QStash sends unix seconds (docs api-ratelimiting); unix
+// milliseconds and a delta in seconds (the IETF RateLimit draft) are accepted too, told
+// apart by size. False when absent or unreadable.
+func (r RateLimit) ResetTime(now time.Time) (time.Time, bool) {
+	v, err := strconv.ParseInt(strings.TrimSpace(r.Reset), 10, 64)
+	if err != nil || v < 0 {
+		return time.Time{}, false
+	}
+	switch {
+	case v >= 1e12:
+		return time.UnixMilli(v), true
+	case v >= 1e9:
+		return time.Unix(v, 0), true
+	default:
+		return now.Add(time.Duration(v) * time.Second), true
+	}
 }
 
 const maxErrorBody = 4 << 10
@@ -45,28 +68,43 @@ func (e *APIError) Error() string {
 	if msg == "" {
 		msg = http.StatusText(e.StatusCode)
 	}
+	if e.URL != "" {
+		return fmt.Sprintf("qstash api: %s %s: %d %s", e.Method, e.URL, e.StatusCode, msg)
+	}
 	return fmt.Sprintf("qstash api: %d %s", e.StatusCode, msg)
 }
 
-// Permanent reports whether resending the same request cannot succeed: every 4xx except
-// 408 (timeout), 429 (rate limit), and 401/403. A rejected token is the deployment's fault,
-// not the message's: dead-lettering would sweep the whole backlog into dead_letters on one
-// rotated token, while retrying holds it (the oldest-pending-age alarm fires) and drains by
-// itself once the token is fixed. 5xx, 3xx and everything else are transient.
+// Permanent reports whether the answer rejects the message itself, so resending it cannot
+// succeed: 400, 412, 413 and 422, the statuses QStash (and HTTP) use for a request whose
+// content is refused. The Publisher only lets it reach a message when the request held
+// that message alone (a request of several is split first), and never for a 412 about
+// queues or a text naming the deployment (see Publisher). Every other status is not
+// permanent: 401/403/404/405 are deployment faults, 408/429/5xx transient, and an unknown
+// 4xx is retried rather than dead-lettered on a guess.
 func (e *APIError) Permanent() bool {
-	switch e.StatusCode {
-	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusForbidden:
-		return false
+	return messageStatus(e.StatusCode) && !queueCapText(e.StatusCode, e.Message)
+}
+
+func messageStatus(code int) bool {
+	switch code {
+	case http.StatusBadRequest, http.StatusPreconditionFailed, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return true
 	}
-	return e.StatusCode >= 400 && e.StatusCode < 500
+	return false
+}
+
+// queueCapText: QStash answers 412 both for a message over the plan's size and for a queue
+// over the plan's queue count (pricing page); the text tells them apart.
+func queueCapText(code int, msg string) bool {
+	return code == http.StatusPreconditionFailed && strings.Contains(strings.ToLower(msg), "queue")
 }
 
 // HTTPStatus returns StatusCode (relay.StatusCode reads it).
 func (e *APIError) HTTPStatus() int { return e.StatusCode }
 
 // newAPIError builds an APIError from a response whose body has been read.
-func newAPIError(resp *http.Response, body []byte) *APIError {
-	e := &APIError{StatusCode: resp.StatusCode}
+func newAPIError(resp *http.Response, body []byte, now time.Time) *APIError {
+	e := &APIError{StatusCode: resp.StatusCode, at: now}
 	if len(body) > maxErrorBody {
 		e.Body = append([]byte(nil), body[:maxErrorBody]...)
 	} else {
@@ -82,7 +120,7 @@ func newAPIError(resp *http.Response, body []byte) *APIError {
 	}
 	e.RateLimit = rateLimit(resp.Header, "RateLimit-")
 	e.Burst = rateLimit(resp.Header, "Burst-RateLimit-")
-	e.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	e.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	return e
 }
 
@@ -124,11 +162,11 @@ func snippet(b []byte) string {
 }
 
 // ItemError is a failed item of a /v2/batch request: QStash accepted the request but
-// answered {"error": "..."} for this message, and published the others. QStash does not
-// document these texts, so the classification is a choice: an item error is a validation
-// failure of the message itself (bad destination, header or dedup id) and permanent, unless
-// its text names a transient cause (rate limit, quota, timeout, unavailable, internal
-// error, try again), in which case it is retried.
+// answered {"error": "..."} for this message, and published the others (docs
+// features/batch). QStash documents neither the texts nor which are final, so an item error
+// is permanent only when its text is known to be about the message itself and final
+// (permanentItemTexts, each with its source); any other is retried, and an item error
+// naming the deployment (a bad destination URL) defers publishing instead.
 type ItemError struct {
 	// Index is the message's position in the Publish call.
 	Index int
@@ -140,23 +178,73 @@ func (e *ItemError) Error() string {
 	return fmt.Sprintf("qstash batch item %d: %s", e.Index, e.Message)
 }
 
-// Permanent reports whether the item's error text names no transient cause.
-func (e *ItemError) Permanent() bool { return !transientText(e.Message) }
-
-var transientWords = []string{
-	"rate limit", "ratelimit", "too many", "quota", "timeout", "timed out", "unavailable",
-	"internal", "temporar", "try again", "retry", "overload", "busy",
-}
-
-func transientText(s string) bool {
-	s = strings.ToLower(s)
-	for _, w := range transientWords {
-		if strings.Contains(s, w) {
+// Permanent reports whether the text is a known, final rejection of the message itself.
+func (e *ItemError) Permanent() bool {
+	msg := strings.ToLower(e.Message)
+	for _, t := range permanentItemTexts {
+		if strings.Contains(msg, t) {
 			return true
 		}
 	}
 	return false
 }
+
+// permanentItemTexts are item errors known to reject the message itself for good.
+var permanentItemTexts = []string{
+	// github.com/superset-sh/superset/pull/3591 (us-east-1, 2026-04): a deduplication id
+	// with ':' is refused. The relay's ids never contain ':'; kept for ids from elsewhere.
+	"deduplicationid cannot contain",
+}
+
+// deploymentText recognises an error text that blames the deployment rather than the
+// message, and returns the variable to fix with a hint.
+func deploymentText(msg string) (variable, hint string, ok bool) {
+	m := strings.ToLower(msg)
+	switch {
+	case strings.Contains(m, "invalid destination url"):
+		// upstash/docs#50, upstash/workflow-js#149: the destination is not a URL QStash
+		// accepts. The relay builds it from PUBLIC_BASE_URL and a validated topic.
+		return "PUBLIC_BASE_URL", "QStash refused the destination URL built from it", true
+	case strings.Contains(m, "failure-callback") || strings.Contains(m, "failure callback"):
+		return "FAILURE_CALLBACK_URL", "QStash refused the failure-callback URL", true
+	case strings.Contains(m, "flow-control-value"):
+		// upstash/qstash-js#245: the exact 400 text for a bad Upstash-Flow-Control-Value.
+		return "FLOW_CONTROL_PARALLELISM/FLOW_CONTROL_RATE/FLOW_CONTROL_PERIOD", "QStash refused the flow-control settings", true
+	case strings.Contains(m, "queue limit") || strings.Contains(m, "queue count"):
+		// The plan's queue count (pricing page); the local server's text for it.
+		return "FIFO_QUEUES/QSTASH_PLAN", "QStash refused a queue: more queues than the plan allows", true
+	case strings.Contains(m, "invalid token") || strings.Contains(m, "unauthorized"):
+		return "QSTASH_TOKEN", "QStash refused the token", true
+	}
+	return "", "", false
+}
+
+// MessageTooLargeError is a message whose payload is over the plan's message size
+// (PublisherConfig.MaxMessageBytes). It is not sent, and permanent: it fails alone.
+type MessageTooLargeError struct {
+	// Index is the message's position in the Publish call.
+	Index    int
+	OutboxID int64
+	Size     int64
+	Limit    int64
+	Plan     Plan
+}
+
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("outbox message %d not sent: its payload is %d bytes, over the %d-byte QStash message limit (QSTASH_MAX_MESSAGE_BYTES; the %s plan allows %s)",
+		e.OutboxID, e.Size, e.Limit, e.Plan, planSize(e.Plan))
+}
+
+func planSize(p Plan) string {
+	l, err := p.Limits()
+	if err != nil {
+		return "?"
+	}
+	return strconv.FormatInt(l.MaxMessageBytes, 10) + " bytes"
+}
+
+// Permanent is always true: the same payload is too large every time.
+func (e *MessageTooLargeError) Permanent() bool { return true }
 
 // Errors for batch responses QStash should not send. All are transient: the batch may or
 // may not have been accepted, and a resend is deduplicated.
@@ -184,3 +272,85 @@ func (e *InvalidMessageError) Error() string {
 
 // Permanent is always true: the same message would be refused again.
 func (e *InvalidMessageError) Permanent() bool { return true }
+
+// DefaultQuotaPause is how long publishing pauses after a 429 that says nothing about
+// when the limit resets.
+const DefaultQuotaPause = 10 * time.Second
+
+// maxQuotaPause bounds a reset taken from headers: a daily quota resets within a day, so
+// anything later is treated as unreadable.
+const maxQuotaPause = 25 * time.Hour
+
+// answerKind is what a non-2xx answer means for the messages of the request.
+type answerKind int
+
+const (
+	answerFail  answerKind = iota // each message fails with err (permanent or not)
+	answerDefer                   // err is a *relay.DeferError for every message left
+	answerSplit                   // one message may be at fault: split the request
+)
+
+type decision struct {
+	kind answerKind
+	err  error
+}
+
+// classify decides what a non-2xx answer to a request of n messages means.
+func (p *Publisher) classify(e *APIError, n int) decision {
+	switch {
+	case e.StatusCode == http.StatusTooManyRequests:
+		until := quotaUntil(e)
+		return decision{answerDefer, &relay.DeferError{Reason: relay.DeferQuota, Until: until,
+			Err: fmt.Errorf("qstash quota or rate limit reached, publishing paused until %s: %w", until.UTC().Format(time.RFC3339), e)}}
+	case e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden:
+		return decision{answerDefer, p.deployment("QSTASH_TOKEN", "QStash refused the token (rotated or for another account?)", e)}
+	case e.StatusCode == http.StatusNotFound || e.StatusCode == http.StatusMethodNotAllowed:
+		return decision{answerDefer, p.deployment("QSTASH_URL", fmt.Sprintf("%q is not the QStash API, or something in between rewrites the path: it answered %d to %s (QSTASH_URL must be the bare origin, e.g. %s)",
+			p.cfg.BaseURL, e.StatusCode, e.Method+" "+strings.TrimPrefix(e.URL, p.baseURL), DefaultBaseURL), e)}
+	case queueCapText(e.StatusCode, e.Message):
+		return decision{answerDefer, p.deployment("FIFO_QUEUES/QSTASH_PLAN", "QStash refused a queue: more queues than the plan allows", e)}
+	}
+	// Only a refusal (4xx) can blame the settings; a 5xx's text is about QStash itself.
+	if v, hint, ok := deploymentText(e.Message); ok && e.StatusCode >= 400 && e.StatusCode < 500 {
+		return decision{answerDefer, p.deployment(v, hint, e)}
+	}
+	if messageStatus(e.StatusCode) && n > 1 {
+		return decision{kind: answerSplit}
+	}
+	// Alone, a message status is the message's fault (APIError.Permanent); anything else
+	// is transient.
+	return decision{answerFail, fmt.Errorf("publish qstash batch: %w", e)}
+}
+
+// deployment is the DeferError of a fault an operator must fix in variable.
+func (p *Publisher) deployment(variable, hint string, err error) *relay.DeferError {
+	return &relay.DeferError{Reason: relay.DeferDeployment, Err: fmt.Errorf("check %s: %s: %w", variable, hint, err)}
+}
+
+// quotaUntil is when a 429 says the limit resets: Retry-After, else the reset of the
+// exhausted family (RateLimit-Reset for the daily quota, Burst-RateLimit-Reset for the
+// one-second management limit), else any reset given, else DefaultQuotaPause. A time in
+// the past or more than a day ahead counts as unreadable.
+func quotaUntil(e *APIError) time.Time {
+	now := e.at
+	if now.IsZero() {
+		now = time.Now()
+	}
+	ok := func(t time.Time) bool { return t.After(now) && t.Sub(now) <= maxQuotaPause }
+	if e.RetryAfter > 0 && e.RetryAfter <= maxQuotaPause {
+		return now.Add(e.RetryAfter)
+	}
+	var candidates []RateLimit
+	for _, r := range []RateLimit{e.RateLimit, e.Burst} {
+		if r.Reset != "" && r.Remaining == 0 {
+			candidates = append(candidates, r)
+		}
+	}
+	candidates = append(candidates, e.RateLimit, e.Burst)
+	for _, r := range candidates {
+		if t, found := r.ResetTime(now); found && ok(t) {
+			return t
+		}
+	}
+	return now.Add(DefaultQuotaPause)
+}

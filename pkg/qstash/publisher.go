@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -21,19 +22,28 @@ import (
 //
 // It talks to the API with its own small HTTP client instead of qstash-go v1.0.0, because
 // of three gaps in that SDK (qstash-contract.md §11):
-//   - the SDK prefixes every custom header with Upstash-Forward-, so the flow-control and
-//     failure-callback headers cannot be sent; batchItem carries them verbatim;
-//   - it discards the status code and fails to parse a non-JSON error body; sendBatch
-//     returns an *APIError with the status, QStash's text and the rate-limit headers;
+//   - the SDK prefixes every custom header with Upstash-Forward-, so the flow-control,
+//     label and failure-callback headers cannot be sent; batchItem carries them verbatim;
+//   - it discards the status code and fails to parse a non-JSON error body; a request
+//     error is an *APIError with the status, QStash's text and the rate-limit headers;
 //   - it turns a failed batch item into a zero value with an empty id; decodeBatch reports
 //     an *ItemError for it and treats an item with no id as a failure, never a success.
 //
-// It also takes a context and a timeout per request, which the SDK cannot.
+// What an answer means for the messages (docs/qstash-contract.md has the sources):
+//   - 429: every message of the request and of the rest of the call is deferred
+//     (relay.DeferQuota) until the reset the headers give; nothing is spent or lost.
+//   - 401/403, 404/405, or a text saying the endpoint, token or destination is wrong: a
+//     deployment fault (relay.DeferDeployment) whose error names the variable to fix.
+//   - 400/412/413/422 on a request of several messages: the request is split in halves
+//     and resent until the message that fails alone is found; only it fails, permanently.
+//   - 5xx, network errors, timeouts, an unknown item error: retryable.
 type Publisher struct {
 	cfg      PublisherConfig
+	baseURL  string
 	batchURL string
 	destBase string
 	flow     string
+	now      func() time.Time
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
@@ -46,8 +56,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	p := &Publisher{
 		cfg:      cfg,
+		baseURL:  trimBase(cfg.BaseURL),
 		batchURL: trimBase(cfg.BaseURL) + "/v2/batch",
 		destBase: trimBase(cfg.DestinationBaseURL) + "/events/",
+		now:      time.Now,
 	}
 	var fc []string
 	if cfg.FlowControlParallelism > 0 {
@@ -66,11 +78,29 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // Config returns the effective configuration (defaults applied).
 func (p *Publisher) Config() PublisherConfig { return p.cfg }
 
-// Destination is the URL a message of topic is delivered to, and so the subject its
-// signature carries: DestinationBaseURL (trailing "/" dropped) + "/events/" + topic.
+// Destination is the base URL of topic's deliveries: DestinationBaseURL (trailing "/"
+// dropped) + "/events/" + topic. MessageDestination adds the message's identity.
 func (p *Publisher) Destination(topic string) string {
 	return p.destBase + url.PathEscape(topic)
 }
+
+// MessageDestination is the URL m is delivered to, and so the subject its signature
+// carries: Destination(m.Topic) + "?outbox_id=<id>&generation=<generation>", both decimal,
+// always both. The signature covers the URL and not forwarded headers, so a receiver that
+// reads the identity from here can trust it (ParseIdentity).
+func (p *Publisher) MessageDestination(m outbox.Message) string {
+	b := make([]byte, 0, len(p.destBase)+len(m.Topic)+48)
+	b = append(b, p.Destination(m.Topic)...)
+	b = append(b, "?"+IdentityIDParam+"="...)
+	b = strconv.AppendInt(b, int64(m.ID), 10)
+	b = append(b, "&"+IdentityGenerationParam+"="...)
+	b = strconv.AppendInt(b, int64(m.Generation), 10)
+	return string(b)
+}
+
+// DeduplicationID is m's Upstash-Deduplication-Id in this deployment: <Name>-<id>, plus
+// -r<generation> after a redrive.
+func (p *Publisher) DeduplicationID(m outbox.Message) string { return m.DeduplicationIDFor(p.cfg.Name) }
 
 // QueueName is the FIFO queue of partitionKey: <QueuePrefix>-<fnv1a(key) mod FIFOQueues>.
 // The hash is stable across processes and releases, so a key always maps to one queue.
@@ -94,63 +124,166 @@ type batchItem struct {
 	Queue       string            `json:"queue,omitempty"`
 }
 
-// Publish sends msgs in as few /v2/batch requests as MaxBatchItems allows, in order, one
-// request after the other, and returns one Result per message in msgs' order. A failed
-// request fails only its own messages, plus the later messages of the same partition keys
-// (ErrHeldBack), which would otherwise overtake them.
-func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	results := make([]relay.Result, len(msgs))
-	failedKeys := map[string]bool{}
-	for start := 0; start < len(msgs); {
-		var (
-			items []batchItem
-			idx   []int
-		)
-		i := start
-		for ; i < len(msgs) && len(items) < p.cfg.MaxBatchItems; i++ {
-			m := msgs[i]
-			if failedKeys[m.PartitionKey] {
-				results[i].Err = fmt.Errorf("publish outbox message %d: %w", m.ID, ErrHeldBack)
-				continue
-			}
-			item, err := p.item(i, m)
-			if err != nil {
-				results[i].Err = err
-				failedKeys[m.PartitionKey] = true
-				continue
-			}
-			items = append(items, item)
-			idx = append(idx, i)
-		}
-		start = i
-		if len(items) == 0 {
-			continue
-		}
-		for j, r := range p.sendBatch(ctx, items, idx) {
-			results[idx[j]] = r
-			if r.Err != nil {
-				failedKeys[msgs[idx[j]].PartitionKey] = true
-			}
-		}
-	}
-	return results
+// encoded is one message ready to send: its position in the Publish call and its batch
+// item as JSON (so a request's size is known before it is built).
+type encoded struct {
+	index int
+	key   string
+	data  []byte
 }
 
-// item builds the batch item of msgs[i], or a permanent error if QStash could only refuse it.
-func (p *Publisher) item(i int, m outbox.Message) (batchItem, error) {
-	h := make(map[string]string, len(m.Headers)+8)
+// Publish sends msgs in as few /v2/batch requests as MaxBatchItems and MaxRequestBytes
+// allow, in order, one request after the other, and returns one Result per message in
+// msgs' order. In publish ordering every message is sent whatever happens to its
+// neighbours (QStash keeps no order there anyway). In FIFO ordering a message whose
+// earlier same-key message failed in this call is not sent (ErrHeldBack, retryable): it
+// would overtake it in the queue.
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	s := &publishCall{p: p, results: make([]relay.Result, len(msgs))}
+	if p.cfg.Ordering == OrderingFIFO {
+		s.failedKeys = map[string]bool{}
+	}
+	items := make([]encoded, 0, len(msgs))
+	for i, m := range msgs {
+		data, err := p.encode(i, m)
+		if err != nil {
+			s.results[i].Err = err
+			if s.failedKeys != nil {
+				// Invalid messages are failed in order below, so their key holds back
+				// later messages exactly as a failed send would.
+				items = append(items, encoded{index: i, key: m.PartitionKey})
+			}
+			continue
+		}
+		items = append(items, encoded{index: i, key: m.PartitionKey, data: data})
+	}
+	var (
+		chunk []encoded
+		size  int64
+	)
+	flush := func() {
+		if len(chunk) > 0 {
+			s.send(ctx, chunk)
+		}
+		chunk, size = nil, 2
+	}
+	flush()
+	for _, it := range items {
+		if it.data == nil { // invalid, failed above
+			// Earlier messages of its key in the pending request go first; later ones
+			// are held back.
+			flush()
+			s.failKey(it.key)
+			continue
+		}
+		n := int64(len(it.data)) + 1
+		if len(chunk) > 0 && (len(chunk) >= p.cfg.MaxBatchItems || size+n > p.cfg.MaxRequestBytes) {
+			flush()
+		}
+		if s.failedKeys[it.key] && s.deferred == nil {
+			// Checked again by send (for failures in the pending request); here it keeps
+			// a held-back message from taking a place in a request.
+			s.results[it.index].Err = fmt.Errorf("publish outbox message %d: %w", msgs[it.index].ID, ErrHeldBack)
+			continue
+		}
+		chunk = append(chunk, it)
+		size += n
+	}
+	flush()
+	return s.results
+}
+
+// publishCall is the state of one Publish call.
+type publishCall struct {
+	p       *Publisher
+	results []relay.Result
+	// failedKeys (FIFO ordering only) are the partition keys with a failed message.
+	failedKeys map[string]bool
+	// deferred, once set, is the answer of every message not yet sent: the quota is used
+	// up or the deployment is wrong, so sending more would only be refused again.
+	deferred error
+}
+
+func (s *publishCall) failKey(key string) {
+	if s.failedKeys != nil {
+		s.failedKeys[key] = true
+	}
+}
+
+// send publishes one request's messages and fills their results, splitting the request
+// when QStash refuses it for one bad message.
+func (s *publishCall) send(ctx context.Context, chunk []encoded) {
+	if s.deferred != nil {
+		// Not attempted, whatever else holds them: no attempt is spent.
+		for _, it := range chunk {
+			s.results[it.index].Err = s.deferred
+		}
+		return
+	}
+	if s.failedKeys != nil {
+		kept := chunk[:0:0]
+		for _, it := range chunk {
+			if s.failedKeys[it.key] {
+				s.results[it.index].Err = fmt.Errorf("publish qstash batch item %d: %w", it.index, ErrHeldBack)
+				continue
+			}
+			kept = append(kept, it)
+		}
+		chunk = kept
+	}
+	if len(chunk) == 0 {
+		return
+	}
+	res, apiErr := s.p.post(ctx, chunk)
+	if apiErr == nil {
+		for j, r := range res {
+			s.results[chunk[j].index] = r
+			if r.Err != nil {
+				if relay.IsDeferred(r.Err) && s.deferred == nil {
+					s.deferred = r.Err
+				}
+				s.failKey(chunk[j].key)
+			}
+		}
+		return
+	}
+	switch d := s.p.classify(apiErr, len(chunk)); d.kind {
+	case answerDefer:
+		s.deferred = d.err
+		for _, it := range chunk {
+			s.results[it.index].Err = d.err
+		}
+	case answerSplit:
+		half := len(chunk) / 2
+		s.send(ctx, chunk[:half])
+		s.send(ctx, chunk[half:])
+	default:
+		for _, it := range chunk {
+			s.results[it.index].Err = d.err
+			s.failKey(it.key)
+		}
+	}
+}
+
+// encode builds the batch item of msgs[i], or a permanent error if QStash could only
+// refuse it.
+func (p *Publisher) encode(i int, m outbox.Message) ([]byte, error) {
+	if n := int64(len(m.Payload)); n > p.cfg.MaxMessageBytes {
+		return nil, &MessageTooLargeError{Index: i, OutboxID: int64(m.ID), Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
+	}
+	h := make(map[string]string, len(m.Headers)+10)
 	for k, v := range m.Headers {
 		if !validHeaderName(k) || !validHeaderValue(v) {
-			return batchItem{}, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: header %q is not a valid HTTP header", m.ID, k)}
+			return nil, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: header %q is not a valid HTTP header", m.ID, k)}
 		}
 		h["Upstash-Forward-"+k] = v
 	}
 	h["Content-Type"] = "application/json"
+	// Information only: receivers take the identity from the signed URL.
 	h["Upstash-Forward-X-Outbox-Id"] = m.ID.String()
-	// The failure-callback recorder compares it with the outbox row, so a late callback of
-	// an earlier generation cannot dead-letter an event that was redriven since.
 	h["Upstash-Forward-X-Outbox-Generation"] = strconv.Itoa(m.Generation)
-	h["Upstash-Deduplication-Id"] = m.DeduplicationID()
+	h["Upstash-Deduplication-Id"] = p.DeduplicationID(m)
+	h["Upstash-Label"] = Label(m.Topic)
 	retries := p.cfg.Retries
 	if retries == NoRetries {
 		retries = 0
@@ -159,44 +292,54 @@ func (p *Publisher) item(i int, m outbox.Message) (batchItem, error) {
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
 	}
-	it := batchItem{Destination: p.Destination(m.Topic), Headers: h, Body: string(m.Payload)}
+	it := batchItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	switch p.cfg.Ordering {
 	case OrderingFIFO:
 		it.Queue = p.QueueName(m.PartitionKey)
 	default:
 		if p.flow != "" && m.PartitionKey != "" {
-			if !validHeaderValue(m.PartitionKey) {
-				return batchItem{}, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: partition key is not a valid header value", m.ID)}
-			}
-			h["Upstash-Flow-Control-Key"] = m.PartitionKey
+			h["Upstash-Flow-Control-Key"] = FlowControlKey(p.cfg.Name, m.PartitionKey)
 			h["Upstash-Flow-Control-Value"] = p.flow
 		}
 	}
-	return it, nil
+	data, err := json.Marshal(it)
+	if err != nil {
+		return nil, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: encode: %v", m.ID, err)}
+	}
+	return data, nil
 }
 
 // maxResponseBody bounds how much of a batch response is read (about 150 bytes per item).
 const maxResponseBody = 32 << 20
 
-// sendBatch POSTs items to /v2/batch and returns one Result per item. idx maps items to
-// their positions in the Publish call (for ItemError.Index).
-func (p *Publisher) sendBatch(ctx context.Context, items []batchItem, idx []int) []relay.Result {
+// post sends chunk as one /v2/batch request. A 2xx answer gives one Result per item;
+// anything else gives the *APIError (or a transport error as a retryable Result for all).
+func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]relay.Result, *APIError) {
 	all := func(err error) []relay.Result {
-		out := make([]relay.Result, len(items))
+		out := make([]relay.Result, len(chunk))
 		for i := range out {
 			out[i].Err = err
 		}
 		return out
 	}
-	body, err := json.Marshal(items)
-	if err != nil {
-		return all(fmt.Errorf("encode qstash batch: %w", err))
+	size := 1
+	for _, it := range chunk {
+		size += len(it.data) + 1
 	}
+	body := make([]byte, 0, size)
+	body = append(body, '[')
+	for j, it := range chunk {
+		if j > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, it.data...)
+	}
+	body = append(body, ']')
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, bytes.NewReader(body))
 	if err != nil {
-		return all(fmt.Errorf("publish qstash batch: %w", err))
+		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
 	}
 	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
 	req.Header.Set("Content-Type", "application/json")
@@ -204,23 +347,29 @@ func (p *Publisher) sendBatch(ctx context.Context, items []batchItem, idx []int)
 	if err != nil {
 		// A network error or timeout: the batch may have been accepted. Resending is safe
 		// because every item carries its deduplication id.
-		return all(fmt.Errorf("publish qstash batch: %w", err))
+		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
 	if err != nil {
-		return all(fmt.Errorf("read qstash batch response: %w", err))
+		return all(fmt.Errorf("read qstash batch response: %w", err)), nil
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return all(fmt.Errorf("publish qstash batch: %w", newAPIError(resp, data)))
+		e := newAPIError(resp, data, p.now())
+		e.Method, e.URL = req.Method, p.batchURL
+		return nil, e
 	}
-	return decodeBatch(data, idx)
+	idx := make([]int, len(chunk))
+	for j, it := range chunk {
+		idx[j] = it.index
+	}
+	return p.decodeBatch(data, idx), nil
 }
 
 // decodeBatch maps a 2xx /v2/batch body to results. The body is a JSON array in request
 // order; each element is {messageId,...}, {"error": text}, or (URL groups) an array of the
 // former. Anything else fails the affected messages, retryably.
-func decodeBatch(data []byte, idx []int) []relay.Result {
+func (p *Publisher) decodeBatch(data []byte, idx []int) []relay.Result {
 	out := make([]relay.Result, len(idx))
 	var elems []json.RawMessage
 	if err := json.Unmarshal(data, &elems); err != nil {
@@ -241,7 +390,7 @@ func decodeBatch(data []byte, idx []int) []relay.Result {
 		return out
 	}
 	for i, el := range elems {
-		out[i] = decodeItem(el, idx[i])
+		out[i] = p.decodeItem(el, idx[i])
 	}
 	return out
 }
@@ -253,7 +402,7 @@ type itemResponse struct {
 	Error        string `json:"error"`
 }
 
-func decodeItem(el json.RawMessage, index int) relay.Result {
+func (p *Publisher) decodeItem(el json.RawMessage, index int) relay.Result {
 	el = bytes.TrimSpace(el)
 	var rs []itemResponse
 	if bytes.HasPrefix(el, []byte("[")) {
@@ -269,7 +418,11 @@ func decodeItem(el json.RawMessage, index int) relay.Result {
 	}
 	for _, r := range rs {
 		if r.Error != "" {
-			return relay.Result{Err: &ItemError{Index: index, Message: r.Error}}
+			ie := &ItemError{Index: index, Message: r.Error}
+			if v, hint, ok := deploymentText(r.Error); ok {
+				return relay.Result{Err: p.deployment(v, hint, ie)}
+			}
+			return relay.Result{Err: ie}
 		}
 		if r.MessageID == "" {
 			return relay.Result{Err: fmt.Errorf("decode qstash batch item %d: %w", index, ErrNoMessageID)}

@@ -3,14 +3,12 @@ package qstash_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -110,6 +108,18 @@ func newPublisher(t testing.TB, cfg qstash.PublisherConfig) *qstash.Publisher {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// wantDelivered waits until srv is idle and checks that cons accepted n deliveries, all
+// with valid signatures.
+func wantDelivered(t *testing.T, srv *qstashtest.Server, cons *consumer, n int) []accepted {
+	t.Helper()
+	idle(t, srv)
+	got, bad := cons.snapshot()
+	if len(bad) > 0 || len(got) != n {
+		t.Fatalf("%d delivered (bad signatures %v), want %d", len(got), bad, n)
+	}
+	return got
 }
 
 func idle(t testing.TB, srv *qstashtest.Server) {
@@ -264,59 +274,60 @@ func TestPublishDedup(t *testing.T) {
 
 // TestPublishItemFailureIsolation: a proxy corrupts one item's dedup id so the real server
 // rejects that item; it fails alone and permanently, the others publish. A message the
-// publisher cannot send fails alone too, and later messages of its key are held back.
+// publisher cannot send fails alone too. In FIFO ordering a later message of its key is
+// held back (it would overtake it in the queue); in publish ordering it is sent, since
+// QStash keeps no order there and holding it back would only delay it.
 func TestPublishItemFailureIsolation(t *testing.T) {
 	t.Parallel()
+	for _, ordering := range []qstash.Ordering{qstash.OrderingFIFO, qstash.OrderingPublish} {
+		for _, mode := range []qstashtest.BatchErrorMode{qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest} {
+			t.Run(string(ordering)+"/"+string(mode), func(t *testing.T) {
+				t.Parallel()
+				testItemFailureIsolation(t, ordering, mode)
+			})
+		}
+	}
+}
+
+func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstashtest.BatchErrorMode) {
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{})
-	target, _ := url.Parse(srv.URL)
-	var requests atomic.Int64
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var items []map[string]any
-		_ = json.Unmarshal(body, &items)
-		if requests.Add(1) == 1 {
-			items[2]["headers"].(map[string]any)["Upstash-Deduplication-Id"] = "outbox:3"
-		}
-		body, _ = json.Marshal(items)
-		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), 502)
-			return
-		}
-		defer resp.Body.Close()
-		w.WriteHeader(resp.StatusCode)
-		io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(proxy.Close)
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4})
+	srv := newLocal(t, qstashtest.Options{BatchErrors: mode})
+	proxy := badItemProxy(t, srv, "4")
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4, Ordering: ordering})
 	msgs := messages(1, 10, 10)
 	msgs[0].Headers = map[string]string{"Bad Header": "x"}
-	msgs[9].PartitionKey = msgs[0].PartitionKey // later message of the bad one's key
+	msgs[9].PartitionKey = msgs[0].PartitionKey // a later message of the invalid one's key
+	msgs[5].PartitionKey = msgs[3].PartitionKey // a later message of the refused one's key
 	res := p.Publish(context.Background(), msgs)
-	var ie *qstash.ItemError
 	var inv *qstash.InvalidMessageError
 	if !errors.As(res[0].Err, &inv) || !relay.IsPermanent(res[0].Err) {
 		t.Fatalf("bad header: %v", res[0].Err)
 	}
-	// items[2] of the first request is msgs[3] (msgs[0] was never sent).
-	if !errors.As(res[3].Err, &ie) || ie.Index != 3 || !relay.IsPermanent(res[3].Err) || !strings.Contains(ie.Message, "cannot contain ':'") {
-		t.Fatalf("corrupted item: %v", res[3].Err)
+	// msgs[3] (outbox id 4) is items[2] of the first request (msgs[0] was never sent): an
+	// item error, or the message a whole-request 400 was split down to.
+	if !relay.IsPermanent(res[3].Err) || !strings.Contains(res[3].Err.Error(), "cannot contain ':'") {
+		t.Fatalf("refused item: %v", res[3].Err)
 	}
-	if !errors.Is(res[9].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[9].Err) {
-		t.Fatalf("same key as the invalid message: %v", res[9].Err)
+	var ie *qstash.ItemError
+	if mode == qstashtest.BatchErrorsPerItem && (!errors.As(res[3].Err, &ie) || ie.Index != 3) {
+		t.Fatalf("refused item: %v, want an ItemError at index 3", res[3].Err)
+	}
+	failed := map[int]bool{0: true, 3: true}
+	if ordering == qstash.OrderingFIFO {
+		for _, i := range []int{5, 9} {
+			if !errors.Is(res[i].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[i].Err) {
+				t.Fatalf("message %d, same key as a failed one: %v", i, res[i].Err)
+			}
+			failed[i] = true
+		}
 	}
 	for i, r := range res {
-		if i != 0 && i != 3 && i != 9 && r.Err != nil {
+		if !failed[i] && r.Err != nil {
 			t.Fatalf("message %d failed with its neighbours: %v", i, r.Err)
 		}
 	}
-	idle(t, srv)
-	if got, _ := cons.snapshot(); len(got) != 7 {
-		t.Fatalf("%d delivered, want 7", len(got))
-	}
+	want := len(msgs) - len(failed)
+	wantDelivered(t, srv, cons, want)
 }
 
 // TestPublishErrorClasses maps every kind of QStash answer to the relay's classes.
@@ -333,20 +344,43 @@ func TestPublishErrorClasses(t *testing.T) {
 		answer    answer
 		n         int
 		permanent bool
+		deferred  string // the relay.DeferError reason, "" if not deferred
 		status    int
 		check     func(t *testing.T, err error)
 	}{
-		{name: "400 validation", answer: answer{400, nil, `{"error":"invalid destination url"}`, false}, n: 2, permanent: true, status: 400,
+		// Split until each message is alone; each alone is refused, so each is permanent.
+		{name: "400 validation", answer: answer{400, nil, `{"error":"invalid message"}`, false}, n: 2, permanent: true, status: 400,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
-				if !errors.As(err, &ae) || ae.Message != "invalid destination url" {
+				if !errors.As(err, &ae) || ae.Message != "invalid message" {
 					t.Fatalf("%v", err)
 				}
 			}},
-		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 1, permanent: false, status: 401},
-		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 1, permanent: true, status: 404},
+		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 401,
+			check: func(t *testing.T, err error) {
+				if !strings.Contains(err.Error(), "QSTASH_TOKEN") {
+					t.Fatalf("%v does not name QSTASH_TOKEN", err)
+				}
+			}},
+		{name: "403", answer: answer{403, nil, `forbidden`, false}, n: 1, deferred: relay.DeferDeployment, status: 403},
+		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 3, deferred: relay.DeferDeployment, status: 404,
+			check: func(t *testing.T, err error) {
+				if !strings.Contains(err.Error(), "QSTASH_URL") {
+					t.Fatalf("%v does not name QSTASH_URL", err)
+				}
+			}},
+		{name: "405 from a proxy", answer: answer{405, nil, `<html>Method Not Allowed</html>`, false}, n: 2, deferred: relay.DeferDeployment, status: 405},
+		{name: "400 invalid destination", answer: answer{400, nil, `{"error":"invalid destination url: endpoint has invalid scheme, add http:// or https://"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 400,
+			check: func(t *testing.T, err error) {
+				if !strings.Contains(err.Error(), "PUBLIC_BASE_URL") {
+					t.Fatalf("%v does not name PUBLIC_BASE_URL", err)
+				}
+			}},
+		{name: "412 queue cap", answer: answer{412, nil, `{"error":"queue limit reached"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 412},
+		{name: "413 single", answer: answer{413, nil, `{"error":"too large"}`, false}, n: 1, permanent: true, status: 413},
+		{name: "409 unknown 4xx", answer: answer{409, nil, `{"error":"conflict"}`, false}, n: 1, status: 409},
 		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, status: 408},
-		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 1, status: 429,
+		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 2, deferred: relay.DeferQuota, status: 429,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
 				if !errors.As(err, &ae) || ae.RateLimit.Limit != 500 || ae.RateLimit.Remaining != 0 || ae.RateLimit.Reset != "1700000000" || ae.Burst.Limit != 100 || ae.RetryAfter != 7*time.Second {
@@ -354,6 +388,8 @@ func TestPublishErrorClasses(t *testing.T) {
 				}
 			}},
 		{name: "500", answer: answer{500, nil, `{"error":"internal"}`, false}, n: 1, status: 500},
+		// A 5xx is QStash's trouble even when its text mentions a setting.
+		{name: "503 naming the token", answer: answer{503, nil, `{"error":"invalid token cache unavailable"}`, false}, n: 2, status: 503},
 		{name: "502 html from a proxy", answer: answer{502, http.Header{"Content-Type": {"text/html"}}, "<html><body><h1>502 Bad Gateway</h1></body></html>", false}, n: 2, status: 502,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
@@ -381,6 +417,16 @@ func TestPublishErrorClasses(t *testing.T) {
 			}},
 		{name: "200 item rate limited", answer: answer{200, nil, `[{"error":"rate limit exceeded, try again later"}]`, false}, n: 1},
 		{name: "200 item validation", answer: answer{200, nil, `[{"error":"DeduplicationId cannot contain ':'"}]`, false}, n: 1, permanent: true},
+		// An item error nobody has documented is retried, never dead-lettered on a guess.
+		{name: "200 item unknown error", answer: answer{200, nil, `[{"error":"message rejected"}]`, false}, n: 1,
+			check: func(t *testing.T, err error) {
+				var ie *qstash.ItemError
+				if !errors.As(err, &ie) || ie.Message != "message rejected" {
+					t.Fatalf("%v", err)
+				}
+			}},
+		{name: "200 item queue cap", answer: answer{200, nil, `[{"error":"queue limit reached: the free plan allows 10 queues"}]`, false}, n: 1, deferred: relay.DeferDeployment},
+		{name: "200 item bad destination", answer: answer{200, nil, `[{"error":"invalid destination url: x is not a loopback address"}]`, false}, n: 1, deferred: relay.DeferDeployment},
 		{name: "timeout", answer: answer{hang: true}, n: 1,
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, context.DeadlineExceeded) {
@@ -414,8 +460,19 @@ func TestPublishErrorClasses(t *testing.T) {
 				if r.Err == nil || r.MessageID != "" {
 					t.Fatalf("result %+v: want a failure", r)
 				}
-				if relay.IsPermanent(r.Err) != tt.permanent || relay.StatusCode(r.Err) != tt.status {
-					t.Fatalf("%v: permanent %v status %d, want %v %d", r.Err, relay.IsPermanent(r.Err), relay.StatusCode(r.Err), tt.permanent, tt.status)
+				wantOutcome := relay.Retryable
+				switch {
+				case tt.deferred != "":
+					wantOutcome = relay.Deferred
+				case tt.permanent:
+					wantOutcome = relay.PermanentFailure
+				}
+				if r.Outcome() != wantOutcome || relay.StatusCode(r.Err) != tt.status {
+					t.Fatalf("%v: outcome %v status %d, want %v %d", r.Err, r.Outcome(), relay.StatusCode(r.Err), wantOutcome, tt.status)
+				}
+				var de *relay.DeferError
+				if tt.deferred != "" && (!errors.As(r.Err, &de) || de.Reason != tt.deferred) {
+					t.Fatalf("%v: want deferred for %s", r.Err, tt.deferred)
 				}
 				if tt.check != nil {
 					tt.check(t, r.Err)

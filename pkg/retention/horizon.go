@@ -65,3 +65,23 @@ func ValidateDedupeTTL(ttl time.Duration, relayCfg relay.Config, qstashRetries i
 	}
 	return nil
 }
+
+// ValidateOutboxRetention refuses an outbox retention that does not outlive the retry
+// horizon: retention deletes a dispatched row OutboxRetention after its dispatch, while the
+// relay may still re-publish it (a publish whose answer was lost) and QStash may still be
+// retrying its delivery; a failure callback or redrive arriving after that finds no row to
+// mark or reset. The error prints both numbers.
+func ValidateOutboxRetention(retention time.Duration, relayCfg relay.Config, qstashRetries int) error {
+	if qstashRetries < 0 {
+		return fmt.Errorf("QStash retries %d must not be negative", qstashRetries)
+	}
+	h := Horizon(relayCfg, qstashRetries)
+	if retention <= h {
+		return fmt.Errorf("OUTBOX_RETENTION %v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
+			"a dispatched event could be deleted while QStash still delivers it, and its failure callback or redrive would find nothing: "+
+			"raise OUTBOX_RETENTION above %v or shorten the retry budgets",
+			retention, retention.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
+			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)
+	}
+	return nil
+}

@@ -74,3 +74,28 @@ func TestValidateDedupeTTL(t *testing.T) {
 		t.Fatal("negative retries accepted")
 	}
 }
+
+// TestValidateOutboxRetention: a retention inside the retry horizon is refused with both
+// numbers; the default passes; longer retry budgets move the bound.
+func TestValidateOutboxRetention(t *testing.T) {
+	t.Parallel()
+	if err := ValidateOutboxRetention(DefaultOutboxRetention, relay.Config{}, 3); err != nil {
+		t.Fatalf("the default retention must pass with the default config: %v", err)
+	}
+	h := Horizon(relay.Config{}, 3)
+	for _, r := range []time.Duration{time.Hour, h} {
+		err := ValidateOutboxRetention(r, relay.Config{}, 3)
+		if err == nil || !strings.Contains(err.Error(), "OUTBOX_RETENTION "+r.String()) || !strings.Contains(err.Error(), h.Round(time.Second).String()) {
+			t.Fatalf("retention %v (horizon %v): %v; want refused naming both", r, h, err)
+		}
+	}
+	if err := ValidateOutboxRetention(h+time.Second, relay.Config{}, 3); err != nil {
+		t.Fatalf("retention just above the horizon refused: %v", err)
+	}
+	if err := ValidateOutboxRetention(DefaultOutboxRetention, relay.Config{}, 30); err == nil {
+		t.Fatal("7 days against QStash's 30-retry horizon (about 25 days) accepted")
+	}
+	if err := ValidateOutboxRetention(DefaultOutboxRetention, relay.Config{}, -1); err == nil {
+		t.Fatal("negative retries accepted")
+	}
+}

@@ -8,10 +8,17 @@
 //	  topic, payload conflict, handler      (QStash stops retrying; the failure
 //	  error marked with Permanent)          callback records a dead letter)
 //	body over MaxBodyBytes                413 + Upstash-NonRetryable-Error: true
-//	bad or missing signature              401, generic body
+//	bad or missing signature, or          401, generic body, nothing written
+//	  X-Outbox-Id / X-Outbox-Generation
+//	  contradicting the signed URL
 //	transient (database down, timeouts,   500 (QStash retries)
 //	  any unmarked error)
 //	other paths / methods                 404 / 405
+//
+// The message id is the outbox id in the signed URL's query (?outbox_id=<id>&generation=<n>,
+// put there by the relay), never a header; deliveries published before that (no id in the
+// URL) are accepted only through Config.Legacy. The receive step (verify, limits, status
+// table) is pkg/receive, shared with the failure callback.
 //
 // Response bodies carry a short error code, never internal error text; the reason is
 // logged. The same Handler serves net/http locally and Lambda through pkg/funcurl.

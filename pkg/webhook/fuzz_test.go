@@ -49,7 +49,8 @@ func FuzzWebhookRequest(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, topic string, body []byte, mode byte) {
 		mode %= fuzzModes
-		path := "/events/" + url.PathEscape(topic)
+		id := strconv.FormatInt(seq.Add(1), 10) // fresh id: no duplicates or conflicts
+		path := "/events/" + url.PathEscape(topic) + "?outbox_id=" + id + "&generation=0"
 		signedURL, signedBody := baseURL+path, body
 		switch mode {
 		case fuzzSignedOtherBody:
@@ -61,7 +62,6 @@ func FuzzWebhookRequest(f *testing.F) {
 		if mode != fuzzUnsigned {
 			r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, signedURL, signedBody, time.Now()))
 		}
-		id := "fuzz-" + strconv.FormatInt(seq.Add(1), 10) // fresh id: no duplicates or conflicts
 		r.Header.Set("X-Outbox-Id", id)
 
 		var before int

@@ -92,14 +92,29 @@ func sign(t testing.TB, key, url string, body []byte, now time.Time) string {
 	return s
 }
 
-// delivery is a request as QStash sends it to path, signed for baseURL+path.
+// identified is path with the identity query the relay puts in the destination URL.
+func identified(path, id string) string { return path + "?outbox_id=" + id + "&generation=0" }
+
+// delivery is a request as QStash sends it to path with the outbox id in its query (as the
+// relay publishes), signed for baseURL+path+query. The identity is also forwarded as
+// X-Outbox-Id, for information, as the relay does.
 func delivery(t testing.TB, path, id string, body []byte) *http.Request {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	return signedRequest(t, identified(path, id), id, body)
+}
+
+// signedRequest is a request to target (path and query) signed for baseURL+target, with
+// X-Outbox-Id set to id unless id is empty.
+func signedRequest(t testing.TB, target, id string, body []byte) *http.Request {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, target, bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+path, body, time.Now()))
+	r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+target, body, time.Now()))
 	r.Header.Set("Upstash-Message-Id", "msg_"+id)
-	r.Header.Set("X-Outbox-Id", id)
+	if id != "" {
+		r.Header.Set("X-Outbox-Id", id)
+		r.Header.Set("X-Outbox-Generation", "0")
+	}
 	r.Header.Set("Upstash-Retried", "0")
 	return r
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -17,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 // Defaults for Config.
@@ -29,18 +28,23 @@ const (
 )
 
 // QStash's non-retryable answer: status 489 together with this header set to "true".
+// Defined in pkg/receive, with the rest of the QStash status table.
 const (
-	StatusNonRetryable = 489
-	HeaderNonRetryable = "Upstash-NonRetryable-Error"
+	StatusNonRetryable = receive.StatusNonRetryable
+	HeaderNonRetryable = receive.HeaderNonRetryable
 )
 
 // Outcomes passed to Config.Observe.
 const (
-	OutcomeProcessed    = "processed"
-	OutcomeDuplicate    = "duplicate"
-	OutcomePermanent    = "permanent"
-	OutcomeTransient    = "transient"
-	OutcomeUnauthorized = "unauthorized"
+	OutcomeProcessed = "processed"
+	OutcomeDuplicate = "duplicate"
+	OutcomePermanent = "permanent"
+	OutcomeTransient = receive.OutcomeTransient
+	// OutcomeUnauthorized: a bad signature, or forwarded X-Outbox-* headers that contradict
+	// the signed identity. Nothing was written.
+	OutcomeUnauthorized = receive.OutcomeUnauthorized
+	// OutcomeTooLarge: the body is over MaxBodyBytes (413, non-retryable).
+	OutcomeTooLarge = receive.OutcomeTooLarge
 )
 
 // UnknownTopic is the topic passed to Config.Observe for a topic with no handler, so an
@@ -51,8 +55,10 @@ const UnknownTopic = "unknown"
 type Delivery struct {
 	// Topic is the {topic} path segment.
 	Topic string
-	// MessageID is the dedupe key: the forwarded X-Outbox-Id, else Upstash-Message-Id.
+	// MessageID is the dedupe key: the outbox id (decimal) from the signed URL's outbox_id.
 	MessageID string
+	// Generation is the signed URL's generation: how often the event was redriven.
+	Generation int
 	// Payload is the raw body, byte for byte as signed. It is valid JSON.
 	Payload []byte
 	// Headers are the request headers (correlation id, traceparent, Upstash-*), without
@@ -95,6 +101,9 @@ type Config struct {
 	// Observe, when set, is called once per delivery on /events/{topic} with the topic (or
 	// UnknownTopic) and one of the Outcome* values, e.g. to count deliveries in metrics.
 	Observe func(topic, outcome string)
+	// Legacy, when set, is the fallback for deliveries published before the message id
+	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
+	Legacy LegacyCheck
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -163,8 +172,9 @@ func validBaseURL(s string) error {
 
 // Handler is the webhook http.Handler. It is safe for concurrent use.
 type Handler struct {
-	cfg Config
-	mux *http.ServeMux
+	cfg  Config
+	mux  *http.ServeMux
+	recv receive.Receiver
 }
 
 // New returns a Handler, or an error naming every invalid Config field.
@@ -174,7 +184,13 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	cfg.PublicBaseURL = strings.TrimRight(cfg.PublicBaseURL, "/")
-	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), recv: receive.Receiver{
+		Verifier:     cfg.Verifier,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		BaseURL:      cfg.PublicBaseURL,
+		Name:         "webhook",
+		ConfigHint:   "set PUBLIC_BASE_URL",
+	}}
 	// The method in the pattern makes the mux answer 405 to other methods on this path.
 	h.mux.HandleFunc("POST /events/{topic}", h.serveEvent)
 	return h, nil
@@ -185,25 +201,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// reply is one row of the edge's error-class-to-status table.
-type reply struct {
-	status  int
-	code    string // the response body's code; never internal error text
-	outcome string
-}
-
+// The webhook's rows of the status table; the receive step adds 401, 413 and 500.
 var (
-	replyProcessed    = reply{http.StatusOK, "processed", OutcomeProcessed}
-	replyDuplicate    = reply{http.StatusOK, "duplicate", OutcomeDuplicate}
-	replyUnauthorized = reply{http.StatusUnauthorized, "unauthorized", OutcomeUnauthorized}
-	replyTooLarge     = reply{http.StatusRequestEntityTooLarge, "body_too_large", OutcomePermanent}
-	replyNoMessageID  = reply{StatusNonRetryable, "missing_message_id", OutcomePermanent}
-	replyUnknownTopic = reply{StatusNonRetryable, "unknown_topic", OutcomePermanent}
-	replyMalformed    = reply{StatusNonRetryable, "malformed_json", OutcomePermanent}
-	replyConflict     = reply{StatusNonRetryable, "payload_conflict", OutcomePermanent}
-	replyRejected     = reply{StatusNonRetryable, "rejected", OutcomePermanent}
-	replyTransient    = reply{http.StatusInternalServerError, "transient_error", OutcomeTransient}
-	replyConfig       = reply{http.StatusInternalServerError, "configuration_error", OutcomeTransient}
+	replyProcessed    = receive.Reply{Status: http.StatusOK, Code: "processed", Outcome: OutcomeProcessed}
+	replyDuplicate    = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
+	replyNoMessageID  = receive.Reply{Status: StatusNonRetryable, Code: "missing_message_id", Outcome: OutcomePermanent}
+	replyUnknownTopic = receive.Reply{Status: StatusNonRetryable, Code: "unknown_topic", Outcome: OutcomePermanent}
+	replyMalformed    = receive.Reply{Status: StatusNonRetryable, Code: "malformed_json", Outcome: OutcomePermanent}
+	replyConflict     = receive.Reply{Status: StatusNonRetryable, Code: "payload_conflict", Outcome: OutcomePermanent}
+	replyRejected     = receive.Reply{Status: StatusNonRetryable, Code: "rejected", Outcome: OutcomePermanent}
+	replyTransient    = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
 )
 
 func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
@@ -213,129 +220,91 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	if !known {
 		label = UnknownTopic
 	}
-	log := h.cfg.Logger.With(slog.String("topic", label))
-	respond := func(rep reply, level slog.Level, msg string, attrs ...any) {
-		h.write(w, rep)
-		log.Log(r.Context(), level, msg, append(attrs, slog.Int("status", rep.status), slog.String("outcome", rep.outcome))...)
-		if h.cfg.Observe != nil {
-			h.cfg.Observe(label, rep.outcome)
-		}
+	a := &receive.Answer{W: w, R: r, Log: h.cfg.Logger.With(slog.String("topic", label))}
+	if h.cfg.Observe != nil {
+		a.Observe = func(outcome string) { h.cfg.Observe(label, outcome) }
 	}
-
-	body, err := readBody(w, r, h.cfg.MaxBodyBytes)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			respond(replyTooLarge, slog.LevelWarn, "webhook body too large", slog.Int64("limit_bytes", h.cfg.MaxBodyBytes))
-			return
-		}
-		respond(replyTransient, slog.LevelWarn, "webhook body unreadable", slog.Any("error", err))
-		return
-	}
-
-	signedURL, ok := h.signedURL(r)
+	req, ok := h.recv.Receive(a)
 	if !ok {
-		respond(replyConfig, slog.LevelError,
-			"webhook configuration error: set PUBLIC_BASE_URL, or serve through the Function URL adapter that provides the trusted origin")
 		return
 	}
-	if err := h.cfg.Verifier.Verify(r.Header.Get("Upstash-Signature"), signedURL, body); err != nil {
-		reason := "unknown"
-		var ve *qstash.VerifyError
-		if errors.As(err, &ve) {
-			reason = string(ve.Reason)
-		}
-		respond(replyUnauthorized, slog.LevelWarn, "webhook signature rejected", slog.String("reason", reason))
-		return
-	}
+	body := req.Body
 
-	msgID := r.Header.Get("X-Outbox-Id")
-	if msgID == "" {
-		msgID = r.Header.Get("Upstash-Message-Id")
-	}
-	attempt, _ := strconv.Atoi(r.Header.Get("Upstash-Retried"))
-	log = log.With(slog.String("message_id", msgID), slog.Int("attempt", attempt))
-	switch {
-	case msgID == "":
-		respond(replyNoMessageID, slog.LevelWarn, "webhook delivery has no X-Outbox-Id or Upstash-Message-Id")
+	id, legacy, ok := h.identity(a, req, topic, known)
+	if !ok {
 		return
+	}
+	attempt, _ := strconv.Atoi(r.Header.Get(receive.HeaderRetried))
+	a.Log = a.Log.With(slog.String("message_id", id.MessageID()), slog.Int("generation", id.Generation),
+		slog.Int("attempt", attempt), slog.Bool("legacy_identity", legacy))
+	switch {
 	case !known:
-		respond(replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
+		a.Reply(replyUnknownTopic, slog.LevelWarn, "webhook topic has no handler", slog.String("requested_topic", truncate(topic, 128)))
 		return
 	case !utf8.Valid(body) || !json.Valid(body): // json.Valid alone lets invalid UTF-8 through
-		respond(replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
+		a.Reply(replyMalformed, slog.LevelWarn, "webhook payload is not valid JSON")
 		return
 	}
 
 	headers := r.Header.Clone()
-	headers.Del("Upstash-Signature")
-	d := Delivery{Topic: topic, MessageID: msgID, Payload: body, Headers: headers, Attempt: attempt}
+	headers.Del(receive.HeaderSignature)
+	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
-	outcome, err := inbox.HandleOnce(r.Context(), h.cfg.Pool, h.cfg.Consumer, msgID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
+	outcome, err := inbox.HandleOnce(r.Context(), h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, tx, d)
 	})
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
-		respond(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
+		a.Reply(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
-		respond(replyProcessed, slog.LevelInfo, "webhook delivery processed")
+		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
-		respond(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
+		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
 	case IsPermanent(err):
-		respond(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
+		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
-		respond(replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
+		a.Reply(replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
 }
 
-// signedURL rebuilds the URL QStash signed (the sub claim) from trusted configuration: the
-// public base URL or the adapter's origin, plus the path and query as received.
-func (h *Handler) signedURL(r *http.Request) (string, bool) {
-	base := h.cfg.PublicBaseURL
-	if base == "" {
-		o, ok := origin.FromContext(r.Context())
-		if !ok {
-			return "", false
+// identity returns the message identity from the signed URL. Forwarded X-Outbox-Id or
+// X-Outbox-Generation headers that contradict it are a replay with altered headers: 401,
+// nothing written. A URL without one is a delivery published before the identity moved
+// into the URL: the Legacy check decides. When it returns false it has answered.
+func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string, known bool) (receive.Identity, bool, bool) {
+	r := a.R
+	id, err := receive.FromURL(req.URL)
+	switch {
+	case err == nil:
+		if id.Contradicts(r.Header.Get) {
+			a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: forwarded X-Outbox-* headers contradict the signed URL",
+				slog.Int64("signed_outbox_id", id.OutboxID), slog.Int("signed_generation", id.Generation))
+			return id, false, false
 		}
-		base = strings.TrimRight(o, "/")
+		return id, false, true
+	case !errors.Is(err, receive.ErrNoIdentity):
+		// Signed, so the publisher wrote it: a relay bug, not an attack.
+		a.Reply(replyNoMessageID, slog.LevelError, "webhook delivery has an invalid identity in its signed URL", slog.Any("error", err))
+		return id, false, false
 	}
-	u := base + r.URL.EscapedPath()
-	if r.URL.RawQuery != "" {
-		u += "?" + r.URL.RawQuery
+	id, err = receive.FromHeaders(r.Header.Get)
+	if err != nil || h.cfg.Legacy == nil || !known {
+		a.Reply(replyNoMessageID, slog.LevelWarn, "webhook delivery has no outbox_id in its signed URL",
+			slog.Bool("legacy_header", err == nil), slog.Bool("legacy_enabled", h.cfg.Legacy != nil))
+		return id, true, false
 	}
-	return u, true
-}
-
-func (h *Handler) write(w http.ResponseWriter, rep reply) {
-	if rep.status == StatusNonRetryable || rep.status == http.StatusRequestEntityTooLarge {
-		w.Header().Set(HeaderNonRetryable, "true")
+	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: id, Topic: topic, Payload: req.Body})
+	switch {
+	case err != nil:
+		a.Reply(replyTransient, slog.LevelError, "webhook legacy identity check failed; QStash will retry", slog.Any("error", err))
+		return id, true, false
+	case !accepted:
+		a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: its unsigned X-Outbox-Id is not accepted (legacy window closed, or no outbox row with this topic and payload)",
+			slog.Int64("claimed_outbox_id", id.OutboxID))
+		return id, true, false
 	}
-	writeCode(w, rep.status, rep.code)
-}
-
-func writeCode(w http.ResponseWriter, status int, code string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	key := "error"
-	if status < 300 {
-		key = "outcome"
-	}
-	fmt.Fprintf(w, "{%q:%q}\n", key, code)
-}
-
-// readBody reads at most limit bytes. A declared Content-Length over the limit is refused
-// without reading; otherwise reading stops at limit+1 bytes.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		return nil, fmt.Errorf("read webhook body: %w", err)
-	}
-	return b, nil
+	return id, true, true
 }
 
 func truncate(s string, n int) string {

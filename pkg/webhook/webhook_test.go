@@ -38,14 +38,14 @@ func TestExactlyOnceEffectSequentialAndConcurrent(t *testing.T) {
 	srv := httptest.NewServer(f.h)
 	defer srv.Close()
 	body2 := order("o-2")
-	sig := sign(t, qstash.DevCurrentSigningKey, baseURL+orderPath, body2, time.Now())
+	sig := sign(t, qstash.DevCurrentSigningKey, baseURL+identified(orderPath, "102"), body2, time.Now())
 	var wg sync.WaitGroup
 	statuses := make([]int, 5)
 	for i := range 5 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, srv.URL+orderPath, bytes.NewReader(body2))
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+identified(orderPath, "102"), bytes.NewReader(body2))
 			req.Header.Set("Upstash-Signature", sig)
 			req.Header.Set("X-Outbox-Id", "102")
 			resp, err := srv.Client().Do(req)
@@ -172,11 +172,30 @@ func TestSecurityMatrix(t *testing.T) {
 			return delivery(t, orderPath, "1", []byte(`{"order_id":"o","amount_cents":0,"currency":"EUR"}`))
 		}, webhook.StatusNonRetryable},
 		{"no message id", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Del("X-Outbox-Id")
-			r.Header.Del("Upstash-Message-Id")
-			return r
+			return signedRequest(t, orderPath, "", body)
 		}, webhook.StatusNonRetryable},
+		{"no message id in the URL, unsigned X-Outbox-Id, no legacy check", func(t *testing.T) *http.Request {
+			return signedRequest(t, orderPath, "1", body)
+		}, webhook.StatusNonRetryable},
+		{"signed outbox_id without generation", func(t *testing.T) *http.Request {
+			return signedRequest(t, orderPath+"?outbox_id=1", "", body)
+		}, webhook.StatusNonRetryable},
+		{"signed outbox_id twice", func(t *testing.T) *http.Request {
+			return signedRequest(t, orderPath+"?outbox_id=1&outbox_id=2&generation=0", "", body)
+		}, webhook.StatusNonRetryable},
+		{"signed outbox_id not a number", func(t *testing.T) *http.Request {
+			return signedRequest(t, orderPath+"?outbox_id=x&generation=0", "", body)
+		}, webhook.StatusNonRetryable},
+		{"X-Outbox-Id contradicts the signed URL", func(t *testing.T) *http.Request {
+			r := delivery(t, orderPath, "1", body)
+			r.Header.Set("X-Outbox-Id", "2")
+			return r
+		}, http.StatusUnauthorized},
+		{"X-Outbox-Generation contradicts the signed URL", func(t *testing.T) *http.Request {
+			r := delivery(t, orderPath, "1", body)
+			r.Header.Set("X-Outbox-Generation", "1")
+			return r
+		}, http.StatusUnauthorized},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -203,7 +222,7 @@ func TestNextSigningKeyAccepted(t *testing.T) {
 	f := newFixture(t, nil)
 	body := order("o-next")
 	r := delivery(t, orderPath, "7", body)
-	r.Header.Set("Upstash-Signature", sign(t, qstash.DevNextSigningKey, baseURL+orderPath, body, time.Now()))
+	r.Header.Set("Upstash-Signature", sign(t, qstash.DevNextSigningKey, baseURL+identified(orderPath, "7"), body, time.Now()))
 	if w := f.serve(r); w.Code != http.StatusOK {
 		t.Fatalf("status %d %s", w.Code, w.Body)
 	}
@@ -309,11 +328,11 @@ func TestDeliveryFields(t *testing.T) {
 		t.Fatalf("headers %v: want traceparent kept, signature removed", got.Headers)
 	}
 
-	// Without X-Outbox-Id, Upstash-Message-Id is the dedupe key.
-	r = delivery(t, orderPath, "43", order("o-g"))
-	r.Header.Del("X-Outbox-Id")
-	if w := f.serve(r); w.Code != http.StatusOK || got.MessageID != "msg_43" {
-		t.Fatalf("status %d, message id %q; want msg_43", w.Code, got.MessageID)
+	// The forwarded headers are information only: without them the signed URL is the key,
+	// and an unsigned Upstash-Message-Id never is.
+	r = signedRequest(t, orderPath+"?outbox_id=0043&generation=2", "", order("o-g"))
+	if w := f.serve(r); w.Code != http.StatusOK || got.MessageID != "43" || got.Generation != 2 {
+		t.Fatalf("status %d, message id %q generation %d; want 43 (canonical decimal), 2", w.Code, got.MessageID, got.Generation)
 	}
 }
 
@@ -346,11 +365,10 @@ func TestTrustedOriginFromContext(t *testing.T) {
 	signed := func(path string) *http.Request {
 		r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
 		r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, fnURL+path, body, time.Now()))
-		r.Header.Set("X-Outbox-Id", "12")
 		r.Host = "evil.example"
 		return r.WithContext(origin.NewContext(r.Context(), fnURL))
 	}
-	if w := f.serve(signed(orderPath + "?src=relay")); w.Code != http.StatusOK {
+	if w := f.serve(signed(identified(orderPath, "12") + "&src=relay")); w.Code != http.StatusOK {
 		t.Fatalf("signed for the trusted origin with a query: status %d %s", w.Code, w.Body)
 	}
 	if f.count(t, "billing_charges") != 1 {

@@ -27,7 +27,9 @@ type queue struct {
 	parallelism int
 	items       []*message
 	active      int
+	paused      bool
 	createdAt   time.Time
+	updatedAt   time.Time
 }
 
 // schedule registers m as pending and starts it (or queues it). False if closed.
@@ -59,7 +61,8 @@ func (s *Server) schedule(m *message) bool {
 func (s *Server) queueLocked(name string) *queue {
 	q, ok := s.queues[name]
 	if !ok {
-		q = &queue{name: name, parallelism: 1, createdAt: time.Now()}
+		now := time.Now()
+		q = &queue{name: name, parallelism: 1, createdAt: now, updatedAt: now}
 		s.queues[name] = q
 	}
 	return q
@@ -69,7 +72,7 @@ func (s *Server) queueLocked(name string) *queue {
 func (s *Server) pumpQueue(q *queue) {
 	for {
 		s.mu.Lock()
-		if len(q.items) == 0 || q.active >= q.parallelism || s.closed {
+		if len(q.items) == 0 || q.active >= q.parallelism || q.paused || s.closed {
 			s.mu.Unlock()
 			return
 		}
@@ -239,6 +242,15 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 	key := cur
 	if s.opts.SignWithNextKey {
 		key = next
+	}
+	if s.inFlight != nil {
+		// The account's delivery parallelism: wait for a slot.
+		select {
+		case s.inFlight <- struct{}{}:
+			defer func() { <-s.inFlight }()
+		case <-ctx.Done():
+			return response{}, ctx.Err()
+		}
 	}
 	start := time.Now()
 	sig, err := qstash.Sign(key, m.url, m.body, start.Add(s.opts.ClockSkew))

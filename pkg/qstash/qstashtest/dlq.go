@@ -321,10 +321,34 @@ func (s *Server) handleMessage(w http.ResponseWriter, r *http.Request, id string
 	}
 }
 
+// queueCapRejection is the answer to a queue over the plan's queue count: 412, as for the
+// other plan limits (pricing page "Max Queue Count").
+func (s *Server) queueCapRejection() rejection {
+	return rejection{http.StatusPreconditionFailed, fmt.Sprintf("queue limit reached: the %s plan allows %d queues", s.opts.Plan, s.limits.MaxQueues)}
+}
+
 func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request, name string) {
 	queueJSON := func(q *queue) map[string]any {
 		return map[string]any{"name": q.name, "parallelism": q.parallelism, "lag": len(q.items) + q.active,
-			"createdAt": q.createdAt.UnixMilli(), "updatedAt": q.createdAt.UnixMilli(), "paused": false}
+			"createdAt": q.createdAt.UnixMilli(), "updatedAt": q.updatedAt.UnixMilli(), "paused": q.paused}
+	}
+	if base, action, ok := strings.Cut(name, "/"); ok && r.Method == http.MethodPost && (action == "pause" || action == "resume") {
+		s.mu.Lock()
+		q, found := s.queues[base]
+		if found {
+			q.paused = action == "pause"
+			q.updatedAt = time.Now()
+		}
+		s.mu.Unlock()
+		if !found {
+			writeError(w, http.StatusNotFound, "queue not found")
+			return
+		}
+		if action == "resume" {
+			s.pumpQueue(q)
+		}
+		w.WriteHeader(http.StatusOK)
+		return
 	}
 	switch {
 	case name == "" && r.Method == http.MethodPost:
@@ -337,10 +361,17 @@ func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request, name strin
 			return
 		}
 		s.mu.Lock()
+		if _, exists := s.queues[b.QueueName]; !exists && s.limits != nil && len(s.queues) >= s.limits.MaxQueues {
+			s.mu.Unlock()
+			rj := s.queueCapRejection()
+			writeError(w, rj.status, rj.msg)
+			return
+		}
 		q := s.queueLocked(b.QueueName)
 		if b.Parallelism > 0 {
 			q.parallelism = b.Parallelism
 		}
+		q.updatedAt = time.Now()
 		s.mu.Unlock()
 		s.pumpQueue(q)
 		w.WriteHeader(http.StatusOK)

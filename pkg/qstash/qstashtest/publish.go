@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,10 +17,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// maxBody bounds a publish or batch request (QStash's batch limit is 100 MB).
-const maxBody = 100 << 20
+// maxBody bounds a publish or batch request: QStash's 100 MB request limit, answered 413.
+const maxBody = qstash.MaxRequestBytes
 
 // message is a published message, pending until delivered or finally failed.
 type message struct {
@@ -112,7 +115,7 @@ func preFault(w http.ResponseWriter, f string) bool {
 	case "429":
 		w.Header().Set("RateLimit-Limit", "1000")
 		w.Header().Set("RateLimit-Remaining", "0")
-		w.Header().Set("RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Second).UnixMilli(), 10))
+		w.Header().Set("RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Second).Unix(), 10))
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, "injected fault: daily quota exceeded")
 		return true
@@ -131,7 +134,7 @@ func dropResponse(w http.ResponseWriter) {
 	panic(http.ErrAbortHandler)
 }
 
-func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, queue, rawDest string) {
+func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, req *Request, queue, rawDest string) {
 	f := s.fault()
 	if preFault(w, f) {
 		return
@@ -142,9 +145,10 @@ func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, queue, ra
 		return
 	}
 	if len(body) > maxBody {
-		writeError(w, http.StatusRequestEntityTooLarge, "message is too large")
+		writeError(w, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
 		return
 	}
+	req.Messages = 1
 	dest, err := destination(rawDest, r.URL.Query())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -157,9 +161,18 @@ func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, queue, ra
 			h.Set(k, vs[0])
 		}
 	}
-	resp, status, err := s.accept(dest, h, body, queue, callerIP(r))
+	m, dedupKey, err := s.parse(dest, h, body, queue)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeRejection(w, err)
+		return
+	}
+	if s.overQuota(w, 1) {
+		return
+	}
+	m.callerIP = callerIP(r)
+	resp, status, err := s.commit(m, dedupKey)
+	if err != nil {
+		writeRejection(w, err)
 		return
 	}
 	if f == "drop" {
@@ -169,6 +182,68 @@ func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, queue, ra
 	writeJSON(w, status, resp)
 }
 
+// rejection is a validation failure answered with its own status (412, 413).
+type rejection struct {
+	status int
+	msg    string
+}
+
+func (e rejection) Error() string { return e.msg }
+
+// writeRejection answers a parse error: a rejection with its status, else 400.
+func writeRejection(w http.ResponseWriter, err error) {
+	var rj rejection
+	if errors.As(err, &rj) {
+		writeError(w, rj.status, rj.msg)
+		return
+	}
+	writeError(w, http.StatusBadRequest, err.Error())
+}
+
+// overQuota answers 429 with the daily-quota headers if n more messages would exceed
+// QuotaMessages, and otherwise counts them.
+func (s *Server) overQuota(w http.ResponseWriter, n int) bool {
+	if s.opts.QuotaMessages <= 0 {
+		return false
+	}
+	s.mu.Lock()
+	now := time.Now()
+	for now.Sub(s.quotaStart) >= s.opts.QuotaWindow {
+		s.quotaStart = s.quotaStart.Add(s.opts.QuotaWindow)
+		s.quotaUsed = 0
+	}
+	used, reset := s.quotaUsed, s.quotaStart.Add(s.opts.QuotaWindow)
+	over := used+n > s.opts.QuotaMessages
+	if !over {
+		s.quotaUsed += n
+	}
+	s.mu.Unlock()
+	if !over {
+		return false
+	}
+	// docs api-ratelimiting: the daily quota answers 429 with these three headers; Reset
+	// is a unix time in seconds. Rounded up, so waiting until it is always enough.
+	w.Header().Set("RateLimit-Limit", strconv.Itoa(s.opts.QuotaMessages))
+	w.Header().Set("RateLimit-Remaining", strconv.Itoa(max(0, s.opts.QuotaMessages-used)))
+	w.Header().Set("RateLimit-Reset", strconv.FormatInt((reset.UnixMilli()+999)/1000, 10))
+	writeError(w, http.StatusTooManyRequests, "daily message quota exceeded: "+strconv.Itoa(s.opts.QuotaMessages)+" messages per day")
+	return true
+}
+
+// ResetQuota starts a new quota period now, as the daily reset does.
+func (s *Server) ResetQuota() {
+	s.mu.Lock()
+	s.quotaUsed, s.quotaStart = 0, time.Now()
+	s.mu.Unlock()
+}
+
+// QuotaUsed is the number of messages counted against QuotaMessages in this period.
+func (s *Server) QuotaUsed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.quotaUsed
+}
+
 type batchRequestItem struct {
 	Destination string            `json:"destination"`
 	Headers     map[string]string `json:"headers"`
@@ -176,14 +251,18 @@ type batchRequestItem struct {
 	Queue       *string           `json:"queue"`
 }
 
-func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request, req *Request) {
 	f := s.fault()
 	if preFault(w, f) {
 		return
 	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(data) > maxBody {
-		writeError(w, http.StatusBadRequest, "batch body unreadable or over 100 MB")
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read batch body: "+err.Error())
+		return
+	}
+	if len(data) > maxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
 		return
 	}
 	var items []batchRequestItem
@@ -191,8 +270,15 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "batch body must be a JSON array of messages: "+err.Error())
 		return
 	}
+	req.Messages = len(items)
 	ip := callerIP(r)
-	out := make([]publishResponse, len(items))
+	type parsed struct {
+		m        *message
+		dedupKey string
+		err      error
+	}
+	ps := make([]parsed, len(items))
+	valid := 0
 	for i, it := range items {
 		h := http.Header{}
 		for k, v := range it.Headers {
@@ -207,11 +293,30 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			queue = *it.Queue
 		}
 		dest, err := destination(it.Destination, nil)
+		if err == nil {
+			ps[i].m, ps[i].dedupKey, err = s.parse(dest, h, body, queue)
+		}
 		if err != nil {
-			out[i] = publishResponse{Error: err.Error()}
+			ps[i].err = err
+			if s.opts.BatchErrors == BatchErrorsWholeRequest {
+				writeRejection(w, fmt.Errorf("message %d: %w", i, err))
+				return
+			}
 			continue
 		}
-		resp, _, err := s.accept(dest, h, body, queue, ip)
+		ps[i].m.callerIP = ip
+		valid++
+	}
+	if s.overQuota(w, valid) {
+		return
+	}
+	out := make([]publishResponse, len(items))
+	for i, p := range ps {
+		if p.err != nil {
+			out[i] = publishResponse{Error: p.err.Error()}
+			continue
+		}
+		resp, _, err := s.commit(p.m, p.dedupKey)
 		if err != nil {
 			out[i] = publishResponse{Error: err.Error()}
 			continue
@@ -281,14 +386,10 @@ func callerIP(r *http.Request) string {
 	return host
 }
 
-// accept validates one message, deduplicates it and schedules it. It returns the answer
-// element and status (201 new, 202 duplicate).
-func (s *Server) accept(dest string, h http.Header, body []byte, queue, ip string) (publishResponse, int, error) {
-	m, dedupKey, err := s.parse(dest, h, body, queue)
-	if err != nil {
-		return publishResponse{}, 0, err
-	}
-	m.callerIP = ip
+// commit deduplicates a parsed message and schedules it. It returns the answer element and
+// status (201 new, 202 duplicate).
+func (s *Server) commit(m *message, dedupKey string) (publishResponse, int, error) {
+	dest := m.url
 	now := time.Now()
 	s.mu.Lock()
 	if dedupKey != "" {
@@ -328,6 +429,28 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 	if queue != "" && !validName(queue) {
 		return nil, "", badRequest("invalid queue name " + strconv.Quote(queue))
 	}
+	if s.limits != nil {
+		if int64(len(body)) > s.limits.MaxMessageBytes {
+			// Pricing page: "Max Message Size" per plan; over it, 412.
+			return nil, "", rejection{http.StatusPreconditionFailed, fmt.Sprintf("message size %d bytes exceeds the %d-byte limit of the %s plan", len(body), s.limits.MaxMessageBytes, s.opts.Plan)}
+		}
+		if queue != "" {
+			s.mu.Lock()
+			_, exists := s.queues[queue]
+			n := len(s.queues)
+			s.mu.Unlock()
+			if !exists && n >= s.limits.MaxQueues {
+				return nil, "", s.queueCapRejection()
+			}
+		}
+	}
+	if v := h.Get("Upstash-Label"); v != "" {
+		for _, l := range strings.Split(v, ",") {
+			if !qstash.ValidResourceName(strings.TrimSpace(l)) {
+				return nil, "", badRequest("invalid label " + strconv.Quote(l) + ": labels may contain only letters, digits, '-', '_' and '.'")
+			}
+		}
+	}
 	now := time.Now()
 	m := &message{
 		id:         "msg_" + randomID(26),
@@ -354,6 +477,9 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 0 {
 			return nil, "", badRequest("Upstash-Retries must be a non-negative integer")
+		}
+		if s.limits != nil && n > s.limits.MaxRetries {
+			return nil, "", badRequest(fmt.Sprintf("Upstash-Retries %d exceeds the maximum of %d retries of the %s plan", n, s.limits.MaxRetries, s.opts.Plan))
 		}
 		m.retries = n
 	}
@@ -423,6 +549,9 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 	if key != "" || value != "" {
 		if key == "" {
 			return nil, "", badRequest("Upstash-Flow-Control-Key is required with Upstash-Flow-Control-Value")
+		}
+		if !qstash.ValidResourceName(key) {
+			return nil, "", badRequest("invalid flow control key " + strconv.Quote(key) + ": it may contain only letters, digits, '-', '_' and '.'")
 		}
 		p, rate, period, err := parseFlowControl(value)
 		if err != nil {

@@ -8,13 +8,23 @@
 // failure callbacks, signing keys and pending messages, plus seeded fault injection and an
 // attempt log for tests. URL groups, schedules and the success callback's per-attempt
 // semantics are not implemented. State lives in memory.
+//
+// It is as strict as production where the relay depends on it (docs/qstash-contract.md):
+// flow-control keys and labels outside the resource-name rule are 400, bodies over 100 MB
+// 413, unknown paths 404; with Options.Plan, the plan's message size (412), retry cap (400),
+// queue count (412) and delivery parallelism. Options.BatchErrors switches between the
+// documented per-item batch errors and the whole-request 400 seen in production;
+// Options.QuotaMessages answers 429 like a used-up daily quota; Options.Latency models the
+// round trip to a remote QStash.
 package qstashtest
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -75,6 +85,61 @@ type Options struct {
 	HTTPClient *http.Client
 	// Logger receives the server's logs. Default: discard.
 	Logger *slog.Logger
+
+	// Plan, when set, enforces that QStash plan's limits as production does: message size
+	// (412), Upstash-Retries cap (400), queue count (412) and delivery parallelism
+	// (MaxInFlight). Default "" behaves as the official dev server is documented to: no
+	// plan limits. The rules that hold on every plan are always enforced: flow-control
+	// keys and labels (400), requests over 100 MB (413), unknown paths (404).
+	Plan qstash.Plan
+	// BatchErrors chooses how a batch with an invalid message is answered. Default
+	// BatchErrorsPerItem.
+	BatchErrors BatchErrorMode
+	// QuotaMessages, when positive, is a daily message quota: a publish, enqueue or batch
+	// request that would take the count of accepted messages over it is answered 429 with
+	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (unix seconds), as
+	// production does when the daily quota is used up, and nothing of it is accepted. The
+	// count restarts every QuotaWindow, or on ResetQuota.
+	QuotaMessages int
+	// QuotaWindow is the quota's period. Default DefaultQuotaWindow (a day).
+	QuotaWindow time.Duration
+	// Latency delays the answer to every API request (before it is handled), modelling
+	// the network round trip to QStash; LatencyJitter adds a uniform random extra in
+	// [0, LatencyJitter). Deliveries are not delayed.
+	Latency       time.Duration
+	LatencyJitter time.Duration
+	// MaxInFlight caps delivery attempts in flight at once (QStash's per-plan
+	// "parallelism"); attempts over it wait for a slot. Default: the Plan's parallelism,
+	// or no cap without a Plan. Negative: no cap.
+	MaxInFlight int
+}
+
+// BatchErrorMode is how the server answers a /v2/batch request with an invalid message.
+type BatchErrorMode string
+
+const (
+	// BatchErrorsPerItem answers 200 with an {"error"} element for the invalid message and
+	// publishes the others, as QStash documents (docs features/batch).
+	BatchErrorsPerItem BatchErrorMode = "per-item"
+	// BatchErrorsWholeRequest answers 400 {"error"} for the whole request and publishes
+	// nothing, as production was observed to do for one bad deduplication id
+	// (github.com/superset-sh/superset/pull/3591).
+	BatchErrorsWholeRequest BatchErrorMode = "whole-request"
+)
+
+// DefaultQuotaWindow is the quota period: QStash's quota is per day.
+const DefaultQuotaWindow = 24 * time.Hour
+
+// Request is one API request as the server answered it.
+type Request struct {
+	Method string
+	// Path is the escaped path, without the query.
+	Path   string
+	Status int
+	// Bytes is the request body's length as read (up to the 100 MB limit).
+	Bytes int64
+	// Messages is the number of messages the request carried (publish, enqueue, batch).
+	Messages int
 }
 
 // Faults are injected failures. Rates are probabilities in [0,1]. A Server's faults can be
@@ -156,6 +221,13 @@ type Server struct {
 	attempts []Attempt
 	idle     chan struct{} // closed and replaced when pending drops to zero
 	flow     *flowControl
+	limits   *qstash.PlanLimits // nil without a Plan
+	requests []Request
+	latRand  *rand.Rand
+	// inFlight holds one token per delivery attempt in flight; nil means no cap.
+	inFlight   chan struct{}
+	quotaUsed  int
+	quotaStart time.Time
 }
 
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
@@ -203,6 +275,23 @@ func start(ln net.Listener, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.BatchErrors == "" {
+		opts.BatchErrors = BatchErrorsPerItem
+	}
+	if opts.QuotaWindow <= 0 {
+		opts.QuotaWindow = DefaultQuotaWindow
+	}
+	var limits *qstash.PlanLimits
+	if opts.Plan != "" {
+		l, err := opts.Plan.Limits()
+		if err != nil {
+			panic(fmt.Sprintf("qstashtest: %v", err))
+		}
+		limits = &l
+		if opts.MaxInFlight == 0 {
+			opts.MaxInFlight = l.MaxParallelism
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		URL:               "http://" + ln.Addr().String(),
@@ -222,6 +311,12 @@ func start(ln net.Listener, opts Options) *Server {
 		messages:          map[string]*message{},
 		queues:            map[string]*queue{},
 		idle:              make(chan struct{}),
+		limits:            limits,
+		latRand:           rand.New(rand.NewPCG(opts.Seed, 3)),
+		quotaStart:        time.Now(),
+	}
+	if opts.MaxInFlight > 0 {
+		s.inFlight = make(chan struct{}, opts.MaxInFlight)
 	}
 	s.flow = newFlowControl()
 	if opts.HTTPClient != nil {
@@ -338,6 +433,81 @@ func (s *Server) WaitIdle(ctx context.Context) error {
 // ServeHTTP routes on the raw path: http.ServeMux would clean /v2/publish/https://x into
 // /v2/publish/https:/x and answer with a redirect.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+	req := Request{Method: r.Method, Path: r.URL.EscapedPath()}
+	s.delay(r.Context())
+	if r.ContentLength > maxBody {
+		// QStash's limit is on the body; refuse before reading it.
+		writeError(rec, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
+	} else {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &req.Bytes}
+		s.route(rec, r, &req)
+	}
+	req.Status = rec.status
+	s.mu.Lock()
+	if len(s.requests) >= maxRequestLog {
+		// A long-running qstash-dev must not grow without bound: keep the newer half.
+		s.requests = append(s.requests[:0], s.requests[maxRequestLog/2:]...)
+	}
+	s.requests = append(s.requests, req)
+	s.mu.Unlock()
+}
+
+// maxRequestLog bounds the request log Requests returns.
+const maxRequestLog = 1 << 17
+
+// Requests returns the API requests so far (the most recent 65,536 to 131,072 of them), in
+// the order they were answered.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+// delay waits the configured latency (plus jitter), or until ctx ends.
+func (s *Server) delay(ctx context.Context) {
+	d := s.opts.Latency
+	if s.opts.LatencyJitter > 0 {
+		s.mu.Lock()
+		d += time.Duration(s.latRand.Int64N(int64(s.opts.LatencyJitter)))
+		s.mu.Unlock()
+	}
+	sleep(ctx, d)
+}
+
+// recorder keeps the status written.
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// Hijack lets dropResponse close the connection.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := r.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("hijack not supported")
+	}
+	r.status = 0
+	return h.Hijack()
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	*c.n += int64(n)
+	return n, err
+}
+
+func (s *Server) route(w http.ResponseWriter, r *http.Request, req *Request) {
 	if !s.authorized(r) {
 		writeError(w, http.StatusUnauthorized, "invalid token")
 		return
@@ -345,7 +515,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.EscapedPath()
 	switch {
 	case strings.HasPrefix(path, "/v2/publish/"):
-		s.onlyPost(w, r, func() { s.handlePublish(w, r, "", strings.TrimPrefix(path, "/v2/publish/")) })
+		s.onlyPost(w, r, func() { s.handlePublish(w, r, req, "", strings.TrimPrefix(path, "/v2/publish/")) })
 	case strings.HasPrefix(path, "/v2/enqueue/"):
 		rest := strings.TrimPrefix(path, "/v2/enqueue/")
 		q, dest, ok := strings.Cut(rest, "/")
@@ -353,9 +523,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "queue name and destination are required")
 			return
 		}
-		s.onlyPost(w, r, func() { s.handlePublish(w, r, q, dest) })
+		s.onlyPost(w, r, func() { s.handlePublish(w, r, req, q, dest) })
 	case path == "/v2/batch":
-		s.onlyPost(w, r, func() { s.handleBatch(w, r) })
+		s.onlyPost(w, r, func() { s.handleBatch(w, r, req) })
 	case path == "/v2/keys":
 		s.handleKeys(w, r)
 	case path == "/v2/keys/rotate" || path == "/v2/rotate":

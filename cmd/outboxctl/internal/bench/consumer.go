@@ -198,10 +198,15 @@ func startWebhook(pool *pgxpool.Pool, n int) (*httptest.Server, []signedRequest,
 	run := runID("wh")
 	url := srv.URL + "/events/" + Topic
 	now := time.Now()
+	// The message id is in the signed URL, as the relay publishes it; a time-derived base
+	// keeps runs against one database from colliding.
+	first := now.UnixMicro() * 1000
 	reqs := make([]signedRequest, n)
 	for i := range reqs {
 		body := Payload(run, i, KeyName(i%1000))
-		sig, err := qstash.Sign(qstash.DevCurrentSigningKey, url, body, now)
+		id := strconv.FormatInt(first+int64(i), 10)
+		target := url + "?outbox_id=" + id + "&generation=0"
+		sig, err := qstash.Sign(qstash.DevCurrentSigningKey, target, body, now)
 		if err != nil {
 			srv.Close()
 			return nil, nil, err
@@ -211,8 +216,8 @@ func startWebhook(pool *pgxpool.Pool, n int) (*httptest.Server, []signedRequest,
 		hd.Set("Upstash-Signature", sig)
 		hd.Set("Upstash-Message-Id", "msg_"+run+strconv.Itoa(i))
 		hd.Set("Upstash-Retried", "0")
-		hd.Set("X-Outbox-Id", run+"-"+strconv.Itoa(i))
-		reqs[i] = signedRequest{url: url, body: body, header: hd}
+		hd.Set("X-Outbox-Id", id)
+		reqs[i] = signedRequest{url: target, body: body, header: hd}
 	}
 	return srv, reqs, nil
 }

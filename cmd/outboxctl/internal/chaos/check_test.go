@@ -36,10 +36,10 @@ INSERT INTO outbox (id, topic, partition_key, payload, dispatched_at) OVERRIDING
   (9, 'order.created', 'k9', '{"order_id":"orphan"}', now());
 INSERT INTO demo_effects (outbox_id, partition_key) VALUES
   (1, 'k1'), (2, 'k1'), (2, 'k1'), (5, 'k3'), (8, 'k4'), (7, 'k4'), (9, 'k9'), (99, 'k9');
-INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts) VALUES
-  ('delivery', 4, 'order.created', 'k2', '{}', '{}', 'poison', 1),
-  ('delivery', 6, 'order.created', 'k3', '{}', '{}', 'x', 1),
-  ('relay', 6, 'order.created', 'k3', '{}', '{}', 'x', 1);`)
+INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts, generation) VALUES
+  ('delivery', 4, 'order.created', 'k2', '{}', '{}', 'poison', 1, 0),
+  ('delivery', 6, 'order.created', 'k3', '{}', '{}', 'x', 1, 0),
+  ('relay', 6, 'order.created', 'k3', '{}', '{}', 'x', 1, 1);`) // two open letters of one generation are refused by the schema (dead_letters_one_open_idx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 // TestLogsCarryNoSecrets runs the pipeline under faults with every component logging at
@@ -107,4 +108,24 @@ func sum(m map[string]int64) (n int64) {
 		n += v
 	}
 	return n
+}
+
+func sign(t *testing.T, key, url string, body []byte, at time.Time) string {
+	t.Helper()
+	s, err := qstash.Sign(key, url, body, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func forge(t *testing.T, method jwt.SigningMethod, key any, url string, body []byte, at time.Time) string {
+	t.Helper()
+	claims := jwt.MapClaims{"iss": "Upstash", "sub": url, "iat": at.Unix(), "nbf": at.Unix(), "exp": at.Add(5 * time.Minute).Unix(),
+		"jti": "jwt_forged", "body": qstash.BodyHash(body)}
+	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -1,0 +1,189 @@
+package migrations_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// migrateTo applies the migrations up to version, as a database deployed before the later
+// ones would have them.
+func migrateTo(t *testing.T, pool *pgxpool.Pool, version int64) {
+	t.Helper()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(context.Background(), version); err != nil {
+		t.Fatalf("migrate to %d: %v", version, err)
+	}
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// TestHeadersConstraintOnDeployedTable: a table migrated before the headers constraint
+// holds 99 healthy rows and one whose headers a hand-written INSERT made {"x-n": 1} (plus a
+// dispatched row with non-object headers). The constraint migration succeeds: the pending
+// bad row is dead-lettered alone with an error quoting its headers, every bad row's headers
+// are repaired to strings, the constraint is validated, and a drain publishes the 99.
+// Before this migration that row made every claim fail after taking the lease.
+func TestHeadersConstraintOnDeployedTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	migrateTo(t, db.Pool, 5)
+	for i := range 99 {
+		if i == 50 {
+			exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, headers) VALUES ('order.created', 'bad', '{"n":50}', '{"x-n": 1, "x-ok": "y"}')`)
+		}
+		exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, headers) VALUES ('order.created', $1, '{}', '{"x-a": "b"}')`, fmt.Sprintf("k%d", i))
+	}
+	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, headers, dispatched_at) VALUES ('order.created', 'old', '{}', '[1]', now())`)
+
+	if _, err := postgres.Migrate(ctx, db.Pool, nil); err != nil {
+		t.Fatalf("migrate a table holding bad rows: %v", err)
+	}
+	var valid bool
+	if err := db.Pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conname = 'outbox_headers_strings' AND conrelid = 'outbox'::regclass`).Scan(&valid); err != nil || !valid {
+		t.Fatalf("constraint validated %v (%v)", valid, err)
+	}
+	letters, err := deadletter.List(ctx, db.Pool, deadletter.Filter{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("letters %+v %v, want the bad row's only", letters, err)
+	}
+	l := letters[0]
+	if l.PartitionKey != "bad" || l.Source != deadletter.SourceRelay || !strings.Contains(l.Error, `{"x-n": 1, "x-ok": "y"}`) ||
+		l.Headers["x-n"] != "1" || l.Headers["x-ok"] != "y" {
+		t.Fatalf("letter %+v: want the bad row, its original headers in the error, repaired headers", l)
+	}
+	var headers string
+	if err := db.Pool.QueryRow(ctx, `SELECT headers::text FROM outbox WHERE partition_key = 'old'`).Scan(&headers); err != nil || headers != "{}" {
+		t.Fatalf("dispatched row's headers %s %v, want {}", headers, err)
+	}
+
+	// The relay now drains the 99 healthy rows; the dead-lettered one stays put.
+	qs := qstashtest.NewServer(qstashtest.Options{})
+	defer qs.Close()
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	defer hook.Close()
+	pub, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: hook.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(db.Pool, pub, relay.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := r.Drain(dctx)
+	if err != nil || st.Dispatched != 99 {
+		t.Fatalf("drain %+v %v, want 99 dispatched", st, err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`); n != 0 {
+		t.Fatalf("%d rows still pending", n)
+	}
+}
+
+// TestHeadersConstraintRefusesBadRows: on a migrated database a row whose headers are not
+// an object of strings is refused by the constraint; Enqueue's rows always pass.
+func TestHeadersConstraintRefusesBadRows(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for _, h := range []string{`{"x-n": 1}`, `{"x": null}`, `{"x": {"y": "z"}}`, `[]`, `"s"`, `null`} {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload, headers) VALUES ('t', 'k', '{}', $1::jsonb)`, h)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "outbox_headers_strings" {
+			t.Errorf("headers %s: %v, want a check violation of outbox_headers_strings", h, err)
+		}
+	}
+	for _, h := range []map[string]string{nil, {}, {"X-Trace": "a", "X-Empty": ""}} {
+		if _, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`), Headers: h}); err != nil {
+			t.Errorf("Enqueue with headers %v: %v", h, err)
+		}
+	}
+}
+
+// TestOneOpenLetterOnDeployedTable: a table migrated before the open-letter index holds
+// two open letters for one event (the relay's and the callback's) and two for another
+// generation's redrive history. The migration keeps the oldest open letter per event
+// generation, resolves the others as duplicates, and from then on a second open letter
+// for the same generation is refused.
+func TestOneOpenLetterOnDeployedTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	migrateTo(t, db.Pool, 4)
+	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, dead_lettered_at, generation) VALUES ('t', 'a', '{}', now(), 0), ('t', 'b', '{}', now(), 2)`)
+	exec(t, db.Pool, `INSERT INTO dead_letters (source, outbox_id, topic, error, resolved_at, resolution) VALUES
+		('relay', 1, 't', 'first', NULL, NULL),
+		('delivery', 1, 't', 'second', NULL, NULL),
+		('relay', 2, 't', 'redriven earlier', now(), 'redriven'),
+		('relay', 2, 't', 'current', NULL, NULL),
+		('delivery', NULL, 't', 'unlinked one', NULL, NULL),
+		('delivery', NULL, 't', 'unlinked two', NULL, NULL)`)
+	if _, err := postgres.Migrate(ctx, db.Pool, nil); err != nil {
+		t.Fatalf("migrate a table holding duplicate letters: %v", err)
+	}
+	rows, err := db.Pool.Query(ctx, `SELECT error, generation, coalesce(resolution, 'open') FROM dead_letters ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var e, res string
+		var gen int
+		if err := rows.Scan(&e, &gen, &res); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s/%d/%s", e, gen, res))
+	}
+	want := []string{"first/0/open", "second/0/duplicate", "redriven earlier/0/redriven", "current/2/open", "unlinked one/0/open", "unlinked two/0/open"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("letters %v, want %v", got, want)
+	}
+	_, err = db.Pool.Exec(ctx, `INSERT INTO dead_letters (source, outbox_id, topic, error, generation) VALUES ('relay', 2, 't', 'again', 2)`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("second open letter for one generation: %v, want a unique violation", err)
+	}
+}

@@ -1,0 +1,168 @@
+package awsenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// codeInvalidPassword is SQLSTATE 28P01: the server refused the password.
+const codeInvalidPassword = "28P01"
+
+// IsAuthFailure reports whether err is the server refusing the password (SQLSTATE 28P01),
+// as it does for every new connection once a rotated secret has changed it.
+func IsAuthFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeInvalidPassword
+}
+
+// Credentials keeps the user and password of a pool's new connections current. Secrets
+// Manager rotates database secrets (every 7 days for an RDS-managed one) while a warm
+// Lambda environment keeps its pool: connections already open keep working, but every new
+// one is refused until the environment is recycled. Ready notices the refusal, re-reads the
+// secret (once for all callers that saw it) and tries again, so the environment carries on
+// without a cold start. RDS IAM tokens need none of this: a fresh token is built for every
+// connection.
+//
+// A Credentials is safe for concurrent use. Pass it in PoolConfig.Credentials.
+type Credentials struct {
+	read func(ctx context.Context) (string, error)
+
+	mu       sync.Mutex
+	user     string
+	password string
+	set      bool
+	gen      uint64        // counts successful reads
+	inflight chan struct{} // closed when the read in flight ends
+	lastErr  error         // that read's error
+}
+
+// NewCredentials returns Credentials that re-read the connection string with read (for
+// example Resolver.DatabaseURLReader) when the server refuses the password. Only the user
+// and password of what read returns are used: host, database and options stay as the pool
+// was opened with.
+func NewCredentials(read func(ctx context.Context) (string, error)) *Credentials {
+	return &Credentials{read: read}
+}
+
+// Reads returns how many times the secret was re-read.
+func (c *Credentials) Reads() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// beforeConnect puts the current user and password into a new connection's config (pgxpool
+// passes a copy per connection); before the first refresh the pool's own are kept.
+func (c *Credentials) beforeConnect(_ context.Context, cc *pgx.ConnConfig) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.set {
+		cc.User, cc.Password = c.user, c.password
+	}
+	return nil
+}
+
+func (c *Credentials) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// refresh re-reads the secret unless a read finished after generation seen (the value the
+// caller's failed attempt used), and waits for a read already in flight rather than
+// starting a second one.
+func (c *Credentials) refresh(ctx context.Context, seen uint64) error {
+	c.mu.Lock()
+	if c.gen > seen {
+		c.mu.Unlock()
+		return nil
+	}
+	if ch := c.inflight; ch != nil {
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.lastErr
+	}
+	ch := make(chan struct{})
+	c.inflight = ch
+	c.mu.Unlock()
+
+	// The read outlives a caller that gives up: the others wait for it.
+	dsn, err := c.read(context.WithoutCancel(ctx))
+	var cc *pgx.ConnConfig
+	if err == nil {
+		if cc, err = pgx.ParseConfig(dsn); err != nil {
+			// pgx's parse errors may quote the string, password included.
+			err = errors.New("the re-read database secret is not a valid Postgres connection string")
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.user, c.password, c.set = cc.User, cc.Password, true
+		c.gen++
+	}
+	c.lastErr = err
+	c.inflight = nil
+	close(ch)
+	if err != nil {
+		return fmt.Errorf("re-read database credentials: %w", err)
+	}
+	return nil
+}
+
+// Ready makes sure pool can hand out a connection: it acquires one (opening it if none is
+// idle) and releases it. When the server refuses the password it re-reads the secret and
+// tries once more. Call it where work begins (an invocation, a request); the work then
+// runs on the connection Ready left idle, or opens one with the current password.
+//
+// A nil Credentials (nothing to re-read: a plain DATABASE_URL) does nothing.
+func (c *Credentials) Ready(ctx context.Context, pool *pgxpool.Pool) error {
+	if c == nil {
+		return nil
+	}
+	seen := c.generation()
+	conn, err := pool.Acquire(ctx)
+	if err == nil {
+		conn.Release()
+		return nil
+	}
+	if !IsAuthFailure(err) {
+		return fmt.Errorf("acquire database connection: %w", err)
+	}
+	if err := c.refresh(ctx, seen); err != nil {
+		return err
+	}
+	conn, err = pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire database connection after re-reading the credentials: %w", err)
+	}
+	conn.Release()
+	return nil
+}
+
+// Handler returns h behind Ready: each request first makes sure the pool can connect. A
+// Ready that fails is not answered here: h meets the same error and answers it (a
+// receiver's 500, which QStash retries). A nil Credentials returns h.
+func (c *Credentials) Handler(pool *pgxpool.Pool, h http.Handler) http.Handler {
+	if c == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = c.Ready(r.Context(), pool)
+		h.ServeHTTP(w, r)
+	})
+}

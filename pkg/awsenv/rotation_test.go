@@ -1,0 +1,397 @@
+package awsenv_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+)
+
+// passwordCluster is a throwaway Postgres cluster that demands a password over TCP
+// (scram-sha-256) and trusts its Unix socket, where the test administers it.
+type passwordCluster struct {
+	dir, bin, runAs string
+	port            int
+	admin           *pgx.Conn
+}
+
+func startPasswordCluster(t *testing.T) *passwordCluster {
+	t.Helper()
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(bins) == 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package")
+		}
+		t.Skip("no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package to run this test")
+	}
+	dir, err := os.MkdirTemp("", "pwcluster") // not t.TempDir: the postgres user must reach it
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &passwordCluster{dir: dir, bin: filepath.Dir(bins[len(bins)-1])}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("running as root needs a postgres system user: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		c.runAs = "postgres"
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	data := filepath.Join(dir, "data")
+	c.run(t, "initdb", "-D", data, "-U", "postgres", "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")
+	c.run(t, "pg_ctl", "-D", data, "-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", c.port, dir),
+		"-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start")
+	t.Cleanup(func() {
+		c.run(t, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+		_ = os.RemoveAll(dir)
+	})
+	ctx := context.Background()
+	c.admin, err = pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", dir, c.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.admin.Close(context.Background()) })
+	return c
+}
+
+func (c *passwordCluster) run(t *testing.T, tool string, args ...string) {
+	t.Helper()
+	path := filepath.Join(c.bin, tool)
+	cmd := exec.Command(path, args...)
+	if c.runAs != "" {
+		cmd = exec.Command("runuser", append([]string{"-u", c.runAs, "--", path}, args...)...)
+	}
+	cmd.Dir = c.dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", tool, err, out)
+	}
+}
+
+func (c *passwordCluster) exec(t *testing.T, sql string) {
+	t.Helper()
+	if _, err := c.admin.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// failures records what failed and when.
+type failures struct {
+	mu sync.Mutex
+	at []time.Time
+	e  []string
+}
+
+func (f *failures) add(what string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.at = append(f.at, time.Now())
+	f.e = append(f.e, what)
+}
+
+func (f *failures) since(t time.Time) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for i, at := range f.at {
+		if at.After(t) {
+			out = append(out, f.e[i])
+		}
+	}
+	return out
+}
+
+// deliverer is the relay's publisher for this test: it delivers each message straight to
+// the webhook the way QStash would (the identity in the signed URL), and reports anything
+// but 200 as a retryable failure.
+type deliverer struct {
+	base  string
+	fails *failures
+}
+
+func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	res := make([]relay.Result, len(msgs))
+	for i, m := range msgs {
+		target := fmt.Sprintf("%s/events/%s?outbox_id=%d&generation=%d", d.base, m.Topic, m.ID, m.Generation)
+		sig, err := qstash.Sign(qstash.DevCurrentSigningKey, target, m.Payload, time.Now())
+		if err != nil {
+			res[i].Err = err
+			continue
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(m.Payload))
+		req.Header.Set("Upstash-Signature", sig)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			res[i].Err = err
+			d.fails.add("deliver: " + err.Error())
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			res[i].Err = fmt.Errorf("webhook answered %d %s", resp.StatusCode, body)
+			d.fails.add(res[i].Err.Error())
+		}
+	}
+	return res
+}
+
+// TestPasswordRotationWhileRunning rotates the database password (Secrets Manager stub and
+// role together, as RDS rotation does) while a relay loop and a webhook run on pools opened
+// once, then drops every open session, as a frozen Lambda environment's sockets die. The
+// first new connections are refused (28P01); each pool re-reads the secret once and carries
+// on: after the rotation settles no delivery fails, every event is processed once, and the
+// pools are the ones opened at the start (no cold start). Without the refresh every new
+// connection stays refused until the environment is recycled.
+func TestPasswordRotationWhileRunning(t *testing.T) {
+	t.Parallel()
+	c := startPasswordCluster(t)
+	c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
+	c.exec(t, `CREATE DATABASE app OWNER app`)
+
+	r, stub := resolver(t)
+	secret := func(pw string) string {
+		b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": c.port, "dbname": "app"})
+		return string(b)
+	}
+	stub.PutSecret(secretARN, secret("first-password"))
+	env := envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	getenv, err := r.Resolve(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two pools with their own credentials, as the relay and webhook functions have.
+	open := func() (*pgxpool.Pool, *awsenv.Credentials) {
+		creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
+		pool, err := awsenv.NewPool(ctx, getenv("DATABASE_URL"), awsenv.PoolConfig{MaxConns: 3, Credentials: creds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool, creds
+	}
+	relayPool, relayCreds := open()
+	hookPool, hookCreds := open()
+	if _, err := postgres.Migrate(ctx, relayPool, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relayPool.Exec(ctx, `CREATE TABLE effects (message_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+
+	fails := &failures{}
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hook atomic.Pointer[http.Handler]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*hook.Load()).ServeHTTP(w, r) }))
+	defer srv.Close()
+	wh, err := webhook.New(webhook.Config{Pool: hookPool, Verifier: v, PublicBaseURL: srv.URL, Logger: slog.New(slog.DiscardHandler),
+		Handlers: webhook.Handlers{"order.created": func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (message_id) VALUES ($1)`, d.MessageID)
+			return err
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := hookCreds.Handler(hookPool, wh) // the webhook function's wiring
+	hook.Store(&handler)
+	rl, err := relay.New(relayPool, &deliverer{base: srv.URL, fails: fails},
+		relay.Config{BackoffBase: time.Second, BackoffMax: 2 * time.Second, MaxAttempts: 1000, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The producer writes over the admin socket; the relay loop is one "invocation" after
+	// another, each starting as the relay function's does.
+	var produced atomic.Int64
+	produce := func(db outbox.Querier, n int) {
+		for range n {
+			p := fmt.Sprintf(`{"n":%d}`, produced.Add(1))
+			if _, err := outbox.Enqueue(ctx, db, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(p)}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	stop := make(chan struct{})
+	loopDone := make(chan struct{})
+	var invocations atomic.Int64
+	go func() {
+		defer close(loopDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := relayCreds.Ready(ctx, relayPool); err != nil {
+				fails.add("relay ready: " + err.Error())
+			}
+			if _, err := rl.Drain(ctx); err != nil {
+				fails.add("relay drain: " + err.Error())
+			}
+			invocations.Add(1)
+		}
+	}()
+	appAdmin, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=app", c.dir, c.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appAdmin.Close(context.Background())
+	processed := func() int64 {
+		var n int64
+		if err := appAdmin.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				f := fails.since(time.Time{})
+				t.Fatalf("%s: not within 60 s; %d failures, the last: %v", what, len(f), f[max(0, len(f)-3):])
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stopLoop := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-loopDone
+	}
+	defer stopLoop()
+
+	produce(appAdmin, 30)
+	waitFor("30 events before the rotation", func() bool { return processed() == 30 })
+	startPools := [2]*pgxpool.Pool{relayPool, hookPool}
+	conns := relayPool.Stat().NewConnsCount() + hookPool.Stat().NewConnsCount()
+
+	// Rotate: the role's password and the secret change; then every open session dies.
+	c.exec(t, `ALTER ROLE app PASSWORD 'second-password'`)
+	stub.PutSecret(secretARN, secret("second-password"))
+	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
+	// pgxpool finds a dead idle socket by pinging it before use once it has been idle a
+	// second (a frozen environment's always have); Reset is that discovery, without waiting.
+	relayPool.Reset()
+	hookPool.Reset()
+	// Settled: an invocation that may have been cut off mid-query has ended and a whole
+	// one has run since.
+	n := invocations.Load()
+	waitFor("two invocations after the rotation", func() bool { return invocations.Load() >= n+2 })
+	settled := time.Now()
+
+	produce(appAdmin, 100)
+	waitFor("130 events after the rotation", func() bool { return processed() == 130 })
+	n = invocations.Load()
+	waitFor("more invocations", func() bool { return invocations.Load() >= n+3 })
+	stopLoop()
+
+	if f := fails.since(settled); len(f) > 0 {
+		t.Fatalf("%d failures after the rotation settled: %v", len(f), f)
+	}
+	if relayCreds.Reads() != 1 || hookCreds.Reads() != 1 {
+		t.Fatalf("secret re-read %d (relay) and %d (webhook) times, want once each", relayCreds.Reads(), hookCreds.Reads())
+	}
+	if relayPool.Stat().NewConnsCount()+hookPool.Stat().NewConnsCount() <= conns {
+		t.Fatal("no new connection was opened after the rotation: the test did not exercise the refresh")
+	}
+	if startPools != [2]*pgxpool.Pool{relayPool, hookPool} {
+		t.Fatal("pools replaced")
+	}
+	var dup int64
+	if err := appAdmin.QueryRow(ctx, `SELECT count(*) - count(DISTINCT message_id) FROM processed_messages`).Scan(&dup); err != nil || dup != 0 {
+		t.Fatalf("duplicate dedupe records %d %v", dup, err)
+	}
+
+	// A second rotation met by many callers at once: one re-read between them.
+	c.exec(t, `ALTER ROLE app PASSWORD 'third-password'`)
+	stub.PutSecret(secretARN, secret("third-password"))
+	hookPool.Reset() // no idle connection left: every caller must open one
+	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
+	reads := stub.Requests(awsenvtest.TargetGetSecretValue)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() { errs <- hookCreds.Ready(ctx, hookPool) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("Ready after the second rotation: %v", err)
+		}
+	}
+	if hookCreds.Reads() != 2 || stub.Requests(awsenvtest.TargetGetSecretValue) != reads+1 {
+		t.Fatalf("concurrent refusals re-read the secret %d times, want once", stub.Requests(awsenvtest.TargetGetSecretValue)-reads)
+	}
+}
+
+// TestDatabaseURLReader: there is something to re-read only when the database URL came
+// from a Secrets Manager secret with a password; what it reads is the secret's current
+// value.
+func TestDatabaseURLReader(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	for name, env := range map[string]map[string]string{
+		"plain DATABASE_URL": {"DATABASE_URL": "postgres://u:p@h/db"},
+		"IAM tokens":         {awsenv.VarDBSecretARN: secretARN, awsenv.VarDBIAMAuth: "true"},
+		"nothing":            {},
+	} {
+		if r.DatabaseURLReader(envOf(env)) != nil {
+			t.Errorf("%s: a reader, want none", name)
+		}
+	}
+	read := r.DatabaseURLReader(envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
+	if read == nil {
+		t.Fatal("DB_SECRET_ARN: no reader")
+	}
+	for _, pw := range []string{"one", "two"} {
+		stub.PutSecret(secretARN, `{"username":"app","password":"`+pw+`","host":"db.internal","port":5432}`)
+		dsn, err := read(context.Background())
+		if err != nil || !bytes.Contains([]byte(dsn), []byte(":"+pw+"@")) {
+			t.Fatalf("read %q %v, want the password %q", dsn, err, pw)
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package qstash
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Queue is a QStash queue as GET /v2/queues/{name} describes it.
+type Queue struct {
+	Name        string `json:"name"`
+	Parallelism int    `json:"parallelism"`
+	Paused      bool   `json:"paused"`
+	Lag         int64  `json:"lag"`
+}
+
+// QueueMismatchError is a FIFO queue that exists but would not keep per-key order: its
+// parallelism is not 1 (two messages of one key could be delivered at once) or it is
+// paused (nothing of its keys is delivered).
+type QueueMismatchError struct {
+	Queue       string
+	Parallelism int
+	Paused      bool
+}
+
+func (e *QueueMismatchError) Error() string {
+	if e.Paused {
+		return fmt.Sprintf("qstash queue %s is paused: its events are accepted but never delivered; resume it (POST /v2/queues/%s/resume) or find out who paused it", e.Queue, e.Queue)
+	}
+	return fmt.Sprintf("qstash queue %s has parallelism %d, not 1: per-key order is not kept; set it back to 1 (POST /v2/queues/ {\"queueName\":%q,\"parallelism\":1}) once you know why it changed", e.Queue, e.Parallelism, e.Queue)
+}
+
+// ensureWorkers bounds the queue requests in flight: QStash's management endpoints have a
+// per-second burst limit (docs api-ratelimiting).
+const ensureWorkers = 4
+
+// maxEnsureRetries bounds how often one queue request is retried after a 429.
+const maxEnsureRetries = 5
+
+// EnsureQueues makes the FIFO queues <QueuePrefix>-0 .. <QueuePrefix>-<FIFOQueues-1> ready,
+// once per cold start, before anything is enqueued: a missing queue is created with
+// parallelism 1 (POST /v2/queues/) and read back; an existing one is read (GET
+// /v2/queues/{name}) and must have parallelism 1 and not be paused. An existing queue that
+// does not is reported (*QueueMismatchError naming it), not silently reset: something
+// changed it, and order may already be broken. All problems are reported at once. In
+// publish ordering it does nothing.
+func (p *Publisher) EnsureQueues(ctx context.Context) error {
+	if p.cfg.Ordering != OrderingFIFO {
+		return nil
+	}
+	names := make(chan string)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range min(ensureWorkers, p.cfg.FIFOQueues) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range names {
+				if err := p.ensureQueue(ctx, name); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range p.cfg.FIFOQueues {
+		select {
+		case names <- fmt.Sprintf("%s-%d", p.cfg.QueuePrefix, i):
+		case <-ctx.Done():
+		}
+	}
+	close(names)
+	wg.Wait()
+	if ctx.Err() != nil {
+		errs = append(errs, fmt.Errorf("ensure qstash queues: %w", ctx.Err()))
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Publisher) ensureQueue(ctx context.Context, name string) error {
+	q, found, err := p.getQueue(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !found {
+		body, _ := json.Marshal(map[string]any{"queueName": name, "parallelism": 1})
+		if _, err := p.queueRequest(ctx, http.MethodPost, "/v2/queues/", body); err != nil {
+			return fmt.Errorf("create qstash queue %s: %w", name, p.queueHint(err))
+		}
+		if q, found, err = p.getQueue(ctx, name); err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("create qstash queue %s: created, but QStash does not find it", name)
+		}
+	}
+	if q.Parallelism != 1 || q.Paused {
+		return &QueueMismatchError{Queue: name, Parallelism: q.Parallelism, Paused: q.Paused}
+	}
+	return nil
+}
+
+// getQueue reads a queue; found is false when QStash answers 404.
+func (p *Publisher) getQueue(ctx context.Context, name string) (Queue, bool, error) {
+	data, err := p.queueRequest(ctx, http.MethodGet, "/v2/queues/"+url.PathEscape(name), nil)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
+		return Queue{}, false, nil
+	}
+	if err != nil {
+		return Queue{}, false, fmt.Errorf("check qstash queue %s: %w", name, p.queueHint(err))
+	}
+	var q Queue
+	if err := json.Unmarshal(data, &q); err != nil {
+		return Queue{}, false, fmt.Errorf("check qstash queue %s: decode %s: %w", name, snippet(data), err)
+	}
+	return q, true, nil
+}
+
+// queueHint names the variable to fix for an error that blames the deployment.
+func (p *Publisher) queueHint(err error) error {
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	switch d := p.classify(ae, 1); d.kind {
+	case answerDefer:
+		return d.err
+	}
+	return err
+}
+
+// queueRequest sends one queue-management request, waiting out a 429 (management
+// endpoints have a burst limit) up to maxEnsureRetries times. A non-2xx answer is an
+// *APIError.
+func (p *Publisher) queueRequest(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	for try := 0; ; try++ {
+		data, err := p.queueRequestOnce(ctx, method, path, body)
+		var ae *APIError
+		if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || try >= maxEnsureRetries {
+			return data, err
+		}
+		t := time.NewTimer(time.Until(quotaUntil(ae)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+	}
+}
+
+func (p *Publisher) queueRequestOnce(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, p.baseURL+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := p.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody*16))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		e := newAPIError(resp, data, p.now())
+		e.Method, e.URL = method, p.baseURL+path
+		return nil, e
+	}
+	return data, nil
+}

@@ -1,0 +1,129 @@
+package receive
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// Query parameters that carry a message's identity in the destination URL the relay
+// publishes to: <PUBLIC_BASE_URL>/events/<topic>?outbox_id=<id>&generation=<n>. QStash's
+// signature covers the URL (its sub claim), so unlike a forwarded header they cannot be
+// changed by whoever replays a captured delivery.
+const (
+	QueryOutboxID   = "outbox_id"
+	QueryGeneration = "generation"
+)
+
+// ErrNoIdentity means the URL carries no outbox_id: a delivery published before the
+// identity moved into the URL, or a message some other publisher sent.
+var ErrNoIdentity = errors.New("no outbox_id in the signed URL")
+
+// ErrInvalidIdentity means outbox_id or generation is present but not one positive
+// (generation: non-negative) decimal number.
+var ErrInvalidIdentity = errors.New("invalid message identity")
+
+// Identity is the outbox row a delivery is about, and which redrive of it.
+type Identity struct {
+	OutboxID   int64
+	Generation int
+}
+
+// MessageID is the dedupe key of every consumer: the outbox id in decimal, the same for
+// every retry and every redrive.
+func (id Identity) MessageID() string { return strconv.FormatInt(id.OutboxID, 10) }
+
+// FromURL reads the identity from u's query. Both parameters must appear once; outbox_id
+// alone is ErrInvalidIdentity, neither is ErrNoIdentity.
+func FromURL(u *url.URL) (Identity, error) {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return Identity{}, fmt.Errorf("%w: query does not parse: %v", ErrInvalidIdentity, err)
+	}
+	ids, gens := q[QueryOutboxID], q[QueryGeneration]
+	if len(ids) == 0 && len(gens) == 0 {
+		return Identity{}, ErrNoIdentity
+	}
+	if len(ids) != 1 || len(gens) != 1 {
+		return Identity{}, fmt.Errorf("%w: want exactly one %s and one %s, got %d and %d",
+			ErrInvalidIdentity, QueryOutboxID, QueryGeneration, len(ids), len(gens))
+	}
+	return parse(ids[0], gens[0])
+}
+
+// FromRawURL is FromURL for a URL in text form (the url field of a failure callback).
+func FromRawURL(raw string) (Identity, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return Identity{}, fmt.Errorf("%w: URL does not parse", ErrInvalidIdentity)
+	}
+	return FromURL(u)
+}
+
+// FromHeaders reads the identity the relay forwarded as headers before it moved into the
+// URL (X-Outbox-Id, X-Outbox-Generation; also under Upstash-Forward-, as a failure callback
+// reports the publish request). get returns a header's first value by canonical name.
+// These headers are not covered by a delivery's signature: only the legacy fallbacks of
+// the receivers use this, under their own checks. A missing generation reads as 0.
+func FromHeaders(get func(name string) string) (Identity, error) {
+	id, gen := headerValue(get, HeaderOutboxID), headerValue(get, HeaderOutboxGeneration)
+	if id == "" {
+		return Identity{}, ErrNoIdentity
+	}
+	if gen == "" {
+		gen = "0"
+	}
+	return parse(id, gen)
+}
+
+// Contradicts reports whether headers (get as for FromHeaders) forward an outbox id or
+// generation other than id's. Absent headers contradict nothing.
+func (id Identity) Contradicts(get func(name string) string) bool {
+	if v := headerValue(get, HeaderOutboxID); v != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n != id.OutboxID {
+			return true
+		}
+	}
+	if v := headerValue(get, HeaderOutboxGeneration); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n != id.Generation {
+			return true
+		}
+	}
+	return false
+}
+
+func headerValue(get func(string) string, name string) string {
+	if v := get(name); v != "" {
+		return v
+	}
+	return get(HeaderForwardPrefix + name)
+}
+
+// HeaderMap adapts a header map whose names may be in any case (a failure callback's
+// sourceHeader) to the get function FromHeaders and Contradicts take.
+func HeaderMap(m map[string][]string) func(string) string {
+	return func(name string) string {
+		for k, vs := range m {
+			if len(vs) > 0 && strings.EqualFold(k, name) {
+				return strings.TrimSpace(vs[0])
+			}
+		}
+		return ""
+	}
+}
+
+func parse(id, gen string) (Identity, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(id), 10, 64)
+	if err != nil || n <= 0 {
+		return Identity{}, fmt.Errorf("%w: outbox id %.40q is not a positive decimal number", ErrInvalidIdentity, id)
+	}
+	g, err := strconv.ParseInt(strings.TrimSpace(gen), 10, 32)
+	if err != nil || g < 0 {
+		return Identity{}, fmt.Errorf("%w: generation %.40q is not a non-negative decimal number", ErrInvalidIdentity, gen)
+	}
+	return Identity{OutboxID: n, Generation: int(g)}, nil
+}

@@ -1,0 +1,204 @@
+package receive
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+)
+
+// Headers QStash sends with a delivery, and the ones a receiver answers with.
+const (
+	HeaderSignature    = "Upstash-Signature"
+	HeaderMessageID    = "Upstash-Message-Id"
+	HeaderRetried      = "Upstash-Retried"
+	HeaderNonRetryable = "Upstash-NonRetryable-Error"
+	// HeaderForwardPrefix marks a header the publisher asked QStash to forward
+	// (Upstash-Forward-X-Outbox-Id arrives as X-Outbox-Id).
+	HeaderForwardPrefix = "Upstash-Forward-"
+)
+
+// Headers the relay forwards for information. They are not signed: the identity a
+// receiver acts on comes from the signed URL (Identity); when one of these is present it
+// must agree with it.
+const (
+	HeaderOutboxID         = "X-Outbox-Id"
+	HeaderOutboxGeneration = "X-Outbox-Generation"
+)
+
+// StatusNonRetryable is QStash's "do not retry" status. It counts only together with
+// HeaderNonRetryable: "true"; Reply.Write sets both.
+const StatusNonRetryable = 489
+
+// Outcomes of the receive step. Receivers add their own; these three are shared.
+const (
+	// OutcomeUnauthorized: the signature is missing or wrong, or a header contradicts
+	// the signed identity. Nothing was written.
+	OutcomeUnauthorized = "unauthorized"
+	// OutcomeTooLarge: the body is over the limit (answered non-retryable).
+	OutcomeTooLarge = "too_large"
+	// OutcomeTransient: QStash should retry (unreadable body, configuration, database).
+	OutcomeTransient = "transient"
+)
+
+// Reply is one row of a receiver's status table: the status QStash acts on, the short code
+// the JSON body carries (never internal error text), and the outcome logged and counted.
+type Reply struct {
+	Status  int
+	Code    string
+	Outcome string
+}
+
+// Replies of the receive step itself.
+var (
+	ReplyUnauthorized = Reply{http.StatusUnauthorized, "unauthorized", OutcomeUnauthorized}
+	ReplyTooLarge     = Reply{http.StatusRequestEntityTooLarge, "body_too_large", OutcomeTooLarge}
+	ReplyUnreadable   = Reply{http.StatusInternalServerError, "transient_error", OutcomeTransient}
+	ReplyConfig       = Reply{http.StatusInternalServerError, "configuration_error", OutcomeTransient}
+)
+
+// Write answers rep as JSON: {"outcome": code} for 2xx, {"error": code} otherwise. A 489
+// or 413 carries Upstash-NonRetryable-Error: true, so QStash gives up at once instead of
+// retrying what cannot change.
+func (rep Reply) Write(w http.ResponseWriter) {
+	if rep.Status == StatusNonRetryable || rep.Status == http.StatusRequestEntityTooLarge {
+		w.Header().Set(HeaderNonRetryable, "true")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(rep.Status)
+	key := "error"
+	if rep.Status < 300 {
+		key = "outcome"
+	}
+	fmt.Fprintf(w, "{%q:%q}\n", key, rep.Code)
+}
+
+// Answer answers one request: it writes the reply, logs one line with the status and
+// outcome, and reports the outcome to Observe. It is built per request.
+type Answer struct {
+	W http.ResponseWriter
+	R *http.Request
+	// Log already carries the request's attributes.
+	Log *slog.Logger
+	// Observe, when set, is called once with the outcome.
+	Observe func(outcome string)
+}
+
+// Reply writes rep and logs msg at level with attrs.
+func (a *Answer) Reply(rep Reply, level slog.Level, msg string, attrs ...any) {
+	rep.Write(a.W)
+	a.Log.Log(a.R.Context(), level, msg, append(attrs, slog.Int("status", rep.Status), slog.String("outcome", rep.Outcome))...)
+	if a.Observe != nil {
+		a.Observe(rep.Outcome)
+	}
+}
+
+// Receiver is the shared receive step. The zero value is not usable: set Verifier and
+// MaxBodyBytes.
+type Receiver struct {
+	// Verifier checks Upstash-Signature.
+	Verifier *qstash.Verifier
+	// MaxBodyBytes caps the body; a larger one gets 413 and is not read whole.
+	MaxBodyBytes int64
+	// BaseURL is the scheme and host QStash delivers to (e.g. https://hooks.example.com):
+	// the signed URL is BaseURL + the request's escaped path and query.
+	BaseURL string
+	// URL, when set, is the exact URL QStash signs (a failure-callback URL) and wins over
+	// BaseURL.
+	URL string
+	// Name says which receiver this is in log lines ("webhook", "failure callback").
+	Name string
+	// ConfigHint says how to fix a missing URL, e.g. "set PUBLIC_BASE_URL".
+	ConfigHint string
+}
+
+// Request is a delivery whose body and URL the signature covers.
+type Request struct {
+	// Body is the raw body, byte for byte as signed.
+	Body []byte
+	// URL is the signed URL, parsed; its query is signed too.
+	URL *url.URL
+}
+
+// Receive reads and verifies r. When it returns false it has answered already (413, 401
+// or 500) and the caller must return. With neither URL nor BaseURL set, the trusted origin
+// a transport adapter put in the context (pkg/origin, set by pkg/funcurl) is the base; the
+// client's Host header is never used.
+func (rc *Receiver) Receive(a *Answer) (Request, bool) {
+	body, err := readBody(a.W, a.R, rc.MaxBodyBytes)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			a.Reply(ReplyTooLarge, slog.LevelWarn, rc.Name+" body too large", slog.Int64("limit_bytes", rc.MaxBodyBytes))
+			return Request{}, false
+		}
+		a.Reply(ReplyUnreadable, slog.LevelWarn, rc.Name+" body unreadable", slog.Any("error", err))
+		return Request{}, false
+	}
+	signed, ok := rc.signedURL(a.R)
+	if !ok {
+		a.Reply(ReplyConfig, slog.LevelError, rc.Name+" configuration error: "+rc.ConfigHint+
+			", or serve through the Function URL adapter that provides the trusted origin")
+		return Request{}, false
+	}
+	if err := rc.Verifier.Verify(a.R.Header.Get(HeaderSignature), signed, body); err != nil {
+		a.Reply(ReplyUnauthorized, slog.LevelWarn, rc.Name+" signature rejected", slog.String("reason", Reason(err)))
+		return Request{}, false
+	}
+	u, err := url.Parse(signed)
+	if err != nil {
+		// Verified, so QStash signed it: a URL it delivered to parses, this cannot happen.
+		a.Reply(ReplyUnauthorized, slog.LevelWarn, rc.Name+" signed URL does not parse", slog.Any("error", err))
+		return Request{}, false
+	}
+	return Request{Body: body, URL: u}, true
+}
+
+// Reason is the log reason of a verification error: a qstash.VerifyReason, or "unknown".
+func Reason(err error) string {
+	var ve *qstash.VerifyError
+	if errors.As(err, &ve) {
+		return string(ve.Reason)
+	}
+	return "unknown"
+}
+
+// signedURL rebuilds the URL QStash signed (the sub claim) from trusted configuration.
+func (rc *Receiver) signedURL(r *http.Request) (string, bool) {
+	if rc.URL != "" {
+		return rc.URL, true
+	}
+	base := rc.BaseURL
+	if base == "" {
+		o, ok := origin.FromContext(r.Context())
+		if !ok {
+			return "", false
+		}
+		base = o
+	}
+	u := strings.TrimRight(base, "/") + r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
+	}
+	return u, true
+}
+
+// readBody reads at most limit bytes. A declared Content-Length over the limit is refused
+// without reading; otherwise reading stops at limit+1 bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	return b, nil
+}

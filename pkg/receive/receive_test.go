@@ -1,0 +1,97 @@
+package receive_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
+)
+
+func TestFromURL(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		query string
+		want  receive.Identity
+		err   error
+	}{
+		{"outbox_id=42&generation=0", receive.Identity{OutboxID: 42}, nil},
+		{"generation=3&x=1&outbox_id=0042", receive.Identity{OutboxID: 42, Generation: 3}, nil},
+		{"", receive.Identity{}, receive.ErrNoIdentity},
+		{"src=relay", receive.Identity{}, receive.ErrNoIdentity},
+		{"outbox_id=42", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"generation=1", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=42&outbox_id=43&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=0&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=-1&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=x&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=-1", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=99999999999", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=0;x", receive.Identity{}, receive.ErrInvalidIdentity},
+	}
+	for _, c := range cases {
+		got, err := receive.FromURL(&url.URL{RawQuery: c.query})
+		if !errors.Is(err, c.err) || (c.err == nil && got != c.want) {
+			t.Errorf("%q: %+v %v, want %+v %v", c.query, got, err, c.want, c.err)
+		}
+	}
+	if got, err := receive.FromRawURL("https://h.example/events/t?outbox_id=7&generation=2"); err != nil || got.MessageID() != "7" || got.Generation != 2 {
+		t.Errorf("FromRawURL: %+v %v", got, err)
+	}
+}
+
+func TestHeaders(t *testing.T) {
+	t.Parallel()
+	id := receive.Identity{OutboxID: 5, Generation: 1}
+	h := http.Header{}
+	if id.Contradicts(h.Get) {
+		t.Error("absent headers contradict")
+	}
+	h.Set("X-Outbox-Id", "5")
+	h.Set("X-Outbox-Generation", "1")
+	if id.Contradicts(h.Get) {
+		t.Error("agreeing headers contradict")
+	}
+	for name, v := range map[string]string{"X-Outbox-Id": "6", "X-Outbox-Generation": "0"} {
+		bad := h.Clone()
+		bad.Set(name, v)
+		if !id.Contradicts(bad.Get) {
+			t.Errorf("%s: %s does not contradict", name, v)
+		}
+	}
+	fwd := http.Header{"Upstash-Forward-X-Outbox-Id": {"6"}}
+	if !id.Contradicts(fwd.Get) {
+		t.Error("Upstash-Forward-X-Outbox-Id: 6 does not contradict")
+	}
+	m := receive.HeaderMap(map[string][]string{"upstash-forward-x-outbox-id": {" 9 "}, "X-OUTBOX-GENERATION": {"2"}})
+	if got, err := receive.FromHeaders(m); err != nil || got != (receive.Identity{OutboxID: 9, Generation: 2}) {
+		t.Errorf("FromHeaders: %+v %v", got, err)
+	}
+	if _, err := receive.FromHeaders(http.Header{}.Get); !errors.Is(err, receive.ErrNoIdentity) {
+		t.Errorf("no headers: %v", err)
+	}
+}
+
+func TestReplyWrite(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		rep          receive.Reply
+		body         string
+		nonRetryable bool
+	}{
+		{receive.Reply{Status: 200, Code: "processed"}, `{"outcome":"processed"}` + "\n", false},
+		{receive.Reply{Status: receive.StatusNonRetryable, Code: "rejected"}, `{"error":"rejected"}` + "\n", true},
+		{receive.ReplyTooLarge, `{"error":"body_too_large"}` + "\n", true},
+		{receive.ReplyUnauthorized, `{"error":"unauthorized"}` + "\n", false},
+		{receive.ReplyConfig, `{"error":"configuration_error"}` + "\n", false},
+	} {
+		w := httptest.NewRecorder()
+		c.rep.Write(w)
+		if w.Code != c.rep.Status || w.Body.String() != c.body || (w.Header().Get(receive.HeaderNonRetryable) == "true") != c.nonRetryable ||
+			w.Header().Get("Content-Type") != "application/json" {
+			t.Errorf("%+v: %d %q %v", c.rep, w.Code, w.Body, w.Header())
+		}
+	}
+}
