@@ -88,14 +88,14 @@ func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(s
 	}
 	res.LoadSeconds = round3(time.Since(t0).Seconds())
 
-	q := startSinkQStash()
+	q := startSinkQStash(time.Duration(cfg.RTTMillis) * time.Millisecond)
 	defer q.Close()
 	pool, err := openPool(ctx, url, int32(2+cfg.Concurrency))
 	if err != nil {
 		return res, err
 	}
 	defer pool.Close()
-	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false, time.Duration(cfg.RTTMillis)*time.Millisecond)
+	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
 	if err != nil {
 		return res, err
 	}

@@ -48,7 +48,7 @@ type DrainConfig struct {
 	// smaller load keeps the run short; its rate is per event, so it stays comparable).
 	// Zero means Events.
 	BaselineEvents int `json:"baseline_events"`
-	// RTTMillis are the modelled round trips to QStash (latencyTransport): besides every
+	// RTTMillis are the modelled round trips to QStash (the local server's Latency): besides every
 	// run above at 0, the relay at RTTBatch with 1 relay and the baseline with 1 relay run
 	// at each non-zero one, on the same events. The floor publishes nothing, so RTT does not
 	// touch it.
@@ -146,7 +146,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		return nil, err
 	}
 	defer admin.Close()
-	q := startSinkQStash()
+	q := startSinkQStash(0)
 	defer q.Close()
 	res := &DrainResult{Config: cfg, Delivery: "deferred: qstashtest (in process) accepts every publish as QStash would, but its delay fault holds each " +
 		"delivery back by a random 0-60 min (it has no switch to turn delivery off), so the drain measures the publish path; the rare early delivery goes to a loopback sink answering 200"}
@@ -158,7 +158,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 				if way == WayFloor {
 					mk = func(pool *pgxpool.Pool) drainer { return &floorDrainer{store: outbox.NewStore(pool), batch: batch} }
 				} else {
-					mk = relayMaker(q, batch, 0)
+					mk = relayMaker(q, batch)
 				}
 				run, err := drainOnce(ctx, admin, url, way, batch, relays, 0, cfg.Events, cfg.Keys, mk)
 				if err != nil {
@@ -169,7 +169,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 			}
 		}
 		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, 0, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, cfg.BaselineBatch, 0)
+			return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, cfg.BaselineBatch)
 		})
 		if err != nil {
 			return res, err
@@ -182,16 +182,18 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		if rtt == 0 {
 			continue
 		}
-		d := time.Duration(rtt) * time.Millisecond
-		run, err := drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(q, cfg.RTTBatch, d))
+		qr := startSinkQStash(time.Duration(rtt) * time.Millisecond)
+		run, err := drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(qr, cfg.RTTBatch))
 		if err != nil {
+			qr.Close()
 			return res, err
 		}
 		res.Runs = append(res.Runs, run)
 		report(progress, run)
 		run, err = drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, 1, rtt, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, cfg.BaselineBatch, d)
+			return newArticleRelay(pool, qr.URL, qr.Token, qr.SinkURL, cfg.BaselineBatch)
 		})
+		qr.Close()
 		if err != nil {
 			return res, err
 		}
@@ -201,11 +203,10 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	return res, nil
 }
 
-// relayMaker builds a relay (publish ordering, default concurrency) publishing through the
-// local QStash a round trip of rtt away.
-func relayMaker(q *sinkQStash, batch int, rtt time.Duration) func(*pgxpool.Pool) drainer {
+// relayMaker builds a relay (publish ordering, default concurrency) publishing through q.
+func relayMaker(q *sinkQStash, batch int) func(*pgxpool.Pool) drainer {
 	return func(pool *pgxpool.Pool) drainer {
-		pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false, rtt)
+		pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
 		if err != nil {
 			panic(err) // constant, valid configuration
 		}
@@ -387,18 +388,14 @@ type articleRelay struct {
 	leaseInterval string
 }
 
-func newArticleRelay(pool *pgxpool.Pool, qstashURL, token, baseURL string, batch int, rtt time.Duration) *articleRelay {
-	a := &articleRelay{
+func newArticleRelay(pool *pgxpool.Pool, qstashURL, token, baseURL string, batch int) *articleRelay {
+	return &articleRelay{
 		pool: pool, qstashURL: qstashURL, token: token, dest: baseURL, batch: batch,
 		// Node's fetch keeps sockets alive without a per-host idle cap; Go's default of two
 		// idle connections per host would open a new socket for most of the 50 requests.
 		client:      &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 10 * time.Second},
 		maxAttempts: 12, leaseInterval: "30 seconds",
 	}
-	if rtt > 0 {
-		a.client = latencyClient(rtt, 10*time.Second)
-	}
-	return a
 }
 
 type articleRow struct {

@@ -118,7 +118,7 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
 		Pool:      pool,
 		Handlers:  webhook.Handlers{Topic: commitHandler(commits)},
-		QStash:    deliveringOptions(),
+		QStash:    deliveringOptions(0),
 		Publisher: articlePublisher(false),
 		Logger:    discardLogger(),
 	})

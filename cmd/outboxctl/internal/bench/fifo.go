@@ -22,7 +22,7 @@ type FIFOConfig struct {
 	// Modes are the orderings run for every key count: fifo (waves, FIFO queues) and
 	// publish (one call per batch, flow control).
 	Modes []string `json:"modes"`
-	// RTTMillis is the modelled round trip to QStash (latencyTransport).
+	// RTTMillis is the modelled round trip to QStash (the local server's Latency).
 	RTTMillis int `json:"rtt_ms"`
 	// Timeout bounds one case's wait for every delivery.
 	Timeout time.Duration `json:"timeout_ns"`
@@ -96,12 +96,12 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 			}
 			rec := newOrderRecorder(cfg.Events)
 			sink := httptest.NewServer(rec)
-			q := startDelivering()
+			q := startDelivering(time.Duration(cfg.RTTMillis) * time.Millisecond)
 			run, err := func() (FIFORun, error) {
 				defer sink.Close()
 				defer q.Close()
 				fifo := mode == ModeFIFO
-				pub, err := newPublisher(q.URL, q.Token, sink.URL, fifo, time.Duration(cfg.RTTMillis)*time.Millisecond)
+				pub, err := newPublisher(q.URL, q.Token, sink.URL, fifo)
 				if err != nil {
 					return FIFORun{}, err
 				}

@@ -13,12 +13,9 @@ import (
 
 // newPublisher returns the relay's QStash publisher to qstashURL for events destined to
 // destBase/events/<topic>, configured by articlePublisher.
-func newPublisher(qstashURL, token, destBase string, fifo bool, rtt time.Duration) (relay.Publisher, error) {
+func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher, error) {
 	cfg := articlePublisher(fifo)
 	cfg.BaseURL, cfg.Token, cfg.DestinationBaseURL = qstashURL, token, destBase
-	if rtt > 0 {
-		cfg.HTTPClient = latencyClient(rtt, relay.DefaultPublishTimeout)
-	}
 	return qstash.NewPublisher(cfg)
 }
 
@@ -58,12 +55,12 @@ type sinkQStash struct {
 }
 
 // startSinkQStash starts qstashtest and a sink that reads each delivery and answers 200.
-func startSinkQStash() *sinkQStash {
+func startSinkQStash(rtt time.Duration) *sinkQStash {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusOK)
 	}))
-	q := startDelivering()
+	q := startDelivering(rtt)
 	q.SetFaults(qstashtest.Faults{DelayRate: 1, MaxDelay: time.Hour})
 	return &sinkQStash{Server: q, sink: sink, SinkURL: sink.URL}
 }
@@ -75,15 +72,21 @@ func (q *sinkQStash) Close() {
 
 // startDelivering starts the project's local QStash server on a free loopback port, with
 // deliveringOptions.
-func startDelivering() *qstashtest.Server { return qstashtest.NewServer(deliveringOptions()) }
+func startDelivering(rtt time.Duration) *qstashtest.Server {
+	return qstashtest.NewServer(deliveringOptions(rtt))
+}
 
 // deliveringOptions: the delivery client keeps up to 1024 idle connections per host.
 // qstashtest delivers every ready message at once (up to one per flow-control key, here
 // 1,000 keys), and with its default of 64 idle connections most deliveries dial a new TCP
 // connection: profiled, dialing took a fifth of the process's CPU and slowed the relay
 // under test by half.
-func deliveringOptions() qstashtest.Options {
+//
+// rtt models a QStash a network round trip away: the server answers every API request
+// after rtt ± 10% (its Latency option; deliveries are not delayed). Zero: loopback.
+func deliveringOptions(rtt time.Duration) qstashtest.Options {
 	return qstashtest.Options{
+		Latency: rtt - rtt/10, LatencyJitter: rtt / 5,
 		Logger: discardLogger(),
 		HTTPClient: &http.Client{
 			Transport:     &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second},
