@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // Results is one bench run: the JSON written by outboxctl bench --out.
@@ -279,6 +281,20 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 			}
 		}
 		p("\n")
+		if len(d.Config.RTTMillis) > 1 {
+			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d)\n\n", d.Config.RTTBatch, relay.DefaultPublishConcurrency)
+			p("| RTT ms | relay ev/s | relay / relay at RTT 0 | baseline ev/s | relay/baseline | relay publish ms |\n|---:|---:|---:|---:|---:|---:|\n")
+			rtt0 := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 0)
+			for _, rtt := range d.Config.RTTMillis {
+				rl, base := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, rtt), d.BaselineRTT(1, rtt)
+				if rl == nil || base == nil || rtt0 == nil {
+					continue
+				}
+				p("| %d | %.0f | %.2f | %.0f | %.1f× | %.2f |\n", rtt, rl.EventsPerSec, ratio(rl.EventsPerSec, rtt0.EventsPerSec), base.EventsPerSec,
+					ratio(rl.EventsPerSec, base.EventsPerSec), rl.PublishMillisMean)
+			}
+			p("\n")
+		}
 	}
 	if c := r.Claim; c != nil {
 		p("## 2. Claim cost vs dispatched history (batch %d, %d claims per case)\n\n", c.Config.Batch, c.Config.Iterations)
@@ -296,9 +312,9 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("\n")
 	}
 	if f := r.FIFO; f != nil {
-		p("## 3. Hot keys, fifo mode (%d events per case)\n\n%s.\n\n| keys | events/s | delivered | order violations | duplicates | relay publish calls |\n|---:|---:|---:|---:|---:|---:|\n", f.Config.Events, f.Path)
+		p("## 3. Hot keys (%d events per case, RTT %d ms)\n\n%s. Order is promised (and counted as a violation) in fifo mode only.\n\n| mode | keys | events/s | relay done s | last delivery s | delivered | order violations | duplicates | relay publish calls |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", f.Config.Events, f.Config.RTTMillis, f.Path)
 		for _, x := range f.Runs {
-			p("| %d | %.0f | %d | %d | %d | %d |\n", x.Keys, x.EventsPerSec, x.Delivered, x.OrderViolations, x.Duplicates, x.PublishCalls)
+			p("| %s | %d | %.0f | %.2f | %.2f | %d | %d | %d | %d |\n", x.Mode, x.Keys, x.EventsPerSec, x.RelaySeconds, x.Seconds, x.Delivered, x.OrderViolations, x.Duplicates, x.PublishCalls)
 		}
 		p("\n")
 	}
@@ -321,6 +337,12 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("| peak RSS MiB | drain events/s | child CPU s | Lambda GB-s per 1M events @128 MB | @512 MB | QStash HTTP requests per 1M events |\n|---:|---:|---:|---:|---:|---:|\n")
 		p("| %.1f | %.0f | %.2f | %.1f | %.1f | %.0f |\n\n", mm.PeakRSSMiB, mm.EventsPerSec, mm.CPUSeconds, mm.LambdaGBsPerMillion[128], mm.LambdaGBsPerMillion[512], mm.QStashRequestsPerMillion)
 		p("%s\n\n", mm.Note)
+	}
+	if b := r.Backlog; b != nil {
+		p("## 7. Backlog (%d events over %d keys, RTT %d ms, the relay Lambda's settings: batch %d, PUBLISH_CONCURRENCY %d, %v deadline, %d MiB memory limit)\n\n",
+			b.Events, b.Config.Keys, b.RTTMillis, b.Config.Batch, b.Config.Concurrency, b.Config.Deadline, b.Config.MemoryLimitMiB)
+		p("| drained | seconds | events/s | drains | publish calls | peak heap MiB (relay and local QStash) |\n|---:|---:|---:|---:|---:|---:|\n")
+		p("| %d | %.1f | %.0f | %d | %d | %.1f |\n\n%s.\n\n", b.Drained, b.Seconds, b.EventsPerSec, b.Drains, b.PublishCalls, b.PeakHeapMiB, b.Path)
 	}
 	if len(r.Errors) > 0 {
 		p("## Errors\n\n")
