@@ -77,7 +77,8 @@ type Config struct {
 	// [MinBackoff, min(BackoffBase*2^attempt, BackoffMax)]. Defaults 30s and 1h.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// Rand returns a float in [0,1) for jitter. Default math/rand/v2.Float64.
+	// Rand returns a float in [0,1) for jitter. Default math/rand/v2.Float64. The relay
+	// calls it from one goroutine at a time, so a seeded *rand.Rand's Float64 will do.
 	Rand func() float64
 	// Now overrides the database clock in every statement (tests). Nil means now().
 	Now func() time.Time

@@ -32,6 +32,8 @@ type Relay struct {
 	// consecutive deferrals without an Until, doubling the pause.
 	pausedUntil time.Time
 	deferStreak int
+
+	randMu sync.Mutex
 }
 
 // New returns a Relay over db (a *pgxpool.Pool) and pub, or the config's errors.
@@ -304,6 +306,14 @@ func (r *Relay) deferUntil(d *DeferError) {
 	}
 }
 
+// rand calls Config.Rand for one batch at a time: batches in flight share it, and a
+// caller's source (a seeded *rand.Rand) need not be safe for concurrent use.
+func (r *Relay) rand() float64 {
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	return r.cfg.Rand()
+}
+
 // published ends a deferral streak: the queue takes messages again.
 func (r *Relay) published() {
 	r.mu.Lock()
@@ -484,7 +494,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline tim
 				}
 				out.retries = append(out.retries, outbox.Retry{
 					ID:    m.ID,
-					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.Rand()),
+					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.rand()),
 					Error: errText(res.Err),
 				})
 			}
