@@ -9,6 +9,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -26,6 +29,8 @@ func runDev(ctx context.Context, e env, args []string) error {
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the pipeline to settle")
 	dataDir := fs.String("data-dir", "", "directory for the throwaway Postgres cluster (default: a temporary one)")
 	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
+	ui := fs.Bool("ui", false, "serve the operator console (outboxctl ui, redrive enabled) on --ui-listen while the stack runs; implies --forever")
+	uiListen := fs.String("ui-listen", console.DefaultListen, "loopback address of the console with --ui")
 	latency := fs.Duration("qstash-latency", 0, "built-in QStash: delay every API answer by this much (the round trip to a remote QStash)")
 	jitter := fs.Duration("qstash-latency-jitter", 0, "built-in QStash: add a random extra delay in [0, this)")
 	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
@@ -47,6 +52,9 @@ func runDev(ctx context.Context, e env, args []string) error {
 	}
 	if *ordering != string(qstash.OrderingFIFO) && *ordering != string(qstash.OrderingPublish) {
 		bad = append(bad, "--ordering must be fifo or publish")
+	}
+	if *ui && console.CheckListen(*uiListen, "") != nil {
+		bad = append(bad, "--ui-listen must be a loopback host:port (the dev console has no token)")
 	}
 	if len(bad) > 0 {
 		for _, b := range bad {
@@ -82,6 +90,26 @@ func runDev(ctx context.Context, e env, args []string) error {
 		Progress:            progress,
 		Terminal:            isTerminal(progress),
 		Logger:              logger,
+	}
+	if *ui {
+		// The console is the point of --ui: the stack stays up until Ctrl-C. The dev schema
+		// is throwaway, so redrive is on.
+		opts.Forever = true
+		opts.OnReady = func(_ context.Context, pool *pgxpool.Pool) (func(), error) {
+			srv, ln, err := listenConsole(progress, console.Config{DB: pool, Listen: *uiListen, AllowRedrive: true, Logger: logger})
+			if err != nil {
+				return nil, err
+			}
+			stop, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if err := srv.Serve(stop, ln); err != nil {
+					logger.Error("operator console", "error", err.Error())
+				}
+			}()
+			return func() { cancel(); <-done }, nil
+		}
 	}
 	where := "DATABASE_URL (own schema)"
 	if opts.DatabaseURL == "" {

@@ -16,17 +16,22 @@ import (
 )
 
 const dlqUsage = `usage:
-  outboxctl dlq list [--topic T] [--key K] [--since TIME] [--until TIME] [--all] [--limit N] [--json]
-  outboxctl dlq show [--json] ID
-  outboxctl dlq redrive (ID... | --topic T | --key K | --since TIME | --until TIME | --all) [--dry-run] [--json]
+  outboxctl dlq list [--group] [--topic T] [--key K] [--since TIME] [--until TIME] [--all] [--limit N] [--json]
+  outboxctl dlq show [--json] (ID | --group FP [--limit N])
+  outboxctl dlq redrive (ID... | --group FP | --topic T | --key K | --since TIME | --until TIME | --all) [--dry-run] [--json]
+  outboxctl dlq sync [--delete-synced] [--json]
 
 TIME is RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01), or a duration ago (90m, 24h).
-list shows open letters; --all includes resolved ones. redrive --all redrives every open letter.`
+list shows open letters; --all includes resolved ones. redrive --all redrives every open letter.
+list --group shows failure groups: letters with the same topic, source, status code and error
+(ids, numbers and times aside). FP is a group's fingerprint; work through them with
+  dlq list --group  ->  dlq show --group FP  ->  dlq redrive --group FP --dry-run  ->  dlq redrive --group FP
+sync records the QStash DLQ entries of this outbox that dead_letters lacks (see dlq sync -h).`
 
 func runDLQ(ctx context.Context, e env, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprintln(e.stderr, dlqUsage)
-		return &exitError{code: 2, err: errors.New("expected list, show or redrive")}
+		return &exitError{code: 2, err: errors.New("expected list, show, redrive or sync")}
 	}
 	switch args[0] {
 	case "list":
@@ -35,6 +40,8 @@ func runDLQ(ctx context.Context, e env, args []string) error {
 		return dlqShow(ctx, e, args[1:])
 	case "redrive":
 		return dlqRedrive(ctx, e, args[1:])
+	case "sync":
+		return dlqSync(ctx, e, args[1:])
 	case "-h", "--help", "help":
 		fmt.Fprintln(e.stdout, dlqUsage)
 		return nil
@@ -118,9 +125,29 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 	}
 	if err := fs.Parse(flags); err != nil {
-		return nil, err
+		return nil, usageError(err)
 	}
 	return pos, nil
+}
+
+// usageError turns a flag parse error into exit status 2. The flag package has already
+// printed it (naming the flag) and the usage, so it is not printed again.
+func usageError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &exitError{code: 2, err: errors.New("")}
+}
+
+// groupFlag reads --group FP: "" when unset, else a valid fingerprint or an exit-2 error.
+func groupFlag(fp string) (string, error) {
+	if fp == "" {
+		return "", nil
+	}
+	if err := deadletter.ValidFingerprint(fp); err != nil {
+		return "", &exitError{code: 2, err: fmt.Errorf("--group: %w (see outboxctl dlq list --group)", err)}
+	}
+	return fp, nil
 }
 
 func parseIDs(args []string) ([]int64, error) {
@@ -139,13 +166,14 @@ func dlqList(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "dlq list")
 	var ff filterFlags
 	ff.register(fs, "include resolved letters")
-	limit := fs.Int("limit", deadletter.DefaultListLimit, "at most this many letters, newest first")
+	limit := fs.Int("limit", deadletter.DefaultListLimit, "at most this many letters (groups with --group), newest (largest) first")
+	groups := fs.Bool("group", false, "list failure groups (fingerprint, count, first and last seen) instead of letters")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q; use outboxctl dlq show ID for one letter", pos)}
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q; use outboxctl dlq show ID for one letter, dlq show --group FP for one group", pos)}
 	}
 	f, err := ff.filter(time.Now())
 	if err != nil {
@@ -157,6 +185,9 @@ func dlqList(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if *groups {
+		return listGroups(ctx, e, pool, f, ff.asJSON)
+	}
 	letters, err := deadletter.List(ctx, pool, f)
 	if err != nil {
 		return err
@@ -187,12 +218,24 @@ func dlqList(ctx context.Context, e env, args []string) error {
 func dlqShow(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "dlq show")
 	asJSON := fs.Bool("json", false, "print JSON")
+	group := fs.String("group", "", "show failure group FP (a fingerprint from dlq list --group) and its newest letters")
+	limit := fs.Int("limit", defaultGroupLetters, "with --group: at most this many letters, newest first")
+	includeResolved := fs.Bool("all", false, "with --group: include resolved letters")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return &exitError{code: 2, err: errors.New("expected one dead letter id")}
+	fp, err := groupFlag(*group)
+	if err != nil {
+		return err
+	}
+	switch {
+	case fp != "" && len(pos) > 0:
+		return &exitError{code: 2, err: fmt.Errorf("--group: give a letter id or --group FP, not both (got %q)", pos)}
+	case fp != "":
+		return showGroup(ctx, e, fp, deadletter.Filter{IncludeResolved: *includeResolved, Limit: *limit}, *asJSON)
+	case len(pos) != 1:
+		return &exitError{code: 2, err: errors.New("expected one dead letter id, or --group FP")}
 	}
 	ids, err := parseIDs(pos)
 	if err != nil {
@@ -226,6 +269,7 @@ func dlqShow(ctx context.Context, e env, args []string) error {
 	fmt.Fprintf(w, "status code:     %s\n", orDash(int64(l.StatusCode)))
 	fmt.Fprintf(w, "qstash message:  %s\n", dash(l.QStashMessageID))
 	fmt.Fprintf(w, "qstash dlq id:   %s\n", dash(l.QStashDLQID))
+	fmt.Fprintf(w, "group:           %s (outboxctl dlq show --group %s)\n", l.Fingerprint, l.Fingerprint)
 	if len(l.Headers) > 0 {
 		fmt.Fprintln(w, "headers:")
 		for k, v := range l.Headers {
@@ -255,6 +299,7 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 	var ff filterFlags
 	ff.register(fs, "redrive every open letter (required when no id or filter is given)")
 	dryRun := fs.Bool("dry-run", false, "print what would be redriven, change nothing")
+	group := fs.String("group", "", "only letters of failure group FP (a fingerprint from dlq list --group)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -263,13 +308,16 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
+	if f.Fingerprint, err = groupFlag(*group); err != nil {
+		return err
+	}
 	if f.IDs, err = parseIDs(pos); err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	f.All = ff.all
-	if len(f.IDs) == 0 && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero() && !f.All {
+	if len(f.IDs) == 0 && f.Fingerprint == "" && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero() && !f.All {
 		fmt.Fprintln(e.stderr, dlqUsage)
-		return &exitError{code: 2, err: errors.New("name letter ids or a filter, or pass --all to redrive every open letter")}
+		return &exitError{code: 2, err: errors.New("name letter ids, --group FP or a filter, or pass --all to redrive every open letter")}
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {

@@ -30,6 +30,7 @@ func commands() []command {
 		{"migrate", "apply (up) or list (status) schema migrations on DATABASE_URL", runMigrate},
 		{"status", "is it healthy? backlog, oldest age, leases, dead letters, xmin horizon", runStatus},
 		{"dlq", "dead letters: list, show, redrive", runDLQ},
+		{"ui", "operator console in the browser: overview, dead letters, event lookup", runUI},
 		{"relay", "drain continuously as a long-lived process (outside Lambda)", runRelay},
 		{"retention", "delete old dispatched rows and expired dedupe records", runRetention},
 		{"dev", "run the local stack and a demo producer end to end", runDev},

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
@@ -16,12 +18,23 @@ func databaseURL(e env) (string, error) {
 	return "", fmt.Errorf("DATABASE_URL is not set; export it, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 }
 
+// openPool opens DATABASE_URL, or the database its AWS references name (DB_SECRET_ARN,
+// DB_HOST, DB_IAM_AUTH: pkg/awsenv, as the Lambdas read them), and checks it answers.
 func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
-	url, err := databaseURL(e)
+	getenv, err := awsenv.Resolve(ctx, e.getenv)
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, url)
+	url, err := databaseURL(env{getenv: getenv})
+	if err != nil {
+		return nil, err
+	}
+	return poolFor(ctx, url)
+}
+
+// poolFor opens and checks a pool on url, a DATABASE_URL already resolved (awsenv).
+func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := awsenv.NewPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}

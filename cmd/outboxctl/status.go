@@ -17,7 +17,11 @@ const statusUsage = `usage: outboxctl status [--json] [--max-oldest-age 5m] [--m
 
 Exit status: 0 healthy, 1 degraded, 2 unhealthy (the oldest pending event is older than
 --max-oldest-age). Counts are how many are tolerated; a negative value or duration turns
-that check off.`
+that check off.
+
+It also reports the attempts QStash made (and bills) per delivered event over the last hour
+and day, from each delivery's Upstash-Retried and the dead letters' retries (qstash_attempts
+in --json; informational, no threshold).`
 
 // statusOutput is the --json document: the verdict, its reasons, and the whole report.
 type statusOutput struct {
@@ -25,6 +29,8 @@ type statusOutput struct {
 	ExitCode int           `json:"exit_code"`
 	Reasons  []string      `json:"reasons"`
 	health.Report
+	// QStashAttempts is null when it could not be read (the report still is).
+	QStashAttempts *health.AttemptsReport `json:"qstash_attempts"`
 }
 
 func runStatus(ctx context.Context, e env, args []string) error {
@@ -56,13 +62,22 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		return &exitError{code: 2, err: err}
 	}
 	st, reasons := report.Check(th)
+	// Attempts are informational: a failure to read them (a schema before migration 0011)
+	// is shown, not allowed to hide the verdict.
+	var attempts *health.AttemptsReport
+	a, attErr := health.CollectAttempts(ctx, pool)
+	if attErr == nil {
+		attempts = &a
+	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
-		if err := enc.Encode(statusOutput{Status: st, ExitCode: int(st), Reasons: reasons, Report: report}); err != nil {
+		if err := enc.Encode(statusOutput{Status: st, ExitCode: int(st), Reasons: reasons, Report: report, QStashAttempts: attempts}); err != nil {
 			return fmt.Errorf("write status: %w", err)
 		}
 	} else {
-		printStatus(e.stdout, report, st, reasons)
+		printStatus(e.stdout, report, st)
+		printAttempts(e.stdout, attempts, attErr)
+		printReasons(e.stdout, reasons)
 	}
 	if st == health.Healthy {
 		return nil
@@ -70,7 +85,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	return &exitError{code: int(st), err: errors.New(st.String() + ": " + strings.Join(reasons, "; "))}
 }
 
-func printStatus(w io.Writer, r health.Report, st health.Status, reasons []string) {
+func printStatus(w io.Writer, r health.Report, st health.Status) {
 	q, h := r.Queue, r.Horizon
 	fmt.Fprintf(w, "outbox is %s\n\n", strings.ToUpper(st.String()))
 	fmt.Fprintf(w, "  pending         %d (ready %d, leased %d, stuck leases %d, flapping %d)\n",
@@ -107,11 +122,39 @@ func printStatus(w io.Writer, r health.Report, st health.Status, reasons []strin
 	}
 	fmt.Fprintf(w, "  xmin horizon    %d xids (backends %d, replication slots %d, prepared %d)\n",
 		h.XminHorizonAge, h.BackendXminAge, h.SlotXminAge, h.PreparedXminAge)
+}
+
+func printReasons(w io.Writer, reasons []string) {
 	if len(reasons) > 0 {
 		fmt.Fprintln(w, "\nreasons:")
 		for _, r := range reasons {
 			fmt.Fprintf(w, "  - %s\n", r)
 		}
+	}
+}
+
+// printAttempts prints what QStash's delivery attempts cost over the last hour and day.
+func printAttempts(w io.Writer, r *health.AttemptsReport, err error) {
+	if r == nil {
+		fmt.Fprintf(w, "\n  qstash attempts unavailable: %v\n", err)
+		return
+	}
+	fmt.Fprintln(w, "\nqstash attempts (billed; from Upstash-Retried and the dead letters):")
+	for _, p := range []struct {
+		name string
+		a    health.Attempts
+	}{{"last hour", r.LastHour}, {"last day", r.LastDay}} {
+		a := p.a
+		per := "-"
+		if a.Delivered > 0 {
+			per = fmt.Sprintf("%.2f", a.PerDelivered)
+		}
+		fmt.Fprintf(w, "  %-9s  %s per delivered event: %d attempts, %d for %d delivered, %d for %d given up",
+			p.name, per, a.Total, a.DeliveryAttempts, a.Delivered, a.DeadLetterAttempts, a.DeadLettered)
+		if a.UnknownAttempts > 0 {
+			fmt.Fprintf(w, " (%d delivered without a retry count, counted once)", a.UnknownAttempts)
+		}
+		fmt.Fprintln(w)
 	}
 }
 

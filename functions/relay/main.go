@@ -1,8 +1,9 @@
 // Command relay is the scheduled relay Lambda: each invocation drains the outbox through
-// QStash ({"task":"drain"}, also what an EventBridge envelope without Input means) or runs
-// retention ({"task":"retention"}), writes one EMF metrics line, and returns its counts.
+// QStash ({"task":"drain"}, also what an EventBridge envelope without Input means), runs
+// retention ({"task":"retention"}), or records QStash DLQ entries missing from dead_letters
+// ({"task":"dlq-sync"}), writes one EMF metrics line, and returns its counts.
 //
-// Environment: see package relayconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
+// Environment: see package envconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
 // FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, PUBLISH_CONCURRENCY, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
@@ -23,8 +24,9 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -45,7 +47,7 @@ const (
 )
 
 type config struct {
-	relayconfig.Config
+	envconfig.RelayConfig
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
 	creds *awsenv.Credentials
@@ -54,8 +56,8 @@ type config struct {
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	c, err := relayconfig.FromEnv(getenv)
-	return config{Config: c}, err
+	c, err := envconfig.ReadRelay(getenv)
+	return config{RelayConfig: c}, err
 }
 
 func main() {
@@ -132,6 +134,7 @@ type handler struct {
 	pool      *pgxpool.Pool
 	relay     *relay.Relay
 	retention retention.Config
+	dlqSync   deadletter.SyncConfig
 	linger    time.Duration
 	emf       *metrics.EMF
 	log       *slog.Logger
@@ -168,6 +171,13 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   deadlineReserve,
+		dlqSync: deadletter.SyncConfig{
+			DLQ:                &deadletter.DLQClient{BaseURL: cfg.Publisher.BaseURL, Token: cfg.Publisher.Token},
+			DestinationBaseURL: cfg.Publisher.DestinationBaseURL,
+			Name:               cfg.Publisher.Name,
+			QueuePrefix:        cfg.Publisher.QueuePrefix,
+			Logger:             logger,
+		},
 
 		ensureQueues: ensure,
 		creds:        cfg.creds,
@@ -178,6 +188,7 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 const (
 	taskDrain     = "drain"
 	taskRetention = "retention"
+	taskDLQSync   = "dlq-sync"
 )
 
 // request is the invocation payload. Unknown fields (an EventBridge envelope, a Scheduler
@@ -207,7 +218,9 @@ type result struct {
 	OutboxDeleted    int64   `json:"outbox_deleted,omitempty"`
 	ProcessedDeleted int64   `json:"processed_deleted,omitempty"`
 	Complete         *bool   `json:"complete,omitempty"`
-	DurationMS       int64   `json:"duration_ms"`
+	// DLQSync is the dlq-sync task's counts.
+	DLQSync    *deadletter.SyncResult `json:"dlq_sync,omitempty"`
+	DurationMS int64                  `json:"duration_ms"`
 }
 
 func parseTask(payload json.RawMessage) (string, error) {
@@ -220,15 +233,15 @@ func parseTask(payload json.RawMessage) (string, error) {
 	}
 	var req request
 	if err := json.Unmarshal(trimmed, &req); err != nil {
-		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"} or {"task":"retention"})`, err)
+		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"}, {"task":"retention"} or {"task":"dlq-sync"})`, err)
 	}
 	switch req.Task {
 	case "", taskDrain:
 		return taskDrain, nil
-	case taskRetention:
-		return taskRetention, nil
+	case taskRetention, taskDLQSync:
+		return req.Task, nil
 	}
-	return "", fmt.Errorf("unknown relay task %q: want %q or %q", req.Task, taskDrain, taskRetention)
+	return "", fmt.Errorf("unknown relay task %q: want %q, %q or %q", req.Task, taskDrain, taskRetention, taskDLQSync)
 }
 
 // handle runs the task named by payload under ctx (the Lambda deadline) minus the reserve.
@@ -254,6 +267,8 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	switch task {
 	case taskRetention:
 		return h.runRetention(ctx, work, start)
+	case taskDLQSync:
+		return h.runDLQSync(work, start)
 	default:
 		return h.runDrain(ctx, work, start)
 	}
@@ -323,6 +338,20 @@ func (h *handler) runRetention(_, work context.Context, start time.Time) (result
 		Batches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {
 		return res, fmt.Errorf("run retention: %w", err)
+	}
+	return res, nil
+}
+
+// runDLQSync records QStash DLQ entries of this outbox that dead_letters lacks (their
+// failure callback was not configured or failed), so every dead letter is in one table.
+func (h *handler) runDLQSync(work context.Context, start time.Time) (result, error) {
+	r, err := deadletter.Sync(work, h.pool, h.dlqSync)
+	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: []metrics.Value{metrics.Count(metrics.DLQSyncRecorded, int64(r.Recorded))}}); merr != nil {
+		h.log.Error("write dlq sync metrics", slog.Any("error", merr))
+	}
+	res := result{Task: taskDLQSync, DLQSync: &r, DurationMS: time.Since(start).Milliseconds()}
+	if err != nil {
+		return res, fmt.Errorf("sync qstash dlq: %w", err)
 	}
 	return res, nil
 }

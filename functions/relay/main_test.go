@@ -164,6 +164,7 @@ func TestPayloadShapes(t *testing.T) {
 		{`{}`, taskDrain, ""},
 		{`{"task":"drain","scheduledTime":"2026-12-02T20:00:00Z"}`, taskDrain, ""},
 		{`{"task":"retention"}`, taskRetention, ""},
+		{`{"task":"dlq-sync"}`, taskDLQSync, ""},
 		{`{"task":"vacuum"}`, "", `unknown relay task "vacuum"`},
 		{`"drain"`, "", "want a JSON object"},
 		{`[1]`, "", "want a JSON object"},
@@ -234,6 +235,61 @@ func TestRetentionTask(t *testing.T) {
 	if len(lines) != 1 || lines[0]["RetentionDeletedOutbox"] != 12.0 || lines[0]["RetentionDeletedProcessed"] != 4.0 {
 		t.Fatalf("EMF %v", lines)
 	}
+}
+
+// TestDLQSyncTask: events whose deliveries failed with no failure callback configured exist
+// only in QStash's DLQ until the dlq-sync task records them, once however often it runs.
+func TestDLQSyncTask(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(failing.Close)
+	s.env["PUBLIC_BASE_URL"], s.env["QSTASH_RETRIES"] = failing.URL, "0"
+	s.enqueue(t, 3)
+	h := s.handler(t)
+	if res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`); err != nil || res.Dispatched != 3 {
+		t.Fatalf("drain: %+v %v", res, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.qs.WaitIdle(ctx); err != nil || len(s.qs.DLQ()) != 3 {
+		t.Fatalf("QStash DLQ: %d entries, %v", len(s.qs.DLQ()), err)
+	}
+
+	res, err := invoke(t, h, 30*time.Second, readEvent(t, "dlq-sync.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Task != "dlq-sync" || res.DLQSync == nil || res.DLQSync.Recorded != 3 || res.DLQSync.Scanned != 3 {
+		t.Fatalf("result %+v (%+v)", res, res.DLQSync)
+	}
+	if n := s.count(t, "dead_lettered_at IS NOT NULL"); n != 3 {
+		t.Fatalf("%d rows dead-lettered, want 3", n)
+	}
+	lines := s.metrics.Lines()
+	if last := lines[len(lines)-1]; last["DLQSyncRecorded"] != 3.0 {
+		t.Fatalf("EMF %v", last)
+	}
+	res, err = invoke(t, h, 30*time.Second, `{"task":"dlq-sync"}`)
+	if err != nil || res.DLQSync.Recorded != 0 || res.DLQSync.AlreadyRecorded != 3 {
+		t.Fatalf("second sync: %+v %v", res.DLQSync, err)
+	}
+	var letters int
+	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM dead_letters`).Scan(&letters); err != nil || letters != 3 {
+		t.Fatalf("%d dead letters, %v", letters, err)
+	}
+}
+
+// readEvent returns a sample event of events/, the one local invoke uses.
+func readEvent(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../events/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // TestDeadlineReserve: with less time than the reserve plus the relay's margin, nothing is

@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,38 +46,6 @@ func (c *capture) front(next http.Handler) http.Handler {
 	})
 }
 
-// identityPublisher publishes like the relay's publisher under the identity contract: the
-// destination is <base>/events/<topic>?outbox_id=<id>&generation=<generation>, and the id
-// is forwarded as X-Outbox-Id for information. (Until that publisher change is merged here,
-// this test builds the URL itself; afterwards pl.Publisher does the same.)
-type identityPublisher struct {
-	qstashURL, token, base string
-}
-
-func (p identityPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	res := make([]relay.Result, len(msgs))
-	for i, m := range msgs {
-		dest := fmt.Sprintf("%s/events/%s?%s=%d&%s=%d", p.base, url.PathEscape(m.Topic), receive.QueryOutboxID, m.ID, receive.QueryGeneration, m.Generation)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.qstashURL+"/v2/publish/"+dest, bytes.NewReader(m.Payload))
-		req.Header.Set("Authorization", "Bearer "+p.token)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Upstash-Forward-X-Outbox-Id", m.ID.String())
-		req.Header.Set("Upstash-Forward-X-Outbox-Generation", fmt.Sprint(m.Generation))
-		req.Header.Set("Upstash-Deduplication-Id", m.DeduplicationID())
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			res[i].Err = err
-			continue
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode >= 300 {
-			res[i].Err = fmt.Errorf("publish: %d %s", resp.StatusCode, b)
-		}
-	}
-	return res
-}
-
 // TestCapturedDeliveryReplayedWithAlteredHeaders: an event goes relay -> local QStash ->
 // webhook and is applied; the delivery captured on the wire is then replayed (inside its
 // signature's five minutes) with another X-Outbox-Id, and with the id and generation both
@@ -108,7 +75,7 @@ func TestCapturedDeliveryReplayedWithAlteredHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pl.Close()
-	rl, err := relay.New(db.Pool, identityPublisher{qstashURL: pl.QStashURL, token: pl.Token, base: pl.BaseURL}, relay.Config{Logger: quiet()})
+	rl, err := pl.NewRelay(db.Pool, relay.Config{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +101,8 @@ func TestCapturedDeliveryReplayedWithAlteredHeaders(t *testing.T) {
 		t.Fatalf("%d deliveries captured, want 1", len(reqs))
 	}
 	wire := reqs[0]
-	if wire.header.Get(receive.HeaderOutboxID) != id.String() {
-		t.Fatalf("captured delivery forwards X-Outbox-Id %q, want %s", wire.header.Get(receive.HeaderOutboxID), id)
+	if wire.header.Get(receive.HeaderOutboxID) != id.String() || !strings.Contains(wire.target, "outbox_id="+id.String()) {
+		t.Fatalf("captured delivery %s forwards X-Outbox-Id %q, want %s in both", wire.target, wire.header.Get(receive.HeaderOutboxID), id)
 	}
 
 	replay := func(edit func(http.Header)) int {

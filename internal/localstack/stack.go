@@ -57,6 +57,10 @@ type Options struct {
 	Terminal bool
 	// Logger receives component logs. Default: discard.
 	Logger *slog.Logger
+	// OnReady, when set, is called once the schema, the pipeline and the relay are up,
+	// before the demo producer starts, with the stack's pool; the stop it returns runs
+	// before the pool closes. outboxctl dev --ui serves the operator console this way.
+	OnReady func(ctx context.Context, pool *pgxpool.Pool) (stop func(), err error)
 }
 
 // Run brings the stack up, runs the demo, waits until every event is applied or
@@ -137,6 +141,14 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		})
 	})
 	defer func() { cancelRelay(); wg.Wait() }()
+
+	if opts.OnReady != nil {
+		stop, err := opts.OnReady(ctx, pool)
+		if err != nil {
+			return Summary{}, err
+		}
+		defer stop()
+	}
 
 	// The demo producer.
 	produceCtx, cancelProduce := context.WithCancel(ctx)

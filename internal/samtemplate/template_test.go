@@ -99,7 +99,7 @@ func TestTemplateFunctions(t *testing.T) {
 	if eic["MaximumRetryAttempts"] != 0 || toInt(eic["MaximumEventAgeInSeconds"]) < 60 || toInt(eic["MaximumEventAgeInSeconds"]) > 120 {
 		t.Errorf("relay EventInvokeConfig %v: want no retries and a 60-120 s event age", eic)
 	}
-	// The two schedules deliver exactly the sample events' payloads.
+	// The three schedules deliver exactly the sample events' payloads.
 	inputs := map[string]string{}
 	for name, ev := range samtemplate.Map(relay["Events"]) {
 		typ := samtemplate.Get(ev, "Type")
@@ -116,13 +116,13 @@ func TestTemplateFunctions(t *testing.T) {
 			t.Errorf("relay event %s schedule is not a parameter", name)
 		}
 	}
-	for _, f := range []string{"events/schedule.json", "events/retention.json"} {
+	for _, f := range []string{"events/schedule.json", "events/retention.json", "events/dlq-sync.json"} {
 		if _, ok := inputs[canonicalJSON(t, readFile(t, f))]; !ok {
 			t.Errorf("no relay schedule has Input %s (have %v)", f, inputs)
 		}
 	}
-	if len(inputs) != 2 {
-		t.Errorf("relay schedules %v, want drain and retention", inputs)
+	if len(inputs) != 3 {
+		t.Errorf("relay schedules %v, want drain, retention and dlq-sync", inputs)
 	}
 	if d := defaultOf(t, tpl, samtemplate.Get(relay, "Events", "Drain", "Properties", "ScheduleExpression")); d != "rate(1 minute)" {
 		t.Errorf("drain schedule default %v", d)
@@ -148,7 +148,7 @@ func TestTemplateFunctions(t *testing.T) {
 }
 
 // TestTemplateSetsEveryVariableTheCodeReads derives each function's variables from its
-// main package (and relayconfig / awsenv), so a variable added to the code without the
+// main package (and envconfig / awsenv), so a variable added to the code without the
 // template fails here; and the reverse, so a misspelt template variable fails too.
 func TestTemplateSetsEveryVariableTheCodeReads(t *testing.T) {
 	t.Parallel()
@@ -340,6 +340,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		{metrics.OldestPendingAgeSeconds, metrics.FunctionRelay, "Maximum"},
 		{metrics.DeadLettered, metrics.FunctionRelay, "Sum"},
 		{metrics.DeliveryDeadLetters, metrics.FunctionFailure, "Sum"},
+		{metrics.DLQSyncRecorded, metrics.FunctionRelay, "Sum"},
 		{metrics.RejectedDeliveries, metrics.FunctionWebhook, "Sum"},
 		{metrics.RejectedCallbacks, metrics.FunctionFailure, "Sum"},
 	} {
@@ -420,7 +421,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		}
 	}
 	for _, m := range []string{metrics.BacklogPending, metrics.OldestPendingAgeSeconds, metrics.Dispatched, metrics.DeadLettered,
-		metrics.DeliveryDeadLetters, metrics.Processed, metrics.Duplicate, metrics.PermanentFailure, metrics.TransientFailure} {
+		metrics.DeliveryDeadLetters, metrics.DLQSyncRecorded, metrics.Processed, metrics.Duplicate, metrics.PermanentFailure, metrics.TransientFailure} {
 		if !shown[m] {
 			t.Errorf("dashboard does not show %s", m)
 		}

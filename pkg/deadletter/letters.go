@@ -49,6 +49,8 @@ type Letter struct {
 	// ResolvedAt is nil while the letter is open.
 	ResolvedAt *time.Time `json:"resolved_at"`
 	Resolution string     `json:"resolution,omitempty"`
+	// Fingerprint names the letter's failure group (see Group).
+	Fingerprint string `json:"fingerprint"`
 }
 
 // Resolved reports whether the letter was resolved.
@@ -61,6 +63,8 @@ type Filter struct {
 	IDs          []int64
 	Topic        string
 	PartitionKey string
+	// Fingerprint selects one failure group (Group.Fingerprint; ValidFingerprint).
+	Fingerprint string
 	// Since (inclusive) and Until (exclusive) bound created_at; zero means unbounded.
 	Since, Until time.Time
 	// All must be set to select without any criterion: Redrive refuses an empty filter
@@ -76,13 +80,14 @@ type Filter struct {
 const DefaultListLimit = 100
 
 // ErrEmptyFilter is returned by Redrive and Plan for a filter without criteria or All.
-var ErrEmptyFilter = errors.New("dead letter filter selects nothing specific; name ids, a topic, a key, a time range, or set All")
+var ErrEmptyFilter = errors.New("dead letter filter selects nothing specific; name ids, a group, a topic, a key, a time range, or set All")
 
 // ErrNotFound is returned by Get for an unknown id.
 var ErrNotFound = errors.New("dead letter not found")
 
 func (f Filter) empty() bool {
-	return len(f.IDs) == 0 && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero()
+	return len(f.IDs) == 0 && f.Topic == "" && f.PartitionKey == "" && f.Fingerprint == "" &&
+		f.Since.IsZero() && f.Until.IsZero()
 }
 
 func (f Filter) args() []any {
@@ -91,7 +96,7 @@ func (f Filter) args() []any {
 		ids = f.IDs
 	}
 	return []any{ids, nullString(f.Topic), nullString(f.PartitionKey), nullTime(f.Since), nullTime(f.Until),
-		f.IncludeResolved || len(f.IDs) > 0}
+		f.IncludeResolved || len(f.IDs) > 0, nullString(f.Fingerprint)}
 }
 
 func nullString(s string) *string {
@@ -162,7 +167,7 @@ func scanLetter(row pgx.CollectableRow) (Letter, error) {
 	)
 	err := row.Scan(&l.ID, &l.Source, &outboxID, &l.Topic, &l.PartitionKey, &payload, &headers,
 		&l.Error, &attempts, &status, &l.QStashMessageID, &l.QStashDLQID, &l.ResponseBody,
-		&l.CreatedAt, &l.ResolvedAt, &l.Resolution)
+		&l.CreatedAt, &l.ResolvedAt, &l.Resolution, &l.Fingerprint)
 	if err != nil {
 		return Letter{}, err
 	}

@@ -4,31 +4,51 @@ package deadletter
 const letterColumns = `
 d.id, d.source, d.outbox_id, coalesce(d.topic, ''), coalesce(d.partition_key, ''), d.payload::text, d.headers::text,
 d.error, d.attempts, d.status_code, coalesce(d.qstash_message_id, ''), coalesce(d.qstash_dlq_id, ''),
-coalesce(d.response_body, ''), d.created_at, d.resolved_at, coalesce(d.resolution, '')`
+coalesce(d.response_body, ''), d.created_at, d.resolved_at, coalesce(d.resolution, ''), d.fingerprint`
 
 // filterWhere selects letters by a Filter. NULL parameters match everything:
 // $1 ids, $2 topic, $3 partition key, $4 since (inclusive), $5 until (exclusive),
-// $6 whether resolved letters match too.
+// $6 whether resolved letters match too, $7 fingerprint.
 const filterWhere = `
     ($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
 AND ($2::text IS NULL OR d.topic = $2::text)
 AND ($3::text IS NULL OR d.partition_key = $3::text)
 AND ($4::timestamptz IS NULL OR d.created_at >= $4::timestamptz)
 AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
-AND ($6::bool OR d.resolved_at IS NULL)`
+AND ($6::bool OR d.resolved_at IS NULL)
+AND ($7::text IS NULL OR d.fingerprint = $7::text)`
 
 const (
-	// qList returns matching letters newest first; $7 is the limit.
+	// qList returns matching letters newest first; $8 is the limit.
 	qList = `SELECT` + letterColumns + `
 FROM dead_letters d
 WHERE` + filterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $7`
+LIMIT $8`
 
 	qGet = `SELECT` + letterColumns + ` FROM dead_letters d WHERE d.id = $1`
 
+	// qGroups groups the matching letters by failure fingerprint, largest group first; $8 is
+	// the limit. The newest letter of a group (max id) is its sample, and its error pattern
+	// the group's (every letter of a group has the same one).
+	qGroups = `
+WITH g AS (
+    SELECT d.fingerprint, d.topic, d.source, d.status_code,
+           count(*) AS n, count(*) FILTER (WHERE d.resolved_at IS NULL) AS open,
+           min(d.created_at) AS first_seen, max(d.created_at) AS last_seen, max(d.id) AS sample_id
+    FROM dead_letters d
+    WHERE` + filterWhere + `
+    GROUP BY d.fingerprint, d.topic, d.source, d.status_code
+)
+SELECT g.fingerprint, coalesce(g.topic, ''), g.source, g.status_code, dead_letter_error_pattern(s.error), g.n, g.open,
+       g.first_seen, g.last_seen, g.sample_id, s.error
+FROM g
+JOIN dead_letters s ON s.id = g.sample_id
+ORDER BY g.n DESC, g.last_seen DESC, g.fingerprint
+LIMIT $8`
+
 	// qSelectForRedrive classifies the matching letters: resolved or not, and the state of
-	// their outbox row (gone, pending, or finished: dispatched or dead-lettered). $7 locks
+	// their outbox row (gone, pending, or finished: dispatched or dead-lettered). qLockSuffix locks
 	// the letters (Redrive) or not (Plan), so two concurrent redrives do not both reset a row.
 	qSelectForRedrive = `
 SELECT d.id, d.outbox_id, d.resolved_at IS NOT NULL,
@@ -112,4 +132,58 @@ LIMIT 1`
 	// qLegacyWindowOpen: migration 0007's window for deliveries published before the
 	// identity moved into the signed URL.
 	qLegacyWindowOpen = `SELECT coalesce((SELECT now() < accept_until FROM legacy_identity), false)`
+
+	// qRecordSynced records one page of QStash DLQ entries (dlq sync) in one statement, as
+	// qRecordDelivery records one callback: a delivery letter per entry, its outbox row
+	// marked dead-lettered when the entry is about the row's current generation and the
+	// row is not dead-lettered yet. The outbox rows are locked first, in id order, so two
+	// syncs of the same page take turns instead of deadlocking. ON CONFLICT without a
+	// target makes an entry recorded before (by QStash message id, or any other unique
+	// key) a no-op. An entry about a generation the row has left (redriven since) is
+	// recorded resolved as superseded. Per entry it returns: created, superseded, and
+	// whether dead_letters holds it (created now, or visible from before: a letter of the
+	// same QStash message, or of the same event generation).
+	qRecordSynced = `
+WITH e AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::text[], $7::text[],
+                $8::int[], $9::int[], $10::text[], $11::timestamptz[])
+        AS e(message_id, dlq_id, outbox_id, generation, topic, payload, error, attempts, status_code,
+             response_body, failed_at)
+), locked AS (
+    SELECT o.id, o.topic, o.partition_key, o.payload, o.headers, o.generation
+    FROM outbox o
+    WHERE o.id IN (SELECT outbox_id FROM e)
+    ORDER BY o.id
+    FOR UPDATE
+), ins AS (
+    INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts,
+                              status_code, qstash_message_id, qstash_dlq_id, response_body, created_at,
+                              generation, resolved_at, resolution)
+    SELECT 'delivery', e.outbox_id, coalesce(o.topic, e.topic), o.partition_key,
+           coalesce(e.payload::jsonb, o.payload), coalesce(o.headers, '{}'::jsonb), e.error, e.attempts,
+           e.status_code, e.message_id, nullif(e.dlq_id, ''), e.response_body, coalesce(e.failed_at, now()),
+           coalesce(e.generation, o.generation, 0),
+           CASE WHEN e.generation < o.generation THEN now() END,
+           CASE WHEN e.generation < o.generation THEN 'superseded' END
+    FROM e
+    LEFT JOIN locked o ON o.id = e.outbox_id
+    ON CONFLICT DO NOTHING
+    RETURNING id, outbox_id, generation, qstash_message_id, error, resolved_at IS NOT NULL AS superseded
+), mark AS (
+    UPDATE outbox o
+    SET dead_lettered_at = now(), last_error = ins.error
+    FROM ins
+    WHERE o.id = ins.outbox_id AND NOT ins.superseded AND o.dead_lettered_at IS NULL
+      AND o.generation = ins.generation
+    RETURNING o.id
+)
+SELECT e.message_id, ins.id IS NOT NULL, coalesce(ins.superseded, false),
+       ins.id IS NOT NULL
+       OR EXISTS (SELECT 1 FROM dead_letters d
+                  WHERE d.source = 'delivery' AND d.qstash_message_id = e.message_id)
+       OR (e.generation IS NOT NULL AND EXISTS (SELECT 1 FROM dead_letters d
+                  WHERE d.outbox_id = e.outbox_id AND d.generation = e.generation))
+FROM e
+LEFT JOIN ins ON ins.qstash_message_id = e.message_id`
 )

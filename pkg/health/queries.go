@@ -131,3 +131,29 @@ SELECT (SELECT count(*) FROM act WHERE xact_start IS NOT NULL),
        coalesce((SELECT extract(epoch FROM now() - min(prepared)) FROM prepared), 0)::float8,
        coalesce((SELECT max(xid_age) FROM prepared), 0)::bigint`
 )
+
+// qAttempts counts QStash's delivery attempts over the last hour ($1 false) or day: of the
+// messages consumers processed (Upstash-Retried + 1; a count recorded as unknown is one
+// attempt) and of the deliveries QStash gave up on (delivery dead letters: their retries + 1).
+// It reads processed_messages_processed_at_idx and the window of dead_letters.
+const qAttempts = `
+WITH p AS (
+    SELECT count(*) FILTER (WHERE processed_at >= now() - interval '1 hour') AS hour_n,
+           coalesce(sum(coalesce(retried, 0) + 1) FILTER (WHERE processed_at >= now() - interval '1 hour'), 0) AS hour_attempts,
+           count(*) FILTER (WHERE processed_at >= now() - interval '1 hour' AND retried IS NULL) AS hour_unknown,
+           count(*) AS day_n,
+           coalesce(sum(coalesce(retried, 0) + 1), 0) AS day_attempts,
+           count(*) FILTER (WHERE retried IS NULL) AS day_unknown
+    FROM processed_messages
+    WHERE processed_at >= now() - interval '1 day'
+), l AS (
+    SELECT count(*) FILTER (WHERE created_at >= now() - interval '1 hour') AS hour_n,
+           coalesce(sum(coalesce(attempts, 0) + 1) FILTER (WHERE created_at >= now() - interval '1 hour'), 0) AS hour_attempts,
+           count(*) AS day_n,
+           coalesce(sum(coalesce(attempts, 0) + 1), 0) AS day_attempts
+    FROM dead_letters
+    WHERE source = 'delivery' AND created_at >= now() - interval '1 day'
+)
+SELECT p.hour_n, p.hour_attempts, p.hour_unknown, l.hour_n, l.hour_attempts,
+       p.day_n, p.day_attempts, p.day_unknown, l.day_n, l.day_attempts
+FROM p, l`

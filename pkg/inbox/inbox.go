@@ -56,6 +56,28 @@ type TxBeginner interface {
 // rolls back its writes and the dedupe record, so a retry runs it again.
 type Work func(ctx context.Context, tx pgx.Tx) error
 
+// Option adds to what HandleOnce records with a message.
+type Option func(*record)
+
+type record struct {
+	retried *int
+}
+
+// Retried records n (the delivery's Upstash-Retried: 0 on the first attempt) with the
+// message, so operators can see how many attempts deliveries took (outboxctl status).
+// Without it, or with n outside 0..MaxRetried (the header is not signed), the count is
+// recorded as unknown.
+func Retried(n int) Option {
+	return func(r *record) {
+		if n >= 0 && n <= MaxRetried {
+			r.retried = &n
+		}
+	}
+}
+
+// MaxRetried bounds the retry count Retried records; QStash's plans allow at most 20.
+const MaxRetried = 1000
+
 // HandleOnce runs work for (consumer, messageID) unless that pair has already committed.
 //
 // In one READ COMMITTED transaction it inserts the dedupe record, runs work and commits.
@@ -66,9 +88,13 @@ type Work func(ctx context.Context, tx pgx.Tx) error
 // Results: (Processed, nil) after a commit; (Duplicate, nil) when already processed;
 // (Conflict, err) as above; (0, err) when work or the database failed, with everything
 // rolled back. Errors from work are wrapped, so errors.Is/As still see them.
-func HandleOnce(ctx context.Context, db TxBeginner, consumer, messageID string, payloadHash []byte, work Work) (Outcome, error) {
+func HandleOnce(ctx context.Context, db TxBeginner, consumer, messageID string, payloadHash []byte, work Work, opts ...Option) (Outcome, error) {
 	if consumer == "" || messageID == "" {
 		return 0, errors.New("handle message once: consumer and message id must be non-empty")
+	}
+	var rec record
+	for _, o := range opts {
+		o(&rec)
 	}
 	// READ COMMITTED explicitly: under REPEATABLE READ or SERIALIZABLE a concurrent
 	// duplicate would fail with a serialization error instead of waiting and seeing it.
@@ -80,7 +106,7 @@ func HandleOnce(ctx context.Context, db TxBeginner, consumer, messageID string, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	var inserted bool
-	err = tx.QueryRow(ctx, qClaim, consumer, messageID, payloadHash).Scan(&inserted)
+	err = tx.QueryRow(ctx, qClaim, consumer, messageID, payloadHash, rec.retried).Scan(&inserted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return duplicateOrConflict(ctx, tx, consumer, messageID, payloadHash)

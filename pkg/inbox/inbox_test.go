@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -127,6 +128,37 @@ func TestHandleOnceConflictingPayload(t *testing.T) {
 	}
 	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m2", hash("x"), effect("m2")); err != nil || got != inbox.Duplicate {
 		t.Fatalf("stored nil hash: got (%v, %v), want Duplicate", got, err)
+	}
+}
+
+// TestHandleOnceRecordsRetried: the delivery's retry count is stored with the message; an
+// absent or implausible count (the header is not signed) is stored as unknown and does not
+// fail the delivery.
+func TestHandleOnceRecordsRetried(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	for id, opts := range map[string][]inbox.Option{
+		"first": {inbox.Retried(0)}, "third": {inbox.Retried(2)}, "unknown": nil,
+		"negative": {inbox.Retried(-1)}, "huge": {inbox.Retried(1 << 40)},
+	} {
+		if out, err := inbox.HandleOnce(ctx, db.Pool, "c", id, hash(id), effect(id), opts...); err != nil || out != inbox.Processed {
+			t.Fatalf("%s: %v %v", id, out, err)
+		}
+	}
+	rows, err := db.Pool.Query(ctx, `SELECT message_id, coalesce(retried, -1) FROM processed_messages`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	var id string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { got[id] = n; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"first": 0, "third": 2, "unknown": -1, "negative": -1, "huge": -1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("retried %v, want %v", got, want)
 	}
 }
 

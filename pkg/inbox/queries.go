@@ -6,8 +6,8 @@ const (
 	// no row (a duplicate), a rollback lets it insert. That wait is what makes two concurrent
 	// deliveries of one message produce one effect.
 	qClaim = `
-INSERT INTO processed_messages (consumer, message_id, payload_hash)
-VALUES ($1, $2, $3)
+INSERT INTO processed_messages (consumer, message_id, payload_hash, retried)
+VALUES ($1, $2, $3, $4::int)
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING true`
 

@@ -34,6 +34,7 @@ const (
 	OldestCreatedAgeSeconds   = "OldestCreatedAgeSeconds"
 	RetentionDeletedOutbox    = "RetentionDeletedOutbox"
 	RetentionDeletedProcessed = "RetentionDeletedProcessed"
+	DLQSyncRecorded           = "DLQSyncRecorded"
 
 	// Consumers (Function=webhook).
 	Processed        = "Processed"
@@ -101,6 +102,7 @@ var Definitions = []Definition{
 	{OldestCreatedAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row from its creation, delays included."},
 	{RetentionDeletedOutbox, UnitCount, Counter, FunctionRelay, "Finished outbox rows deleted by retention."},
 	{RetentionDeletedProcessed, UnitCount, Counter, FunctionRelay, "processed_messages rows deleted by retention."},
+	{DLQSyncRecorded, UnitCount, Counter, FunctionRelay, "QStash DLQ entries recorded as dead letters by the dlq-sync task (no failure callback reached dead_letters)."},
 	{Processed, UnitCount, Counter, FunctionWebhook, "Deliveries handled for the first time (side effects committed)."},
 	{Duplicate, UnitCount, Counter, FunctionWebhook, "Deliveries absorbed as duplicates of an already processed message."},
 	{PermanentFailure, UnitCount, Counter, FunctionWebhook, "Deliveries rejected as permanent failures (QStash will not retry them)."},

@@ -45,8 +45,9 @@ func TestBaseURLRefusedAtStartup(t *testing.T) {
 		"http://qstash.upstash.io", "ftp://qstash.upstash.io", "https://user:pw@qstash.upstash.io",
 	} {
 		_, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: base, Token: "t", DestinationBaseURL: "https://x"})
-		if err == nil || !strings.Contains(err.Error(), "QSTASH_URL") {
-			t.Errorf("%s: %v, want an error naming QSTASH_URL", base, err)
+		var ce *relay.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "BaseURL" {
+			t.Errorf("%s: %v, want a ConfigError for BaseURL (the env reader names QSTASH_URL)", base, err)
 		}
 		if err != nil && strings.Contains(err.Error(), "pw") {
 			t.Errorf("%s: the error repeats the password: %v", base, err)

@@ -3,23 +3,26 @@ package receive
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 // Query parameters that carry a message's identity in the destination URL the relay
-// publishes to: <PUBLIC_BASE_URL>/events/<topic>?outbox_id=<id>&generation=<n>. QStash's
-// signature covers the URL (its sub claim), so unlike a forwarded header they cannot be
-// changed by whoever replays a captured delivery.
+// publishes to: <PUBLIC_BASE_URL>/events/<topic>?outbox_id=<id>&generation=<n>
+// (qstash.Publisher.MessageDestination). QStash's signature covers the URL (its sub claim),
+// so unlike a forwarded header they cannot be changed by whoever replays a captured delivery.
 const (
-	QueryOutboxID   = "outbox_id"
-	QueryGeneration = "generation"
+	QueryOutboxID   = qstash.IdentityIDParam
+	QueryGeneration = qstash.IdentityGenerationParam
 )
 
 // ErrNoIdentity means the URL carries no outbox_id: a delivery published before the
 // identity moved into the URL, or a message some other publisher sent.
-var ErrNoIdentity = errors.New("no outbox_id in the signed URL")
+var ErrNoIdentity = qstash.ErrNoIdentity
 
 // ErrInvalidIdentity means outbox_id or generation is present but not one positive
 // (generation: non-negative) decimal number.
@@ -35,22 +38,20 @@ type Identity struct {
 // every retry and every redrive.
 func (id Identity) MessageID() string { return strconv.FormatInt(id.OutboxID, 10) }
 
-// FromURL reads the identity from u's query. Both parameters must appear once; outbox_id
-// alone is ErrInvalidIdentity, neither is ErrNoIdentity.
+// FromURL reads the identity from u's query with the publisher's own parser
+// (qstash.ParseIdentity). Both parameters must appear once; outbox_id alone is
+// ErrInvalidIdentity, neither is ErrNoIdentity.
 func FromURL(u *url.URL) (Identity, error) {
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return Identity{}, fmt.Errorf("%w: query does not parse: %v", ErrInvalidIdentity, err)
-	}
-	ids, gens := q[QueryOutboxID], q[QueryGeneration]
-	if len(ids) == 0 && len(gens) == 0 {
+	id, err := qstash.ParseIdentity(u.String())
+	switch {
+	case errors.Is(err, qstash.ErrNoIdentity):
 		return Identity{}, ErrNoIdentity
+	case err != nil:
+		return Identity{}, fmt.Errorf("%w: %v", ErrInvalidIdentity, err)
+	case id.Generation > math.MaxInt32: // outbox.generation is an integer column
+		return Identity{}, fmt.Errorf("%w: generation %d is out of range", ErrInvalidIdentity, id.Generation)
 	}
-	if len(ids) != 1 || len(gens) != 1 {
-		return Identity{}, fmt.Errorf("%w: want exactly one %s and one %s, got %d and %d",
-			ErrInvalidIdentity, QueryOutboxID, QueryGeneration, len(ids), len(gens))
-	}
-	return parse(ids[0], gens[0])
+	return Identity{OutboxID: id.OutboxID, Generation: id.Generation}, nil
 }
 
 // FromRawURL is FromURL for a URL in text form (the url field of a failure callback).

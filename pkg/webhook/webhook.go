@@ -252,7 +252,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	sum := sha256.Sum256(body)
 	outcome, err := inbox.HandleOnce(r.Context(), h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, tx, d)
-	})
+	}, inbox.Retried(attempt))
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
 		a.Reply(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")

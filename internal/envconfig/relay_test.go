@@ -1,6 +1,9 @@
-package relayconfig
+package envconfig
 
 import (
+	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
 func minimal() map[string]string {
 	return map[string]string{
 		"DATABASE_URL":    "postgres://relay@db.internal:5432/app?sslmode=require",
@@ -20,9 +21,9 @@ func minimal() map[string]string {
 	}
 }
 
-func TestFromEnvDefaults(t *testing.T) {
+func TestReadRelayDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := FromEnv(env(minimal()))
+	c, err := ReadRelay(env(minimal()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestFromEnvDefaults(t *testing.T) {
 	}
 }
 
-func TestFromEnvEverySetting(t *testing.T) {
+func TestReadRelayEverySetting(t *testing.T) {
 	t.Parallel()
 	m := minimal()
 	for k, v := range map[string]string{
@@ -58,7 +59,7 @@ func TestFromEnvEverySetting(t *testing.T) {
 	} {
 		m[k] = v
 	}
-	c, err := FromEnv(env(m))
+	c, err := ReadRelay(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +79,14 @@ func TestFromEnvEverySetting(t *testing.T) {
 		t.Fatalf("rest: %+v", c)
 	}
 	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
-	c, err = FromEnv(env(m))
+	c, err = ReadRelay(env(m))
 	if err != nil || c.Relay.Ordering != relay.OrderingPublish || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
 		t.Fatalf("flow control: %+v %v", c.Publisher, err)
 	}
 }
 
-// TestFromEnvReportsEverythingAtOnce sets every variable wrong and expects every one named.
-func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
+// TestReadRelayReportsEverythingAtOnce sets every variable wrong and expects every one named.
+func TestReadRelayReportsEverythingAtOnce(t *testing.T) {
 	t.Parallel()
 	bad := map[string]string{
 		"DATABASE_URL": "postgres://u:secret@host:notaport/db", "QSTASH_URL": "ftp://x", "PUBLIC_BASE_URL": "not a url",
@@ -95,17 +96,18 @@ func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
 		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}
-	_, err := FromEnv(env(bad))
+	_, err := ReadRelay(env(bad))
 	if err == nil {
 		t.Fatal("no error")
 	}
 	msg := err.Error()
+	named := varsOf(err)
 	for name := range bad {
-		if !strings.Contains(msg, name) {
-			t.Errorf("error does not name %s", name)
+		if !named[name] {
+			t.Errorf("no *VarError for %s in %v", name, err)
 		}
 	}
-	if !strings.Contains(msg, "QSTASH_TOKEN is not set") {
+	if !named["QSTASH_TOKEN"] || !strings.Contains(msg, "QSTASH_TOKEN: is not set") {
 		t.Error("missing QSTASH_TOKEN not reported")
 	}
 	if strings.Contains(msg, "secret") {
@@ -113,26 +115,26 @@ func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
 	}
 }
 
-func TestFromEnvConsistency(t *testing.T) {
+func TestReadRelayConsistency(t *testing.T) {
 	t.Parallel()
 	cases := map[string]struct {
 		set  map[string]string
 		want []string
 	}{
 		"missing required": {map[string]string{"DATABASE_URL": "", "QSTASH_TOKEN": "", "PUBLIC_BASE_URL": ""},
-			[]string{"DATABASE_URL is not set", "QSTASH_TOKEN is not set", "PUBLIC_BASE_URL is not set"}},
-		"lease under publish timeout":  {map[string]string{"LEASE": "5s", "PUBLISH_TIMEOUT": "10s"}, []string{"Lease"}},
-		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL 2h0m0s", "retry horizon"}},
+			[]string{"DATABASE_URL: is not set", "QSTASH_TOKEN: is not set", "PUBLIC_BASE_URL: is not set"}},
+		"lease under publish timeout":  {map[string]string{"LEASE": "5s", "PUBLISH_TIMEOUT": "10s"}, []string{"LEASE: relay config Lease"}},
+		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL: ", "2h0m0s", "retry horizon"}},
 		"flow control in fifo":         {map[string]string{"ORDERING": "fifo", "FLOW_CONTROL_RATE": "5"}, []string{"flow control is for publish ordering"}},
-		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BackoffMax"}},
+		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BACKOFF_MAX: "}},
 		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30", "QSTASH_PLAN": "fixed"}, []string{"QStash 30 retries"}},
 		"fifo queues over the plan":    {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "11", "QSTASH_PLAN": "free"}, []string{"FIFO_QUEUES: ", "10 queues"}},
 		"fifo queues over the default": {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "101"}, []string{"FIFO_QUEUES: ", "payg plan"}},
-		"retries over the plan":        {map[string]string{"QSTASH_RETRIES": "4", "QSTASH_PLAN": "free"}, []string{"QSTASH_RETRIES 4", "QSTASH_PLAN"}},
+		"retries over the plan":        {map[string]string{"QSTASH_RETRIES": "4", "QSTASH_PLAN": "free"}, []string{"QSTASH_RETRIES: 4", "QSTASH_PLAN"}},
 		"message size over the plan":   {map[string]string{"QSTASH_MAX_MESSAGE_BYTES": "2000000", "QSTASH_PLAN": "free"}, []string{"QSTASH_MAX_MESSAGE_BYTES: "}},
-		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL", "no path"}},
-		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL", "https"}},
-		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION 2h0m0s", "retry horizon"}},
+		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL: ", "no path"}},
+		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL: ", "https"}},
+		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION: ", "2h0m0s", "retry horizon"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -141,7 +143,7 @@ func TestFromEnvConsistency(t *testing.T) {
 			for k, v := range c.set {
 				m[k] = v
 			}
-			_, err := FromEnv(env(m))
+			_, err := ReadRelay(env(m))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -154,17 +156,29 @@ func TestFromEnvConsistency(t *testing.T) {
 	}
 }
 
-func TestVariablesListed(t *testing.T) {
+// TestVariablesDocumented: the variable table in relay.go's comment lists exactly what
+// ReadRelay reads, so the documentation cannot drift from the code.
+func TestVariablesDocumented(t *testing.T) {
 	t.Parallel()
 	read := map[string]bool{}
-	_, _ = FromEnv(func(k string) string { read[k] = true; return "" })
-	for _, v := range Variables {
-		if !read[v] {
-			t.Errorf("Variables lists %s, which FromEnv does not read", v)
+	_, _ = ReadRelay(func(k string) string { read[k] = true; return "" })
+	src, err := os.ReadFile("relay.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^//\t([A-Z][A-Z0-9_]+) `).FindAllStringSubmatch(string(src), -1) {
+		documented[m[1]] = true
+	}
+	for v := range read {
+		if !documented[v] {
+			t.Errorf("ReadRelay reads %s, which relay.go's table does not document", v)
 		}
 	}
-	if len(read) != len(Variables) {
-		t.Errorf("FromEnv reads %d variables, Variables lists %d", len(read), len(Variables))
+	for v := range documented {
+		if !read[v] {
+			t.Errorf("relay.go documents %s, which ReadRelay does not read", v)
+		}
 	}
 }
 
@@ -181,3 +195,21 @@ func TestParseDuration(t *testing.T) {
 		}
 	}
 }
+
+// varsOf is the set of variables err's *VarErrors name.
+func varsOf(err error) map[string]bool {
+	out := map[string]bool{}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		var ve *VarError
+		if errors.As(e, &ve) {
+			out[ve.Var] = true
+		}
+	}
+	return out
+}
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }

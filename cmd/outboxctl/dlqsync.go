@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+)
+
+const dlqSyncUsage = `usage: outboxctl dlq sync [--delete-synced] [--json]
+
+Reads QStash's dead-letter queue (every cursor page) and records each entry of this outbox
+that dead_letters lacks, once however often it runs: deliveries whose failure callback was
+never configured, or failed (a receiver down, a rotating key). The relay runs it daily
+({"task":"dlq-sync"}). An entry is this outbox's when its URL is <PUBLIC_BASE_URL>/events/<topic>,
+it names an outbox id, and any deduplication id or queue it shows carries OUTBOX_NAME.
+
+Environment: DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL (required); QSTASH_URL (default
+https://qstash.upstash.io); OUTBOX_NAME (default outbox).
+
+--delete-synced then deletes from QStash the entries dead_letters holds, and nothing else.`
+
+func dlqSync(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "dlq sync")
+	fs.Usage = func() { fmt.Fprintln(e.stderr, dlqSyncUsage) }
+	deleteSynced := fs.Bool("delete-synced", false, "delete from QStash the entries dead_letters holds")
+	asJSON := fs.Bool("json", false, "print the counts as JSON")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", pos)}
+	}
+	cfg, err := syncConfigFromEnv(e.getenv)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	cfg.DeleteSynced = *deleteSynced
+	// The summary below says what the log line would.
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := openPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := deadletter.Sync(ctx, pool, cfg)
+	if *asJSON {
+		if werr := writeJSON(e.stdout, res); werr != nil {
+			return werr
+		}
+	} else {
+		fmt.Fprintf(e.stdout, "read %d QStash DLQ entries in %d page(s): %d recorded as new dead letters, %d recorded resolved (their event was redriven since), %d already recorded, %d being recorded by another writer, %d of other senders left alone\n",
+			res.Scanned, res.Pages, res.Recorded, res.Superseded, res.AlreadyRecorded, res.Pending, res.Foreign)
+		if cfg.DeleteSynced {
+			fmt.Fprintf(e.stdout, "deleted %d recorded entries from QStash\n", res.Deleted)
+		}
+		if res.Recorded > 0 {
+			fmt.Fprintln(e.stdout, "next: outboxctl dlq list --group")
+		}
+	}
+	return err
+}
+
+// syncConfigFromEnv reads what dlq sync needs, reporting every missing variable at once.
+func syncConfigFromEnv(getenv func(string) string) (deadletter.SyncConfig, error) {
+	client := &deadletter.DLQClient{BaseURL: getenv("QSTASH_URL"), Token: getenv("QSTASH_TOKEN")}
+	cfg := deadletter.SyncConfig{DLQ: client, DestinationBaseURL: getenv("PUBLIC_BASE_URL"), Name: getenv("OUTBOX_NAME")}
+	var errs []error
+	if client.Token == "" {
+		errs = append(errs, errors.New("QSTASH_TOKEN is not set (the token the relay publishes with)"))
+	}
+	if cfg.DestinationBaseURL == "" {
+		errs = append(errs, errors.New("PUBLIC_BASE_URL is not set (the webhook's base URL the relay publishes to)"))
+	} else if err := cfg.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("PUBLIC_BASE_URL: %w", err))
+	}
+	return cfg, errors.Join(errs...)
+}

@@ -1,0 +1,106 @@
+package console
+
+// The console's own statements: what pkg/health and pkg/deadletter do not already answer.
+// Every one is fixed text; request input only ever reaches them as parameters, and an
+// unset filter is a NULL parameter. They run with pgx.QueryExecModeExec (an unnamed
+// statement planned with the actual values), so a NULL filter folds away at plan time and
+// the index conditions stay usable; a cached generic plan could not use them.
+const (
+	// The chart's statements return the rows that were pending at some time in the window,
+	// grouped by the bucket they became pending in (cb) and the bucket they stopped being
+	// pending in (db, NULL while still pending), with their count and oldest created_at.
+	// Buckets are date_bin starts (integer arithmetic; extract(epoch) would be numeric,
+	// several times slower per row). None reads the outbox's history, and the two run
+	// concurrently. $1 window start, $2 bucket width. kind: 0 pending, 1 dispatched,
+	// 2 dead-lettered.
+	//
+	// qChartPending: rows still pending (outbox_pending_age_idx, partial: the backlog
+	// only), and rows dead-lettered in the window (their open dead letters through
+	// dead_letters_unresolved_idx, then the outbox primary key).
+	qChartPending = `
+SELECT 0 AS kind, date_bin($2::interval, o.created_at, $1::timestamptz) AS cb, NULL::timestamptz AS db,
+       count(*), min(o.created_at)
+FROM outbox o
+WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+GROUP BY 2
+UNION ALL
+SELECT 2, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dead_lettered_at, $1::timestamptz),
+       count(*), min(o.created_at)
+FROM outbox o
+WHERE o.id IN (SELECT d.outbox_id FROM dead_letters d
+               WHERE d.resolved_at IS NULL AND d.created_at >= $1::timestamptz)
+  AND o.dead_lettered_at >= $1::timestamptz
+GROUP BY 2, 3`
+
+	// qChartDispatched: rows dispatched in the window (outbox_dispatched_idx range from
+	// $1). Its cost follows the dispatches in the window.
+	qChartDispatched = `
+SELECT 1, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dispatched_at, $1::timestamptz),
+       count(*), min(o.created_at)
+FROM outbox o
+WHERE o.dispatched_at >= $1::timestamptz
+GROUP BY 2, 3`
+
+	// letterWhere is the dead-letter filter of the list pages: $1 topic, $2 partition key,
+	// $3 source, $4 since (inclusive), $5 until (exclusive); NULL matches everything. The
+	// keyset cursor is $6 (created_at) and $7 (id) of the last row shown: the next page
+	// starts strictly after it in (created_at DESC, id DESC) order. It is written as
+	// created_at <= $6 AND (...) so that the bound is an index condition.
+	letterWhere = `
+    ($1::text IS NULL OR d.topic = $1::text)
+AND ($2::text IS NULL OR d.partition_key = $2::text)
+AND ($3::text IS NULL OR d.source = $3::text)
+AND ($4::timestamptz IS NULL OR d.created_at >= $4::timestamptz)
+AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
+AND ($6::timestamptz IS NULL OR (d.created_at <= $6::timestamptz AND (d.created_at < $6::timestamptz OR d.id < $7::bigint)))`
+
+	// qOpenLetterIDs pages open letters, newest first, on dead_letters_unresolved_idx.
+	// $8 is the page size. The rows themselves are read with deadletter.List by id.
+	qOpenLetterIDs = `
+SELECT d.id FROM dead_letters d
+WHERE d.resolved_at IS NULL AND` + letterWhere + `
+ORDER BY d.created_at DESC, d.id DESC
+LIMIT $8`
+
+	// qAllLetterIDs is qOpenLetterIDs including resolved letters.
+	qAllLetterIDs = `
+SELECT d.id FROM dead_letters d
+WHERE` + letterWhere + `
+ORDER BY d.created_at DESC, d.id DESC
+LIMIT $8`
+
+	// qOpenLetterIDsAll returns every open letter id matching the filter, for a redrive by
+	// filter that also selects by source (deadletter.Filter has no source): $6 and $7 are
+	// NULL, $8 caps the selection.
+	qOpenLetterIDsAll = `
+SELECT d.id FROM dead_letters d
+WHERE d.resolved_at IS NULL AND` + letterWhere + `
+ORDER BY d.id
+LIMIT $8`
+
+	// qEvent reads one outbox row by primary key.
+	qEvent = `
+SELECT o.id, o.topic, o.partition_key, o.payload::text, o.headers::text, o.created_at, o.available_at,
+       o.dispatched_at, o.dead_lettered_at, o.attempts, o.locked_until, coalesce(o.lease_token::text, ''),
+       coalesce(o.last_error, ''), o.generation
+FROM outbox o
+WHERE o.id = $1`
+
+	// qDedupe finds the dedupe records of one message id for every consumer. The primary
+	// key is (consumer, message_id), so it walks the distinct consumers on it (a loose
+	// index scan: one probe per consumer) and probes each (consumer, $1).
+	qDedupe = `
+WITH RECURSIVE c AS (
+    (SELECT p.consumer FROM processed_messages p ORDER BY p.consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > c.consumer ORDER BY p.consumer LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT p.consumer, coalesce(encode(p.payload_hash, 'hex'), ''), p.processed_at
+FROM c
+JOIN processed_messages p ON p.consumer = c.consumer AND p.message_id = $1::text
+ORDER BY p.consumer`
+
+	// qEventLetterIDs lists the dead letters of one outbox row on dead_letters_outbox_idx.
+	qEventLetterIDs = `SELECT d.id FROM dead_letters d WHERE d.outbox_id = $1 ORDER BY d.id DESC LIMIT 100`
+)
