@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
@@ -30,7 +30,7 @@ const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-inter
 Runs the relay engine as a long-lived process (a container or a VM): drains continuously,
 woken by LISTEN/NOTIFY with polling as the safety net, and runs retention every
 --retention-interval (0 turns it off). It reads the same environment as the relay Lambda
-(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package envconfig);
+(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayenv);
 flags override it. Serves /healthz and /metrics (Prometheus text format) on --listen, a
 loopback address. SIGTERM or Ctrl-C stops it after the batch in flight is published and
 marked. Any number of instances may run against one database.`
@@ -67,7 +67,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := envconfig.ReadRelay(getenv)
+	cfg, err := relayenv.Read(getenv)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}

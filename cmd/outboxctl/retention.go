@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
@@ -90,7 +90,7 @@ func runRetention(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := envconfig.ReadRelay(getenv)
+	cfg, err := relayenv.Read(getenv)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}

@@ -3,7 +3,7 @@
 // retention ({"task":"retention"}), or records QStash DLQ entries missing from dead_letters
 // ({"task":"dlq-sync"}), writes one EMF metrics line, and returns its counts.
 //
-// Environment: see package envconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
+// Environment: see package relayenv (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
 // FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, PUBLISH_CONCURRENCY, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
@@ -24,7 +24,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
@@ -47,7 +47,7 @@ const (
 )
 
 type config struct {
-	envconfig.RelayConfig
+	relayenv.Config
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
 	creds *awsenv.Credentials
@@ -56,8 +56,8 @@ type config struct {
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	c, err := envconfig.ReadRelay(getenv)
-	return config{RelayConfig: c}, err
+	c, err := relayenv.Read(getenv)
+	return config{Config: c}, err
 }
 
 func main() {

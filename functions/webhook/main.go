@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
@@ -83,8 +84,9 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		pool.Close()
 		return nil, nil, err
 	}
-	// Register your topics here; order.created is the example.
-	handlers := webhook.Handlers{"order.created": webhook.OrderCreated}
+	// Register your topics here; order.created is the example (examples/orders; its table
+	// comes from `outboxctl migrate up --example`).
+	handlers := orders.Handlers()
 	h, err := webhook.New(webhook.Config{
 		Pool:          pool,
 		Verifier:      v,

@@ -40,39 +40,39 @@ type ReceiverConfig struct {
 
 // ReadWebhook reads the webhook's configuration; maxBody is its default body limit.
 func ReadWebhook(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	r := newReader(getenv)
+	r := NewReader(getenv)
 	c := readReceiver(r, maxBody)
-	c.PublicURL = r.absoluteURL("PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
-	return c, r.err()
+	c.PublicURL = r.AbsoluteURL("PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
+	return c, r.Err()
 }
 
 // ReadFailure reads the failure-callback recorder's configuration; maxBody is its default
 // body limit. FAILURE_CALLBACK_URL is the same variable the relay publishes.
 func ReadFailure(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	r := newReader(getenv)
+	r := NewReader(getenv)
 	c := readReceiver(r, maxBody)
-	c.PublicURL = r.absoluteURL("FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
-	return c, r.err()
+	c.PublicURL = r.AbsoluteURL("FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
+	return c, r.Err()
 }
 
-func readReceiver(r *reader, maxBody int64) ReceiverConfig {
+func readReceiver(r *Reader, maxBody int64) ReceiverConfig {
 	c := ReceiverConfig{
-		DatabaseURL:       r.databaseURL(),
-		CurrentSigningKey: r.required("QSTASH_CURRENT_SIGNING_KEY", "QStash console, Signing keys", "CurrentSigningKey"),
-		NextSigningKey:    r.required("QSTASH_NEXT_SIGNING_KEY", "QStash console, Signing keys; an empty key would accept forged tokens", "NextSigningKey"),
+		DatabaseURL:       r.DatabaseURL(),
+		CurrentSigningKey: r.Required("QSTASH_CURRENT_SIGNING_KEY", "QStash console, Signing keys", "CurrentSigningKey"),
+		NextSigningKey:    r.Required("QSTASH_NEXT_SIGNING_KEY", "QStash console, Signing keys; an empty key would accept forged tokens", "NextSigningKey"),
 		MaxBodyBytes:      maxBody,
-		MetricsNamespace:  r.get("METRICS_NAMESPACE"),
-		ListenAddr:        r.get("LISTEN_ADDR"),
+		MetricsNamespace:  r.Get("METRICS_NAMESPACE"),
+		ListenAddr:        r.Get("LISTEN_ADDR"),
 	}
-	if v := r.str("MAX_BODY_BYTES", "MaxBodyBytes"); v != "" {
+	if v := r.Str("MAX_BODY_BYTES", "MaxBodyBytes"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
-			r.fail("MAX_BODY_BYTES", "%q must be a positive number of bytes", v)
+			r.Fail("MAX_BODY_BYTES", "%q must be a positive number of bytes", v)
 		} else {
 			c.MaxBodyBytes = n
 		}
 	}
-	c.LogLevel = r.logLevel()
+	c.LogLevel = r.LogLevel()
 	return c
 }
 

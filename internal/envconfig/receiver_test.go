@@ -4,8 +4,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
-
 
 func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
 	m := map[string]string{
@@ -69,10 +69,34 @@ func TestReceiverURLs(t *testing.T) {
 		t.Fatalf("failure: %+v %v", f, err)
 	}
 	m["FAILURE_CALLBACK_URL"], m["PUBLIC_BASE_URL"] = "/cb", "hooks.example.com"
-	if _, err := ReadFailure(env(m), 1); !varsOf(err)["FAILURE_CALLBACK_URL"] {
+	if _, err := ReadFailure(env(m), 1); !vars(err)["FAILURE_CALLBACK_URL"] {
 		t.Fatalf("relative FAILURE_CALLBACK_URL: %v", err)
 	}
-	if _, err := ReadWebhook(env(m), 1); !varsOf(err)["PUBLIC_BASE_URL"] {
+	if _, err := ReadWebhook(env(m), 1); !vars(err)["PUBLIC_BASE_URL"] {
 		t.Fatalf("PUBLIC_BASE_URL without a scheme: %v", err)
 	}
+}
+
+func TestParseDuration(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "0d": 0, "90s": 90 * time.Second, "1h30m": 90 * time.Minute} {
+		if got, err := ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"d", "1.5d", "x", "-d"} {
+		if _, err := ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q) accepted", in)
+		}
+	}
+}
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func vars(err error) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range Vars(err) {
+		out[v] = true
+	}
+	return out
 }

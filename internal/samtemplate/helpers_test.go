@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
@@ -70,7 +71,7 @@ func buildPackage(t *testing.T, id string) string {
 
 // codeVariables returns the environment variables the main package in dir reads: every
 // getenv("X") / os.Getenv("X") in its non-test files, what its envconfig reader reads
-// (functions/relay ReadRelay, functions/webhook ReadWebhook, functions/failure ReadFailure)
+// (functions/relay relayenv.Read, functions/webhook ReadWebhook, functions/failure ReadFailure)
 // if it imports envconfig, and, for variables awsenv can resolve, their references if it
 // imports awsenv. imports reports which of those packages it uses.
 func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
@@ -115,11 +116,11 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			return true
 		})
 	}
-	if imports[modulePath+"/internal/envconfig"] {
+	if imports[modulePath+"/internal/envconfig"] || imports[modulePath+"/internal/envconfig/relayenv"] {
 		record := func(k string) string { vars[k] = true; return "" }
 		switch filepath.Base(dir) {
 		case "relay":
-			_, _ = envconfig.ReadRelay(record)
+			_, _ = relayenv.Read(record)
 		case "webhook":
 			_, _ = envconfig.ReadWebhook(record, 1)
 		case "failure":

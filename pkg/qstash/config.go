@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Ordering chooses how the Publisher hands messages to QStash.
@@ -154,7 +154,7 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 func (c PublisherConfig) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &relay.ConfigError{Config: "qstash publisher", Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &publish.ConfigError{Config: "qstash publisher", Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		bad("BaseURL", "%v", err)

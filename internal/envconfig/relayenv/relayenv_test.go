@@ -1,13 +1,13 @@
-package envconfig
+package relayenv
 
 import (
-	"errors"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -21,9 +21,9 @@ func minimal() map[string]string {
 	}
 }
 
-func TestReadRelayDefaults(t *testing.T) {
+func TestReadDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := ReadRelay(env(minimal()))
+	c, err := Read(env(minimal()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestReadRelayDefaults(t *testing.T) {
 	}
 }
 
-func TestReadRelayEverySetting(t *testing.T) {
+func TestReadEverySetting(t *testing.T) {
 	t.Parallel()
 	m := minimal()
 	for k, v := range map[string]string{
@@ -59,7 +59,7 @@ func TestReadRelayEverySetting(t *testing.T) {
 	} {
 		m[k] = v
 	}
-	c, err := ReadRelay(env(m))
+	c, err := Read(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,14 +79,14 @@ func TestReadRelayEverySetting(t *testing.T) {
 		t.Fatalf("rest: %+v", c)
 	}
 	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
-	c, err = ReadRelay(env(m))
+	c, err = Read(env(m))
 	if err != nil || c.Relay.Ordering != relay.OrderingPublish || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
 		t.Fatalf("flow control: %+v %v", c.Publisher, err)
 	}
 }
 
-// TestReadRelayReportsEverythingAtOnce sets every variable wrong and expects every one named.
-func TestReadRelayReportsEverythingAtOnce(t *testing.T) {
+// TestReadReportsEverythingAtOnce sets every variable wrong and expects every one named.
+func TestReadReportsEverythingAtOnce(t *testing.T) {
 	t.Parallel()
 	bad := map[string]string{
 		"DATABASE_URL": "postgres://u:secret@host:notaport/db", "QSTASH_URL": "ftp://x", "PUBLIC_BASE_URL": "not a url",
@@ -96,12 +96,12 @@ func TestReadRelayReportsEverythingAtOnce(t *testing.T) {
 		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}
-	_, err := ReadRelay(env(bad))
+	_, err := Read(env(bad))
 	if err == nil {
 		t.Fatal("no error")
 	}
 	msg := err.Error()
-	named := varsOf(err)
+	named := vars(err)
 	for name := range bad {
 		if !named[name] {
 			t.Errorf("no *VarError for %s in %v", name, err)
@@ -115,7 +115,7 @@ func TestReadRelayReportsEverythingAtOnce(t *testing.T) {
 	}
 }
 
-func TestReadRelayConsistency(t *testing.T) {
+func TestReadConsistency(t *testing.T) {
 	t.Parallel()
 	cases := map[string]struct {
 		set  map[string]string
@@ -143,7 +143,7 @@ func TestReadRelayConsistency(t *testing.T) {
 			for k, v := range c.set {
 				m[k] = v
 			}
-			_, err := ReadRelay(env(m))
+			_, err := Read(env(m))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -156,13 +156,13 @@ func TestReadRelayConsistency(t *testing.T) {
 	}
 }
 
-// TestVariablesDocumented: the variable table in relay.go's comment lists exactly what
+// TestVariablesDocumented: the variable table in relayenv.go's comment lists exactly what
 // ReadRelay reads, so the documentation cannot drift from the code.
 func TestVariablesDocumented(t *testing.T) {
 	t.Parallel()
 	read := map[string]bool{}
-	_, _ = ReadRelay(func(k string) string { read[k] = true; return "" })
-	src, err := os.ReadFile("relay.go")
+	_, _ = Read(func(k string) string { read[k] = true; return "" })
+	src, err := os.ReadFile("relayenv.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,44 +172,22 @@ func TestVariablesDocumented(t *testing.T) {
 	}
 	for v := range read {
 		if !documented[v] {
-			t.Errorf("ReadRelay reads %s, which relay.go's table does not document", v)
+			t.Errorf("ReadRelay reads %s, which relayenv.go's table does not document", v)
 		}
 	}
 	for v := range documented {
 		if !read[v] {
-			t.Errorf("relay.go documents %s, which ReadRelay does not read", v)
+			t.Errorf("relayenv.go documents %s, which ReadRelay does not read", v)
 		}
 	}
-}
-
-func TestParseDuration(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "0d": 0, "90s": 90 * time.Second, "1h30m": 90 * time.Minute} {
-		if got, err := ParseDuration(in); err != nil || got != want {
-			t.Errorf("ParseDuration(%q) = %v, %v", in, got, err)
-		}
-	}
-	for _, in := range []string{"d", "1.5d", "x", "-d"} {
-		if _, err := ParseDuration(in); err == nil {
-			t.Errorf("ParseDuration(%q) accepted", in)
-		}
-	}
-}
-
-// varsOf is the set of variables err's *VarErrors name.
-func varsOf(err error) map[string]bool {
-	out := map[string]bool{}
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
-	for _, e := range errs {
-		var ve *VarError
-		if errors.As(e, &ve) {
-			out[ve.Var] = true
-		}
-	}
-	return out
 }
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func vars(err error) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range envconfig.Vars(err) {
+		out[v] = true
+	}
+	return out
+}

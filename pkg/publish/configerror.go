@@ -1,4 +1,4 @@
-package relay
+package publish
 
 // ConfigError is one invalid field of a configuration (relay.Config, the QStash publisher's,
 // retention's). Callers that fill a field from their own source (an environment variable,

@@ -1,4 +1,8 @@
-// The relay's variables (ReadRelay), for the relay Lambda and `outboxctl relay`:
+// Package relayenv reads the relay's configuration from the environment, for the relay
+// Lambda and `outboxctl relay`, with envconfig's Reader (every problem at once, each a
+// *envconfig.VarError naming its variable).
+//
+// Variables:
 //
 //	DATABASE_URL               required; postgres://user:pass@host:5432/db?sslmode=require
 //	QSTASH_TOKEN               required
@@ -33,21 +37,22 @@
 //	DEDUPE_TTL                 default 14d; must exceed the retry horizon
 //	METRICS_NAMESPACE          default OutboxRelay
 //	LOG_LEVEL                  debug | info (default) | warn | error
-package envconfig
+package relayenv
 
 import (
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-// RelayConfig is the relay's configuration, defaults applied.
-type RelayConfig struct {
+// Config is the relay's configuration, defaults applied.
+type Config struct {
 	DatabaseURL string
 	Relay       relay.Config
 	Publisher   qstash.PublisherConfig
@@ -59,56 +64,56 @@ type RelayConfig struct {
 	LogLevel         slog.Level
 }
 
-// ReadRelay reads the relay's configuration through getenv and reports every missing or
+// Read reads the relay's configuration through getenv and reports every missing or
 // invalid variable at once, then every inconsistency between them (a lease not above the
 // publish timeout, a DEDUPE_TTL inside the retry horizon, ...), each naming its variable.
-func ReadRelay(getenv func(string) string) (RelayConfig, error) {
-	r := newReader(getenv)
-	c := RelayConfig{DatabaseURL: r.databaseURL(), MetricsNamespace: r.get("METRICS_NAMESPACE")}
+func Read(getenv func(string) string) (Config, error) {
+	r := envconfig.NewReader(getenv)
+	c := Config{DatabaseURL: r.DatabaseURL(), MetricsNamespace: r.Get("METRICS_NAMESPACE")}
 	if c.MetricsNamespace == "" {
 		c.MetricsNamespace = metrics.DefaultNamespace
 	}
 
 	pub := qstash.PublisherConfig{
-		BaseURL:            r.str("QSTASH_URL", "BaseURL"),
-		Token:              r.required("QSTASH_TOKEN", "Upstash console, QStash, Request builder", "Token"),
-		DestinationBaseURL: r.required("PUBLIC_BASE_URL", "the webhook's base URL, e.g. its Function URL; events go to <base>/events/<topic>", "DestinationBaseURL"),
-		FailureCallbackURL: r.str("FAILURE_CALLBACK_URL", "FailureCallbackURL"),
-		Name:               r.str("OUTBOX_NAME", "Name", "QueuePrefix"),
-		Plan:               qstash.Plan(strings.ToLower(r.str("QSTASH_PLAN", "Plan"))),
+		BaseURL:            r.Str("QSTASH_URL", "BaseURL"),
+		Token:              r.Required("QSTASH_TOKEN", "Upstash console, QStash, Request builder", "Token"),
+		DestinationBaseURL: r.Required("PUBLIC_BASE_URL", "the webhook's base URL, e.g. its Function URL; events go to <base>/events/<topic>", "DestinationBaseURL"),
+		FailureCallbackURL: r.Str("FAILURE_CALLBACK_URL", "FailureCallbackURL"),
+		Name:               r.Str("OUTBOX_NAME", "Name", "QueuePrefix"),
+		Plan:               qstash.Plan(strings.ToLower(r.Str("QSTASH_PLAN", "Plan"))),
 	}
-	switch v := r.str("ORDERING", "Ordering"); qstash.Ordering(strings.ToLower(v)) {
+	switch v := r.Str("ORDERING", "Ordering"); qstash.Ordering(strings.ToLower(v)) {
 	case "":
 	case qstash.OrderingPublish, qstash.OrderingFIFO:
 		pub.Ordering = qstash.Ordering(strings.ToLower(v))
 	default:
-		r.fail("ORDERING", "%q must be publish or fifo", v)
+		r.Fail("ORDERING", "%q must be publish or fifo", v)
 	}
-	if n, ok := r.int("QSTASH_RETRIES", 0, 100, "Retries"); ok {
+	if n, ok := r.Int("QSTASH_RETRIES", 0, 100, "Retries"); ok {
 		pub.Retries = n
 		if n == 0 {
 			pub.Retries = qstash.NoRetries
 		}
 	}
-	pub.FIFOQueues, _ = r.int("FIFO_QUEUES", 1, 1000, "FIFOQueues")
-	if n, ok := r.int("QSTASH_MAX_MESSAGE_BYTES", 1, qstash.MaxRequestBytes, "MaxMessageBytes"); ok {
+	pub.FIFOQueues, _ = r.Int("FIFO_QUEUES", 1, 1000, "FIFOQueues")
+	if n, ok := r.Int("QSTASH_MAX_MESSAGE_BYTES", 1, qstash.MaxRequestBytes, "MaxMessageBytes"); ok {
 		pub.MaxMessageBytes = int64(n)
 	}
-	if n, ok := r.int("QSTASH_MAX_REQUEST_BYTES", qstash.MinRequestBytes, qstash.MaxRequestBytes, "MaxRequestBytes"); ok {
+	if n, ok := r.Int("QSTASH_MAX_REQUEST_BYTES", qstash.MinRequestBytes, qstash.MaxRequestBytes, "MaxRequestBytes"); ok {
 		pub.MaxRequestBytes = int64(n)
 	}
-	pub.FlowControlParallelism, _ = r.int("FLOW_CONTROL_PARALLELISM", 1, 1_000_000, "FlowControlParallelism")
-	pub.FlowControlRate, _ = r.int("FLOW_CONTROL_RATE", 1, 1_000_000, "FlowControlRate")
-	pub.FlowControlPeriod, _ = r.duration("FLOW_CONTROL_PERIOD", "FlowControlPeriod")
+	pub.FlowControlParallelism, _ = r.Int("FLOW_CONTROL_PARALLELISM", 1, 1_000_000, "FlowControlParallelism")
+	pub.FlowControlRate, _ = r.Int("FLOW_CONTROL_RATE", 1, 1_000_000, "FlowControlRate")
+	pub.FlowControlPeriod, _ = r.Duration("FLOW_CONTROL_PERIOD", "FlowControlPeriod")
 
 	rc := relay.Config{}
-	rc.BatchSize, _ = r.int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
-	rc.PublishConcurrency, _ = r.int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency, "PublishConcurrency")
-	rc.Lease, _ = r.duration("LEASE", "Lease")
-	rc.PublishTimeout, _ = r.duration("PUBLISH_TIMEOUT", "PublishTimeout", "RequestTimeout", "DeadlineMargin")
-	rc.MaxAttempts, _ = r.int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
-	rc.BackoffBase, _ = r.duration("BACKOFF_BASE", "BackoffBase")
-	rc.BackoffMax, _ = r.duration("BACKOFF_MAX", "BackoffMax")
+	rc.BatchSize, _ = r.Int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
+	rc.PublishConcurrency, _ = r.Int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency, "PublishConcurrency")
+	rc.Lease, _ = r.Duration("LEASE", "Lease")
+	rc.PublishTimeout, _ = r.Duration("PUBLISH_TIMEOUT", "PublishTimeout", "RequestTimeout", "DeadlineMargin")
+	rc.MaxAttempts, _ = r.Int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
+	rc.BackoffBase, _ = r.Duration("BACKOFF_BASE", "BackoffBase")
+	rc.BackoffMax, _ = r.Duration("BACKOFF_MAX", "BackoffMax")
 	c.Relay = rc.WithDefaults()
 	pub.RequestTimeout = c.Relay.PublishTimeout
 	c.Publisher = pub.WithDefaults()
@@ -119,16 +124,16 @@ func ReadRelay(getenv func(string) string) (RelayConfig, error) {
 		c.Relay.Ordering = relay.OrderingPublish
 	}
 
-	c.Linger, _ = r.duration("LINGER")
+	c.Linger, _ = r.Duration("LINGER")
 	ret := retention.Config{}
-	ret.OutboxRetention, _ = r.duration("OUTBOX_RETENTION", "OutboxRetention")
-	ret.DedupeTTL, _ = r.duration("DEDUPE_TTL", "DedupeTTL")
+	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
+	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
 	c.Retention = ret.WithDefaults()
-	c.LogLevel = r.logLevel()
+	c.LogLevel = r.LogLevel()
 
 	// Consistency, from the libraries' own rules; a missing variable was reported above
 	// and is not reported again.
-	r.check(c.Relay.Validate())
+	r.Check(c.Relay.Validate())
 	{
 		check := c.Publisher
 		if check.Token == "" {
@@ -137,14 +142,14 @@ func ReadRelay(getenv func(string) string) (RelayConfig, error) {
 		if check.DestinationBaseURL == "" {
 			check.DestinationBaseURL = "https://unset.invalid"
 		}
-		r.check(check.Validate())
+		r.Check(check.Validate())
 	}
-	r.check(c.Retention.Validate())
+	r.Check(c.Retention.Validate())
 	retries := max(c.Publisher.Retries, 0)
 	if limits, err := c.Publisher.Plan.Limits(); err == nil && retries > limits.MaxRetries {
-		r.fail("QSTASH_RETRIES", "%d is more than the %d retries QStash's %s plan allows (QSTASH_PLAN); QStash would refuse every message", retries, limits.MaxRetries, c.Publisher.Plan)
+		r.Fail("QSTASH_RETRIES", "%d is more than the %d retries QStash's %s plan allows (QSTASH_PLAN); QStash would refuse every message", retries, limits.MaxRetries, c.Publisher.Plan)
 	}
-	r.check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
-	r.check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
-	return c, r.err()
+	r.Check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
+	r.Check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
+	return c, r.Err()
 }
