@@ -217,10 +217,10 @@ func (p *relayProcess) gauges(ctx context.Context) {
 	defer t.Stop()
 	for {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pending, age, err := health.Backlog(gctx, p.pool)
+		g, err := health.Backlog(gctx, p.pool)
 		cancel()
 		if err == nil {
-			p.record(metrics.Backlog(pending, age))
+			p.record(metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge))
 		} else if ctx.Err() == nil {
 			p.log.Warn("backlog gauge failed", slog.Any("error", err))
 		}

@@ -46,6 +46,8 @@ func RelayStats(st relay.Stats) []Value {
 		Count(DeadLettered, int64(st.DeadLettered)),
 		Count(Released, int64(st.Released)),
 		Count(LeaseLost, int64(st.LeaseLost)),
+		Count(DeferredQuota, int64(st.DeferredQuota)),
+		Count(DeferredDeployment, int64(st.DeferredDeployment)),
 		Count(Batches, int64(st.Batches)),
 	}
 	if len(st.PublishLatency) > 0 {
@@ -58,12 +60,14 @@ func RelayStats(st relay.Stats) []Value {
 	return vs
 }
 
-// Backlog returns the backlog gauges: pending rows and the oldest pending row's age in
-// seconds.
-func Backlog(pending int64, oldest time.Duration) []Value {
+// Backlog returns the backlog gauges: pending rows, how late the latest-to-go due event is
+// (OldestPendingAgeSeconds, the template's alarm) and the oldest pending row's age from its
+// creation (OldestCreatedAgeSeconds), in seconds.
+func Backlog(pending int64, lateness, oldestCreated time.Duration) []Value {
 	return []Value{
 		Count(BacklogPending, pending),
-		{Name: OldestPendingAgeSeconds, Values: []float64{oldest.Seconds()}},
+		{Name: OldestPendingAgeSeconds, Values: []float64{lateness.Seconds()}},
+		{Name: OldestCreatedAgeSeconds, Values: []float64{oldestCreated.Seconds()}},
 	}
 }
 
