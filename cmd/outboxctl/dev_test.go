@@ -81,3 +81,47 @@ func TestDevRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDevTrace: `outboxctl dev --trace --events 20` prints, for each of the first events,
+// the four levels of its trace: the producer's business transaction, the relay batch span
+// that links it, the delivery span (its child) and the inbox commit under that.
+func TestDevTrace(t *testing.T) { // not parallel: the in-memory tracer provider is global
+	requirePostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return pgtest.URL()
+		}
+		return ""
+	}
+	if code := run(ctx, env{stdout: &out, stderr: &errb, getenv: getenv}, []string{"dev", "--trace", "--events", "20", "--poison", "0"}); code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := out.String()
+	_, traces, ok := strings.Cut(text, "\ntraces (3 of 20 events")
+	if !ok {
+		t.Fatalf("no traces section:\n%s", text)
+	}
+	traces, _, _ = strings.Cut(traces, "\nsummary")
+	blocks := strings.Split(traces, "\ntrace ")[1:]
+	if len(blocks) != 3 {
+		t.Fatalf("%d trace trees, want 3:\n%s", len(blocks), traces)
+	}
+	// Each level as RenderTraces indents it, in this order within one tree.
+	levels := []string{"\nplace order  [internal", "\n  ~ linked from send ", "\n  └ process order.created  [consumer", "\n    └ inbox commit  [internal"}
+	for i, b := range blocks {
+		at := 0
+		for _, l := range levels {
+			j := strings.Index(b[at:], l)
+			if j < 0 {
+				t.Fatalf("trace %d lacks %q after position %d:\n%s", i, strings.TrimSpace(l), at, b)
+			}
+			at += j + len(l)
+		}
+		if !strings.Contains(b, "outbox.inbox_outcome=processed") {
+			t.Fatalf("trace %d has no processed delivery:\n%s", i, b)
+		}
+	}
+}

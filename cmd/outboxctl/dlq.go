@@ -328,7 +328,7 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 	if *dryRun {
 		res, err = deadletter.Plan(ctx, pool, f)
 	} else {
-		tr, stop, terr := startTracing(ctx, e)
+		tr, stop, terr := startTracing(ctx, e.getenv, tracingServiceName)
 		if terr != nil {
 			return terr
 		}

@@ -86,8 +86,13 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	}
 	defer pool.Close()
 
+	tr, stopTracing, err := startTracing(ctx, getenv, tracingRelayServiceName)
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // flushes the last batches' spans on exit
 	rc := cfg.Relay
-	rc.PollInterval, rc.Logger = *pollInterval, logger
+	rc.PollInterval, rc.Logger, rc.Tracer = *pollInterval, logger, tr
 	r, err := relay.New(pool, pub, rc)
 	if err != nil {
 		return &exitError{code: 2, err: err}

@@ -10,14 +10,18 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
-// tracingServiceName is outboxctl's OTEL_SERVICE_NAME unless the environment sets one.
-const tracingServiceName = "outboxctl"
+// Service names (OTEL_SERVICE_NAME unless the environment sets one): outboxctl's own, and
+// outboxctl relay's, which runs what the relay Lambda runs.
+const (
+	tracingServiceName      = "outboxctl"
+	tracingRelayServiceName = "outbox-relay"
+)
 
-// startTracing sets tracing up from the OTEL_* variables (package telemetry): the tracer
-// is nil, and stop does nothing, when they name no exporter. stop flushes what was
-// recorded, waiting at most a few seconds for the collector.
-func startTracing(ctx context.Context, e env) (tr trace.Tracer, stop func(), err error) {
-	tel, err := telemetry.Setup(ctx, e.getenv, tracingServiceName)
+// startTracing sets tracing up from the OTEL_* variables in getenv (package telemetry):
+// the tracer is nil, and stop does nothing, when they name no exporter. stop flushes what
+// was recorded, waiting at most a few seconds for the collector.
+func startTracing(ctx context.Context, getenv func(string) string, service string) (tr trace.Tracer, stop func(), err error) {
+	tel, err := telemetry.Setup(ctx, getenv, service)
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: fmt.Errorf("set up tracing: %w", err)}
 	}

@@ -50,7 +50,7 @@ func runUI(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	tr, stop, err := startTracing(ctx, e)
+	tr, stop, err := startTracing(ctx, e.getenv, tracingServiceName)
 	if err != nil {
 		return err
 	}

@@ -172,6 +172,7 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 	}
 	rc := cfg.Relay
 	rc.Logger = logger
+	rc.Tracer = cfg.tracer
 	r, err := relay.New(pool, pub, rc)
 	if err != nil {
 		return nil, err

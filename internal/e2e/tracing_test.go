@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
@@ -25,8 +27,8 @@ import (
 //   - every delivery span with Upstash-Retried 0 is the producer span's child (same
 //     trace), every redelivery's span a new trace linked to the producer span;
 //   - exactly one delivery span says processed, and its inbox commit is its child;
-//   - the relay's batch spans link every event's producer span exactly once, and each
-//     batch span's message count is its number of links.
+//   - the relay's batch spans ("send <destination base>") link every event's producer
+//     span exactly once, and each batch span's message count is its number of links.
 func TestTraceFromProducerToCommit(t *testing.T) {
 	t.Parallel()
 	const events = 12
@@ -111,6 +113,9 @@ func TestTraceFromProducerToCommit(t *testing.T) {
 			continue
 		}
 		batches++
+		if !strings.HasPrefix(sp.Name(), "send http://127.0.0.1:") {
+			t.Fatalf("batch span %q: want it named after the publisher's destination base", sp.Name())
+		}
 		if n, _ := tracingtest.Attr(sp, "messaging.batch.message_count"); n.AsInt64() != int64(len(sp.Links())) {
 			t.Fatalf("batch span %q counts %d messages but links %d", sp.Name(), n.AsInt64(), len(sp.Links()))
 		}
@@ -163,7 +168,7 @@ func newTracedStack(t *testing.T, tr trace.Tracer) *stack {
 		if n%3 == 0 && first {
 			return errors.New("first attempt fails")
 		}
-		return webhook.OrderCreated(ctx, tx, d)
+		return orders.OrderCreated(ctx, tx, d)
 	}
 	return newStackTraced(t, webhook.Handlers{"order.created": flaky}, 3, tr)
 }

@@ -169,6 +169,9 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 // without Ordering takes the publisher's: waves for FIFO queues, one call per batch in
 // publish mode.
 func (p *Pipeline) NewRelay(db *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
+	if cfg.Tracer == nil {
+		cfg.Tracer = p.tracer
+	}
 	if cfg.Ordering == "" {
 		cfg.Ordering = relay.OrderingFIFO
 		if p.Publisher.Config().Ordering == qstash.OrderingPublish {

@@ -67,8 +67,8 @@ func WriteTraceSVG(w io.Writer, spans []sdktrace.ReadOnlySpan) error {
 		y := top + i*rowH
 		s := r.span
 		label := strings.Repeat("  ", r.depth) + s.Name()
-		if r.linked {
-			label = strings.Repeat("  ", r.depth) + "~ " + s.Name()
+		if r.linked && r.depth == 1 {
+			label = "  ~ " + s.Name() // the span linking the producer's; its children are in its trace
 		}
 		fmt.Fprintf(b, `<text x="12" y="%d" xml:space="preserve">%s</text>`+"\n", y+17, html.EscapeString(label))
 		x0, x1 := x(s.StartTime()), x(s.EndTime())

@@ -73,6 +73,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	return p, nil
 }
 
+// DestinationBase is where every message goes (DestinationBaseURL, without a trailing
+// slash); the relay names its batch spans after it.
+func (p *Publisher) DestinationBase() string { return strings.TrimSuffix(p.destBase, "/events/") }
+
 // Config returns the effective configuration (defaults applied).
 func (p *Publisher) Config() PublisherConfig { return p.cfg }
 

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -103,6 +105,11 @@ type Config struct {
 	Channel string
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Tracer, when set, records one span per batch ("send <destination>", linked to the
+	// producer span of every event in it, package tracing) with claim, publish and mark as
+	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
+	// then does no tracing work and allocates nothing for it.
+	Tracer trace.Tracer
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

@@ -22,6 +22,8 @@ type Relay struct {
 	db    outbox.Querier
 	cfg   Config
 	log   *slog.Logger
+	// destination names the batch spans (traceDestination).
+	destination string
 
 	// inFlight is how many batches one drain may have in flight: PublishConcurrency, or
 	// fewer when the pool cannot give each its connection.
@@ -45,7 +47,8 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	if db == nil || pub == nil {
 		return nil, errors.New("relay: database and publisher are required")
 	}
-	r := &Relay{store: outbox.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency}
+	r := &Relay{store: outbox.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
+		destination: traceDestination(pub)}
 	if p, ok := db.(*pgxpool.Pool); ok {
 		// One connection claims while each batch in flight may hold one to be marked: a
 		// batch waiting for a connection would eat into its mark budget.
@@ -359,8 +362,16 @@ func (r *Relay) claim(ctx context.Context) (outbox.Lease, outbox.Claimed, time.T
 	return lease, c, claimedAt, err
 }
 
-// process publishes and marks one claimed batch.
+// process publishes and marks one claimed batch, inside a batch span when tracing is on.
 func (r *Relay) process(ctx context.Context, lease outbox.Lease, c outbox.Claimed, claimedAt time.Time) (Stats, error) {
+	if r.cfg.Tracer != nil {
+		return r.processTraced(ctx, lease, c, claimedAt)
+	}
+	return r.processBatch(ctx, lease, c, claimedAt)
+}
+
+// processBatch publishes and marks one claimed batch.
+func (r *Relay) processBatch(ctx context.Context, lease outbox.Lease, c outbox.Claimed, claimedAt time.Time) (Stats, error) {
 	st := Stats{Batches: 1, Claimed: c.Len(), more: c.More}
 	// Publishing stops early enough that the outcome statements finish before the lease
 	// ends (so no other relay takes the rows over meanwhile) and before ctx's deadline.
@@ -375,7 +386,12 @@ func (r *Relay) process(ctx context.Context, lease outbox.Lease, c outbox.Claime
 	// what was published avoids a duplicate publish; only a crash skips this.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
 	defer cancel()
-	err := r.record(mctx, lease, out, &st)
+	var err error
+	if r.cfg.Tracer != nil {
+		err = r.recordTraced(mctx, lease, out, &st)
+	} else {
+		err = r.record(mctx, lease, out, &st)
+	}
 	return st, err
 }
 
@@ -539,7 +555,12 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 		defer c2()
 	}
 	t0 := time.Now()
-	results := r.pub.Publish(pctx, batch)
+	var results []Result
+	if r.cfg.Tracer != nil {
+		results = r.publishTraced(pctx, batch)
+	} else {
+		results = r.pub.Publish(pctx, batch)
+	}
 	st.PublishCalls++
 	if len(st.PublishLatency) < maxLatencySamples {
 		st.PublishLatency = append(st.PublishLatency, time.Since(t0))

@@ -88,9 +88,10 @@ func Link(headers map[string]string) (trace.Link, bool) {
 }
 
 // StartBatch starts the relay's span for one batch ("send <destination>"), linked to every
-// producer span found in the batch's headers. With a nil tracer it returns ctx and a no-op
-// span without allocating.
-func StartBatch(ctx context.Context, tr trace.Tracer, destination string, headers []map[string]string) (context.Context, trace.Span) {
+// producer span found in the batch's headers; opts add to the span's options (the relay
+// passes the claim's start time). With a nil tracer it returns ctx and a no-op span without
+// allocating.
+func StartBatch(ctx context.Context, tr trace.Tracer, destination string, headers []map[string]string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	if tr == nil {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
@@ -100,7 +101,7 @@ func StartBatch(ctx context.Context, tr trace.Tracer, destination string, header
 			links = append(links, l)
 		}
 	}
-	return tr.Start(ctx, "send "+destination,
+	return tr.Start(ctx, "send "+destination, append([]trace.SpanStartOption{
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithLinks(links...),
 		trace.WithAttributes(
@@ -109,7 +110,7 @@ func StartBatch(ctx context.Context, tr trace.Tracer, destination string, header
 			semconv.MessagingOperationName("send"),
 			semconv.MessagingDestinationName(destination),
 			semconv.MessagingBatchMessageCount(len(headers)),
-		))
+		)}, opts...)...)
 }
 
 // StartDelivery starts the consumer's span for one QStash delivery of topic. On the first
