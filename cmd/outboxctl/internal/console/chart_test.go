@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -32,11 +33,11 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT min(created_at) FROM outbox`).Scan(&t0); err != nil {
 		t.Fatal(err)
 	}
-	store := outbox.NewStore(db.Pool)
+	store := outboxstore.NewStore(db.Pool)
 	// step claims every ready row at `at`, dispatches or dead-letters `done` and releases
 	// the rest (still pending).
 	step := func(done []outbox.ID, at time.Time, dead bool) {
-		lease, _ := outbox.NewLease()
+		lease, _ := outboxstore.NewLease()
 		claimed, err := store.Claim(ctx, lease, 100, time.Hour, &at)
 		msgs := claimed.Messages
 		if err != nil {
@@ -49,9 +50,9 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 			}
 		}
 		if dead {
-			fails := make([]outbox.Failure, len(done))
+			fails := make([]outboxstore.Failure, len(done))
 			for i, id := range done {
-				fails[i] = outbox.Failure{ID: id, Error: "no"}
+				fails[i] = outboxstore.Failure{ID: id, Error: "no"}
 			}
 			_, err = store.DeadLetter(ctx, lease, fails, &at)
 		} else {
