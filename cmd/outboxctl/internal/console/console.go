@@ -173,6 +173,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /logout", s.authed(s.logout))
 	m.HandleFunc("GET /{$}", s.authed(s.overview))
 	m.HandleFunc("GET /dead-letters", s.authed(s.letters))
+	m.HandleFunc("GET /dead-letters/groups", s.authed(s.groupsPage))
 	m.HandleFunc("GET /dead-letters/{id}", s.authed(s.letter))
 	m.HandleFunc("POST /dead-letters/redrive", s.authed(s.action(s.redrive)))
 	m.HandleFunc("GET /events", s.authed(s.event))

@@ -22,6 +22,9 @@ type overviewData struct {
 	Series         Series
 	Range          chartRange
 	Ranges         []chartRange
+	// Groups are the largest failure groups of the open dead letters.
+	Groups          []groupRow
+	GroupsTruncated bool
 	Elapsed        time.Duration
 }
 
@@ -39,12 +42,16 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		series    Series
 		repErr    error
 		seriesErr error
+		groups    []groupRow
+		more      bool
+		groupsErr error
 		wg        sync.WaitGroup
 	)
 	wg.Go(func() { rep, repErr = health.Collect(ctx, s.cfg.DB) })
 	wg.Go(func() { series, seriesErr = loadSeries(ctx, s.cfg.DB, rg, s.cfg.Now()) })
+	wg.Go(func() { groups, more, groupsErr = s.groupsOf(ctx, letterFilter{}, overviewGroupLimit) })
 	wg.Wait()
-	if err := errors.Join(repErr, seriesErr); err != nil {
+	if err := errors.Join(repErr, seriesErr, groupsErr); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -56,5 +63,6 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "overview", "Overview", overviewData{
 		Report: rep, Status: st, Reasons: reasons, HorizonWarning: warn, Thresholds: th,
 		Chart: renderChart(series), Series: series, Range: rg, Ranges: chartRanges, Elapsed: time.Since(began),
+		Groups: groups, GroupsTruncated: more,
 	})
 }

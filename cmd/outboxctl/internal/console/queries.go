@@ -42,41 +42,43 @@ WHERE o.dispatched_at >= $1::timestamptz
 GROUP BY 2, 3`
 
 	// letterWhere is the dead-letter filter of the list pages: $1 topic, $2 partition key,
-	// $3 source, $4 since (inclusive), $5 until (exclusive); NULL matches everything. The
-	// keyset cursor is $6 (created_at) and $7 (id) of the last row shown: the next page
-	// starts strictly after it in (created_at DESC, id DESC) order. It is written as
-	// created_at <= $6 AND (...) so that the bound is an index condition.
+	// $3 source, $4 since (inclusive), $5 until (exclusive), $6 failure group (fingerprint);
+	// NULL matches everything. The keyset cursor is $7 (created_at) and $8 (id) of the
+	// last row shown: the next page starts strictly after it in (created_at DESC, id DESC)
+	// order. It is written as created_at <= $7 AND (...) so that the bound is an index
+	// condition. A group of open letters is read on dead_letters_fingerprint_open_idx.
 	letterWhere = `
     ($1::text IS NULL OR d.topic = $1::text)
 AND ($2::text IS NULL OR d.partition_key = $2::text)
 AND ($3::text IS NULL OR d.source = $3::text)
 AND ($4::timestamptz IS NULL OR d.created_at >= $4::timestamptz)
 AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
-AND ($6::timestamptz IS NULL OR (d.created_at <= $6::timestamptz AND (d.created_at < $6::timestamptz OR d.id < $7::bigint)))`
+AND ($6::text IS NULL OR d.fingerprint = $6::text)
+AND ($7::timestamptz IS NULL OR (d.created_at <= $7::timestamptz AND (d.created_at < $7::timestamptz OR d.id < $8::bigint)))`
 
 	// qOpenLetterIDs pages open letters, newest first, on dead_letters_unresolved_idx.
-	// $8 is the page size. The rows themselves are read with deadletter.List by id.
+	// $9 is the page size. The rows themselves are read with deadletter.List by id.
 	qOpenLetterIDs = `
 SELECT d.id FROM dead_letters d
 WHERE d.resolved_at IS NULL AND` + letterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $8`
+LIMIT $9`
 
 	// qAllLetterIDs is qOpenLetterIDs including resolved letters.
 	qAllLetterIDs = `
 SELECT d.id FROM dead_letters d
 WHERE` + letterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $8`
+LIMIT $9`
 
 	// qOpenLetterIDsAll returns every open letter id matching the filter, for a redrive by
-	// filter that also selects by source (deadletter.Filter has no source): $6 and $7 are
-	// NULL, $8 caps the selection.
+	// filter that also selects by source (deadletter.Filter has no source): $7 and $8 are
+	// NULL, $9 caps the selection.
 	qOpenLetterIDsAll = `
 SELECT d.id FROM dead_letters d
 WHERE d.resolved_at IS NULL AND` + letterWhere + `
 ORDER BY d.id
-LIMIT $8`
+LIMIT $9`
 
 	// qEvent reads one outbox row by primary key.
 	qEvent = `
