@@ -25,7 +25,7 @@ type overviewData struct {
 	// Groups are the largest failure groups of the open dead letters.
 	Groups          []groupRow
 	GroupsTruncated bool
-	Elapsed        time.Duration
+	Elapsed         time.Duration
 }
 
 // overview shows what outboxctl status shows (the same health.Collect and Check), with the
