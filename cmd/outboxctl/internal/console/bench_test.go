@@ -77,6 +77,10 @@ func BenchmarkPages(b *testing.B) {
 	if err := db.Pool.QueryRow(ctx, `SELECT max(id) FROM dead_letters WHERE resolved_at IS NULL`).Scan(&someLetter); err != nil {
 		b.Fatal(err)
 	}
+	var someGroup string
+	if err := db.Pool.QueryRow(ctx, `SELECT fingerprint FROM dead_letters WHERE id = $1`, someLetter).Scan(&someGroup); err != nil {
+		b.Fatal(err)
+	}
 	explainConsoleQueries(b, db)
 
 	srv, err := console.New(console.Config{DB: db.Pool, AllowRedrive: true})
@@ -100,6 +104,9 @@ func BenchmarkPages(b *testing.B) {
 		{"overview_1h", "/?range=1h"},
 		{"overview_6h", "/?range=6h"},
 		{"overview_24h", "/?range=24h"},
+		{"overview_by_group", "/?dead=groups"},
+		{"failure_groups", "/dead-letters/groups"},
+		{"dead_letters_of_a_group", "/dead-letters?group=" + someGroup},
 		{"dead_letters", "/dead-letters"},
 		{"dead_letters_by_topic_key", "/dead-letters?topic=order.created&key=customer-7"},
 		{"dead_letters_by_source_since", "/dead-letters?source=delivery&since=6h"},

@@ -68,7 +68,7 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 	// ids[5:] are still pending.
 
 	now := t0.Add(40 * time.Minute)
-	s, err := loadSeries(ctx, db.Pool, pickRange("1h"), now)
+	s, err := loadSeries(ctx, db.Pool, pickRange("1h"), now, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,6 +143,7 @@ type Server struct {
 	loopback bool   // Listen is loopback: Host headers must be loopback too
 	mux      *http.ServeMux
 	pages    *pages
+	charts   *chartCache
 }
 
 // New returns the console for cfg.
@@ -160,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, key: key, loopback: IsLoopback(host), pages: pg}
+	s := &Server{cfg: cfg, key: key, loopback: IsLoopback(host), pages: pg, charts: &chartCache{}}
 	s.routes()
 	return s, nil
 }

@@ -152,6 +152,9 @@ func TestLetterDetailAndOverviewShowTheGroup(t *testing.T) {
 	mustContain(t, body, `href="/dead-letters?group=`+fp+`&amp;resolved=1"`, "no open letter in this group")
 
 	_, body = get(t, http.DefaultClient, ts.URL, "/")
+	mustNotContain(t, body, `id="overview-groups"`) // on request only: it reads every open letter
+	mustContain(t, body, `href="/?range=3h&amp;dead=groups"`)
+	_, body = get(t, http.DefaultClient, ts.URL, "/?dead=groups")
 	mustContain(t, body, `id="overview-groups"`)
 	a, c := fx.fingerprint(t, fx.timeoutT1[0]), fx.fingerprint(t, fx.timeoutT2[0])
 	if got := groupsOnPage(body); !slices.Equal(got, []string{a, c}) {
