@@ -124,6 +124,17 @@ func BenchmarkPages(b *testing.B) {
 			}
 		})
 	}
+	// The overview as the first visitor after a start sees it: no chart bucket cached.
+	for _, rg := range []string{"3h", "24h"} {
+		b.Run("overview_"+rg+"_cold", func(b *testing.B) {
+			for b.Loop() {
+				console.ResetChartCache(srv)
+				if code, body := get(b, c, ts.URL, "/?range="+rg); code != http.StatusOK {
+					b.Fatalf("GET /?range=%s: %d %s", rg, code, clip(body))
+				}
+			}
+		})
+	}
 	b.Run("redrive_dry_run_by_topic", func(b *testing.B) {
 		form := url.Values{"csrf_token": {tok}, "scope": {"filter"}, "topic": {"invoice.paid"}}
 		for b.Loop() {
