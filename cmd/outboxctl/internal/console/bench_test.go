@@ -117,6 +117,10 @@ func BenchmarkPages(b *testing.B) {
 	}
 	for _, p := range pages {
 		b.Run(p.name, func(b *testing.B) {
+			// One visit first (not timed: b.Loop starts the timer), so the overview's
+			// chart cache is warm as it is for an operator watching the page; the _cold
+			// benchmarks below measure the first visit.
+			get(b, c, ts.URL, p.path)
 			for b.Loop() {
 				if code, body := get(b, c, ts.URL, p.path); code != http.StatusOK {
 					b.Fatalf("GET %s: %d %s", p.path, code, clip(body))
