@@ -116,7 +116,7 @@ FUZZTIME ?= 20s
 FUZZ_TARGETS := \
 	./pkg/qstash:FuzzVerify \
 	./pkg/outbox:FuzzLimitsValidate \
-	./internal/relayconfig:FuzzRelayConfig \
+	./internal/envconfig/relayenv:FuzzRelayConfig \
 	./pkg/qstash:FuzzDecodeFailureCallback \
 	./pkg/deadletter:FuzzFailureCallback \
 	./pkg/webhook:FuzzWebhookRequest

@@ -1,11 +1,6 @@
 -- +goose Up
--- Demo side-effect table of the example order.created handler (functions/webhook).
--- Replace it with your own tables; it shows a side effect committed with the dedupe row.
-CREATE TABLE billing_charges (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id      text        NOT NULL UNIQUE,
-    amount_cents  bigint      NOT NULL CHECK (amount_cents > 0),
-    currency      text        NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
-    outbox_id     text        NOT NULL,
-    charged_at    timestamptz NOT NULL DEFAULT now()
-);
+-- This version once created billing_charges, the example consumer's table. The example now
+-- lives in examples/orders, which creates its own table (orders.Migrate, applied by the
+-- local stack and `outboxctl migrate up --example`); a database migrated before keeps the
+-- table and its data. The version stays so the numbering of deployed databases holds.
+SELECT 1;

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
@@ -29,6 +30,11 @@ func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	return poolFor(ctx, url)
+}
+
+// poolFor opens and checks a pool on url, a DATABASE_URL already resolved (awsenv).
+func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	pool, err := awsenv.NewPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
@@ -42,23 +48,37 @@ func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 
 func runMigrate(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "migrate")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, "usage: outboxctl migrate up|status") }
+	fs.Usage = func() { fmt.Fprintln(e.stderr, "usage: outboxctl migrate up [--example] | status") }
+	example := fs.Bool("example", false, "also create the example consumer's table (examples/orders: billing_charges), for a deployment that runs the example handler")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 || (fs.Arg(0) != "up" && fs.Arg(0) != "status") {
+	cmd := fs.Arg(0)
+	if fs.NArg() > 0 {
+		// Flags may follow the subcommand: migrate up --example.
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+	}
+	if fs.NArg() != 0 || (cmd != "up" && cmd != "status") || (*example && cmd != "up") {
 		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("expected up or status")}
+		return &exitError{code: 2, err: fmt.Errorf("expected up [--example] or status")}
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if fs.Arg(0) == "up" {
+	if cmd == "up" {
 		applied, err := postgres.Migrate(ctx, pool, nil)
 		if err != nil {
 			return err
+		}
+		if *example {
+			if err := orders.Migrate(ctx, pool); err != nil {
+				return err
+			}
+			fmt.Fprintln(e.stdout, "example tables ready (billing_charges)")
 		}
 		if len(applied) == 0 {
 			fmt.Fprintln(e.stdout, "schema is up to date")

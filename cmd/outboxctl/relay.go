@@ -15,7 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -29,7 +30,7 @@ const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-inter
 Runs the relay engine as a long-lived process (a container or a VM): drains continuously,
 woken by LISTEN/NOTIFY with polling as the safety net, and runs retention every
 --retention-interval (0 turns it off). It reads the same environment as the relay Lambda
-(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayconfig);
+(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayenv);
 flags override it. Serves /healthz and /metrics (Prometheus text format) on --listen, a
 loopback address. SIGTERM or Ctrl-C stops it after the batch in flight is published and
 marked. Any number of instances may run against one database.`
@@ -61,7 +62,12 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 {
 		return &exitError{code: 2, err: errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval not negative")}
 	}
-	cfg, err := relayconfig.FromEnv(overlayEnv(e.getenv, sf.overlay()))
+	// One read of the environment, AWS secret references resolved, for the whole process.
+	getenv, err := awsenv.Resolve(ctx, overlayEnv(e.getenv, sf.overlay()))
+	if err != nil {
+		return err
+	}
+	cfg, err := relayenv.Read(getenv)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -74,7 +80,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err := pub.EnsureQueues(ctx); err != nil {
 		return fmt.Errorf("relay: check qstash fifo queues: %w", err)
 	}
-	pool, err := openPool(ctx, e)
+	pool, err := poolFor(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}

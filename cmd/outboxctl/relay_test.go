@@ -247,7 +247,7 @@ func TestRelayFlags(t *testing.T) {
 	}
 	var stderr logtest.Buffer
 	e := env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}
-	if code := run(context.Background(), e, []string{"relay"}); code != 2 || !strings.Contains(stderr.String(), "DATABASE_URL is not set") {
+	if code := run(context.Background(), e, []string{"relay"}); code != 2 || !strings.Contains(stderr.String(), "DATABASE_URL: is not set") {
 		t.Errorf("no environment: %d %s", code, stderr.String())
 	}
 }

@@ -8,7 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
@@ -85,14 +86,18 @@ func runRetention(ctx context.Context, e env, args []string) error {
 	if e.getenv("PUBLIC_BASE_URL") == "" {
 		set["PUBLIC_BASE_URL"] = "https://unused-by-retention.invalid"
 	}
-	cfg, err := relayconfig.FromEnv(overlayEnv(e.getenv, set))
+	getenv, err := awsenv.Resolve(ctx, overlayEnv(e.getenv, set))
+	if err != nil {
+		return err
+	}
+	cfg, err := relayenv.Read(getenv)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	rc := cfg.Retention
 	rc.BatchSize, rc.MaxBatches = *batch, *maxBatches
 	rc.Logger = slog.New(slog.DiscardHandler)
-	pool, err := openPool(ctx, e)
+	pool, err := poolFor(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}

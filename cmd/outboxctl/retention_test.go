@@ -49,7 +49,7 @@ func TestRetentionRefusesShortDedupeTTL(t *testing.T) {
 	db := pgtest.New(t)
 	seedRetention(t, db)
 	code, _, stderr := runCLI(t, db.URL, "retention", "run", "--dedupe-ttl", "2h")
-	if code != 2 || !strings.Contains(stderr, "DEDUPE_TTL 2h0m0s") || !strings.Contains(stderr, "retry horizon "+retention.Horizon(relay.Config{}, 3).Round(time.Second).String()) {
+	if code != 2 || !strings.Contains(stderr, "DEDUPE_TTL: retention config DedupeTTL: 2h0m0s") || !strings.Contains(stderr, "retry horizon "+retention.Horizon(relay.Config{}, 3).Round(time.Second).String()) {
 		t.Fatalf("code %d stderr %s", code, stderr)
 	}
 	var n int

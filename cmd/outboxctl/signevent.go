@@ -23,7 +23,7 @@ func runSignEvent(_ context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "sign-event")
 	in := fs.String("in", "", "Function URL event file (JSON); - reads stdin (required)")
 	key := fs.String("key", "current", "signing key: current or next (QSTASH_CURRENT_SIGNING_KEY / QSTASH_NEXT_SIGNING_KEY, else the dev keys)")
-	signURL := fs.String("url", "", "URL to sign instead of the one rebuilt from the event (set when the receiver has PUBLIC_BASE_URL / FAILURE_PUBLIC_URL)")
+	signURL := fs.String("url", "", "URL to sign instead of the one rebuilt from the event (set when the receiver has PUBLIC_BASE_URL / FAILURE_CALLBACK_URL)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: outboxctl sign-event -in events/webhook.json [-key current|next] [-url URL] > signed.json")
 		fs.PrintDefaults()

@@ -102,7 +102,7 @@ func TestSignFunctionURLEvent(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	// -url overrides the rebuilt URL (receivers with PUBLIC_BASE_URL / FAILURE_PUBLIC_URL).
+	// -url overrides the rebuilt URL (receivers with PUBLIC_BASE_URL / FAILURE_CALLBACK_URL).
 	out, err = signFunctionURLEvent([]byte(`{"version":"2.0","body":"{}"}`), qstash.DevNextSigningKey, "https://hooks.example.com/events/a", now)
 	if err != nil {
 		t.Fatal(err)

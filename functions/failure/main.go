@@ -3,7 +3,7 @@
 // dead letter. With LISTEN_ADDR set it serves the same handler over net/http instead.
 //
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
-// FAILURE_PUBLIC_URL (the exact failure-callback URL the relay publishes; default: the
+// FAILURE_CALLBACK_URL (the exact failure-callback URL the relay publishes; default: the
 // Function URL's own origin plus the request path), MAX_BODY_BYTES (default 4 MiB),
 // LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
 // LISTEN_ADDR (optional).
@@ -11,15 +11,12 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
@@ -30,24 +27,17 @@ import (
 const maxConns = 2
 
 type config struct {
-	receiverconfig.Config
+	envconfig.ReceiverConfig
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
-	creds      *awsenv.Credentials
-	failureURL string
+	creds *awsenv.Credentials
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	rc, err := receiverconfig.FromEnv(getenv, deadletter.DefaultCallbackMaxBodyBytes)
-	c := config{Config: rc, failureURL: getenv("FAILURE_PUBLIC_URL")}
-	if c.failureURL != "" {
-		if u, perr := url.Parse(c.failureURL); perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			err = errors.Join(err, fmt.Errorf("FAILURE_PUBLIC_URL %q must be the absolute failure-callback URL, like https://abc.lambda-url.eu-west-1.on.aws/", c.failureURL))
-		}
-	}
-	return c, err
+	rc, err := envconfig.ReadFailure(getenv, deadletter.DefaultCallbackMaxBodyBytes)
+	return config{ReceiverConfig: rc}, err
 }
 
 func main() {
@@ -93,7 +83,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 	h, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{
 		Pool:         pool,
 		Verifier:     v,
-		FailureURL:   cfg.failureURL,
+		FailureURL:   cfg.PublicURL,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
 		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger),

@@ -33,28 +33,28 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MaxBodyBytes != 4<<20 || c.LogLevel != slog.LevelInfo || c.failureURL != "" {
+	if c.MaxBodyBytes != 4<<20 || c.LogLevel != slog.LevelInfo || c.PublicURL != "" {
 		t.Fatalf("defaults %+v", c)
 	}
 	m := valid()
-	m["FAILURE_PUBLIC_URL"] = "https://abc.lambda-url.eu-west-1.on.aws/"
+	m["FAILURE_CALLBACK_URL"] = "https://abc.lambda-url.eu-west-1.on.aws/"
 	m["MAX_BODY_BYTES"] = "1000"
 	m["LOG_LEVEL"] = "warn"
 	if c, err = loadConfig(env(m)); err != nil {
 		t.Fatal(err)
 	}
-	if c.failureURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.MaxBodyBytes != 1000 || c.LogLevel != slog.LevelWarn {
+	if c.PublicURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.MaxBodyBytes != 1000 || c.LogLevel != slog.LevelWarn {
 		t.Fatalf("config %+v", c)
 	}
 }
 
 func TestLoadConfigReportsEveryProblem(t *testing.T) {
 	t.Parallel()
-	_, err := loadConfig(env(map[string]string{"FAILURE_PUBLIC_URL": "/failure", "MAX_BODY_BYTES": "lots", "LOG_LEVEL": "chatty"}))
+	_, err := loadConfig(env(map[string]string{"FAILURE_CALLBACK_URL": "/failure", "MAX_BODY_BYTES": "lots", "LOG_LEVEL": "chatty"}))
 	if err == nil {
 		t.Fatal("invalid environment accepted")
 	}
-	for _, want := range []string{"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", "FAILURE_PUBLIC_URL", "MAX_BODY_BYTES", "LOG_LEVEL"} {
+	for _, want := range []string{"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", "FAILURE_CALLBACK_URL", "MAX_BODY_BYTES", "LOG_LEVEL"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}
@@ -66,7 +66,7 @@ func TestBuildServesRecorder(t *testing.T) {
 	db := pgtest.New(t)
 	m := valid()
 	m["DATABASE_URL"] = db.URL
-	m["FAILURE_PUBLIC_URL"] = "https://hooks.example.com/failure"
+	m["FAILURE_CALLBACK_URL"] = "https://hooks.example.com/failure"
 	cfg, err := loadConfig(env(m))
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,7 @@
 // retention ({"task":"retention"}), or records QStash DLQ entries missing from dead_letters
 // ({"task":"dlq-sync"}), writes one EMF metrics line, and returns its counts.
 //
-// Environment: see package relayconfig (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
+// Environment: see package relayenv (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
 // FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
@@ -24,7 +24,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
@@ -46,7 +46,7 @@ const (
 )
 
 type config struct {
-	relayconfig.Config
+	relayenv.Config
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
 	creds *awsenv.Credentials
@@ -55,7 +55,7 @@ type config struct {
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	c, err := relayconfig.FromEnv(getenv)
+	c, err := relayenv.Read(getenv)
 	return config{Config: c}, err
 }
 

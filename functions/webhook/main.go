@@ -10,17 +10,15 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
-	"net/url"
 	"os"
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
+	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
@@ -32,24 +30,17 @@ import (
 const maxConns = 2
 
 type config struct {
-	receiverconfig.Config
+	envconfig.ReceiverConfig
 	// creds re-reads the database secret when the server refuses the password (a rotation);
 	// nil with a plain DATABASE_URL.
-	creds         *awsenv.Credentials
-	publicBaseURL string
+	creds *awsenv.Credentials
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	rc, err := receiverconfig.FromEnv(getenv, webhook.DefaultMaxBodyBytes)
-	c := config{Config: rc, publicBaseURL: getenv("PUBLIC_BASE_URL")}
-	if c.publicBaseURL != "" {
-		if u, perr := url.Parse(c.publicBaseURL); perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
-			err = errors.Join(err, fmt.Errorf("PUBLIC_BASE_URL %q must be an absolute URL like https://hooks.example.com", c.publicBaseURL))
-		}
-	}
-	return c, err
+	rc, err := envconfig.ReadWebhook(getenv, webhook.DefaultMaxBodyBytes)
+	return config{ReceiverConfig: rc}, err
 }
 
 func main() {
@@ -93,14 +84,15 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		pool.Close()
 		return nil, nil, err
 	}
-	// Register your topics here; order.created is the example.
-	handlers := webhook.Handlers{"order.created": webhook.OrderCreated}
+	// Register your topics here; order.created is the example (examples/orders; its table
+	// comes from `outboxctl migrate up --example`).
+	handlers := orders.Handlers()
 	h, err := webhook.New(webhook.Config{
 		Pool:          pool,
 		Verifier:      v,
 		Handlers:      handlers,
 		MaxBodyBytes:  cfg.MaxBodyBytes,
-		PublicBaseURL: cfg.publicBaseURL,
+		PublicBaseURL: cfg.PublicURL,
 		Logger:        logger,
 		// The outbox shares this database: deliveries published before the message id
 		// moved into the signed URL are checked against it (README, Message identity).

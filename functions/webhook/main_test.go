@@ -34,7 +34,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MaxBodyBytes != 1<<20 || c.LogLevel != slog.LevelInfo || c.publicBaseURL != "" {
+	if c.MaxBodyBytes != 1<<20 || c.LogLevel != slog.LevelInfo || c.PublicURL != "" {
 		t.Fatalf("defaults %+v", c)
 	}
 
@@ -46,7 +46,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.publicBaseURL != "https://hooks.example.com" || c.MaxBodyBytes != 2048 || c.LogLevel != slog.LevelDebug {
+	if c.PublicURL != "https://hooks.example.com" || c.MaxBodyBytes != 2048 || c.LogLevel != slog.LevelDebug {
 		t.Fatalf("config %+v", c)
 	}
 }

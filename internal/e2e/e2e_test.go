@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -38,6 +39,9 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func newStack(t *testing.T, handlers webhook.Handlers, retries int) *stack {
 	t.Helper()
 	s := &stack{db: pgtest.New(t)}
+	if err := orders.Migrate(context.Background(), s.db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	pl, err := localstack.StartPipeline(context.Background(), localstack.PipelineConfig{
 		Pool: s.db.Pool, Handlers: handlers,
 		// TimeScale shrinks QStash's backoff (12 s, 2.5 min, ...) to milliseconds.
@@ -98,7 +102,7 @@ func orderEvent(orderID string, cents int) outbox.Event {
 	return outbox.Event{Topic: "order.created", PartitionKey: "order:" + orderID, Payload: p, Headers: map[string]string{"X-Correlation-Id": "corr-" + orderID}}
 }
 
-var orderHandlers = webhook.Handlers{"order.created": webhook.OrderCreated}
+var orderHandlers = webhook.Handlers{"order.created": orders.OrderCreated}
 
 // TestEventAppliedOnce: an event enqueued in a business transaction travels relay ->
 // local QStash -> webhook and is applied once, even though QStash delivers it twice; an
@@ -175,7 +179,7 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 		if !fixed.Load() {
 			return webhook.Permanent(errors.New("customer is blocked"))
 		}
-		return webhook.OrderCreated(ctx, tx, d)
+		return orders.OrderCreated(ctx, tx, d)
 	}}
 	s := newStack(t, handlers, 3)
 	ctx := context.Background()

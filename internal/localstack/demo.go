@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -31,8 +32,12 @@ CREATE TABLE IF NOT EXISTS demo_effects (
     applied_at    timestamptz NOT NULL DEFAULT clock_timestamp()
 );`
 
-// CreateDemoTables creates the demo's business and effect tables.
+// CreateDemoTables creates the demo's business and effect tables and the example
+// consumer's (examples/orders).
 func CreateDemoTables(ctx context.Context, db *pgxpool.Pool) error {
+	if err := orders.Migrate(ctx, db); err != nil {
+		return err
+	}
 	if _, err := db.Exec(ctx, qDemoSchema); err != nil {
 		return fmt.Errorf("create demo tables: %w", err)
 	}
@@ -42,7 +47,7 @@ func CreateDemoTables(ctx context.Context, db *pgxpool.Pool) error {
 // DemoHandler is the example order.created handler plus an effect row per application, in
 // the same transaction, so the summary can count applications per event.
 func DemoHandler(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
-	if err := webhook.OrderCreated(ctx, tx, d); err != nil {
+	if err := orders.OrderCreated(ctx, tx, d); err != nil {
 		return err
 	}
 	key := d.Headers.Get("X-Partition-Key")

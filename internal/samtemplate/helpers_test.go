@@ -14,9 +14,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/internal/receiverconfig"
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 )
@@ -70,8 +70,9 @@ func buildPackage(t *testing.T, id string) string {
 }
 
 // codeVariables returns the environment variables the main package in dir reads: every
-// getenv("X") / os.Getenv("X") in its non-test files, what relayconfig.FromEnv or
-// receiverconfig.FromEnv reads if it imports that package, and, for variables awsenv can resolve, their references if it
+// getenv("X") / os.Getenv("X") in its non-test files, what its envconfig reader reads
+// (functions/relay relayenv.Read, functions/webhook ReadWebhook, functions/failure ReadFailure)
+// if it imports envconfig, and, for variables awsenv can resolve, their references if it
 // imports awsenv. imports reports which of those packages it uses.
 func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
 	t.Helper()
@@ -115,15 +116,18 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			return true
 		})
 	}
-	if imports[modulePath+"/internal/relayconfig"] {
-		// Record what FromEnv asks for, and hold it to its own exported list.
-		_, _ = relayconfig.FromEnv(func(k string) string { vars[k] = true; return "" })
-		for _, v := range relayconfig.Variables {
-			vars[v] = true
+	if imports[modulePath+"/internal/envconfig"] || imports[modulePath+"/internal/envconfig/relayenv"] {
+		record := func(k string) string { vars[k] = true; return "" }
+		switch filepath.Base(dir) {
+		case "relay":
+			_, _ = relayenv.Read(record)
+		case "webhook":
+			_, _ = envconfig.ReadWebhook(record, 1)
+		case "failure":
+			_, _ = envconfig.ReadFailure(record, 1)
+		default:
+			t.Fatalf("%s imports envconfig but has no reader here", dir)
 		}
-	}
-	if imports[modulePath+"/internal/receiverconfig"] {
-		_, _ = receiverconfig.FromEnv(func(k string) string { vars[k] = true; return "" }, 1)
 	}
 	if imports[modulePath+"/pkg/awsenv"] {
 		for v := range maps(vars) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -172,6 +173,9 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	t.Parallel()
 	relayBin, webhookBin, failureBin := binary(t, "./functions/relay"), binary(t, "./functions/webhook"), binary(t, "./functions/failure")
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 
 	// Secrets as deployed: the RDS JSON in Secrets Manager, QStash values in SSM.
 	aws := awsenvtest.NewServer()
@@ -287,6 +291,9 @@ func TestRIERetention(t *testing.T) {
 	t.Parallel()
 	relayBin := binary(t, "./functions/relay")
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	ctx := ctxT(t, time.Minute)
 	// Dispatched 8 and 1 days ago; processed 15 and 1 days ago. Defaults: 7d / 14d.
 	_, err := db.Pool.Exec(ctx, `
@@ -321,6 +328,9 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 	t.Parallel()
 	bin := binary(t, "./functions/webhook")
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "WebhookFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
 
 	// The committed sample's signature has long expired: refused, nothing applied.
@@ -355,6 +365,9 @@ func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
 	t.Parallel()
 	bin := binary(t, "./functions/failure")
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "FailureFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
 	signed := signEvent(t, "events/failure.json")
 	for i, want := range []string{"recorded", "duplicate"} {
@@ -379,6 +392,9 @@ func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
 	t.Parallel()
 	relayBin := binary(t, "./functions/relay")
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(1500 * time.Millisecond):

@@ -148,7 +148,7 @@ func TestTemplateFunctions(t *testing.T) {
 }
 
 // TestTemplateSetsEveryVariableTheCodeReads derives each function's variables from its
-// main package (and relayconfig / awsenv), so a variable added to the code without the
+// main package (and envconfig / awsenv), so a variable added to the code without the
 // template fails here; and the reverse, so a misspelt template variable fails too.
 func TestTemplateSetsEveryVariableTheCodeReads(t *testing.T) {
 	t.Parallel()

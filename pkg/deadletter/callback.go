@@ -35,7 +35,7 @@ type CallbackConfig struct {
 	// Verifier checks Upstash-Signature. Required.
 	Verifier *qstash.Verifier
 	// FailureURL is the exact failure-callback URL the relay publishes
-	// (Upstash-Failure-Callback, FAILURE_PUBLIC_URL): QStash signs callbacks with it as the
+	// (Upstash-Failure-Callback, FAILURE_CALLBACK_URL): QStash signs callbacks with it as the
 	// subject. When empty, the trusted origin from the request context (pkg/origin, set by
 	// pkg/funcurl) plus the request's path and query is used; with neither, requests get
 	// 500 and a configuration error is logged. The client's Host is never used.
@@ -104,7 +104,7 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		URL:          cfg.FailureURL,
 		Name:         "failure callback",
-		ConfigHint:   "set FAILURE_PUBLIC_URL",
+		ConfigHint:   "set FAILURE_CALLBACK_URL",
 	}}, nil
 }
 

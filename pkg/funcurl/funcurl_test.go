@@ -13,6 +13,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -192,11 +193,14 @@ func TestHandlerResponse(t *testing.T) {
 func TestWebhookThroughAdapter(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, Handlers: webhook.Handlers{"order.created": webhook.OrderCreated}, Logger: quiet()})
+	h, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, Handlers: webhook.Handlers{"order.created": orders.OrderCreated}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

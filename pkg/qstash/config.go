@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Ordering chooses how the Publisher hands messages to QStash.
@@ -152,16 +154,16 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 func (c PublisherConfig) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("qstash publisher config %s: "+format, append([]any{field}, args...)...))
+		errs = append(errs, &publish.ConfigError{Config: "qstash publisher", Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		bad("BaseURL", "%v", err)
 	}
 	if c.Token == "" {
-		bad("Token", "is empty (set QSTASH_TOKEN)")
+		bad("Token", "is empty")
 	}
 	if c.DestinationBaseURL == "" {
-		bad("DestinationBaseURL", "is empty (set PUBLIC_BASE_URL)")
+		bad("DestinationBaseURL", "is empty")
 	} else if err := checkHTTPURL(c.DestinationBaseURL); err != nil {
 		bad("DestinationBaseURL", "%v", err)
 	} else if u, _ := url.Parse(c.DestinationBaseURL); u.RawQuery != "" || u.Fragment != "" {
@@ -247,19 +249,19 @@ func checkHTTPURL(s string) error {
 func checkBaseURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("QSTASH_URL %q is not a URL: %w", s, err)
+		return fmt.Errorf("%q is not a URL: %w", s, err)
 	}
 	switch {
 	case u.User != nil:
-		return fmt.Errorf("QSTASH_URL must not carry credentials; the token goes in QSTASH_TOKEN")
+		return fmt.Errorf("must not carry credentials; the token goes in Token")
 	case u.Host == "" || (u.Scheme != "https" && u.Scheme != "http"):
-		return fmt.Errorf("QSTASH_URL %q must be an absolute https URL such as %s", s, DefaultBaseURL)
+		return fmt.Errorf("%q must be an absolute https URL such as %s", s, DefaultBaseURL)
 	case u.Scheme == "http" && !isLoopbackHost(u):
-		return fmt.Errorf("QSTASH_URL %q must use https (http is allowed only for a loopback host, the local server)", s)
+		return fmt.Errorf("%q must use https (http is allowed only for a loopback host, the local server)", s)
 	case u.Path != "" && u.Path != "/":
-		return fmt.Errorf("QSTASH_URL %q must have no path (got %q): the client adds /v2/...; use e.g. %s", s, u.Path, DefaultBaseURL)
+		return fmt.Errorf("%q must have no path (got %q): the client adds /v2/...; use e.g. %s", s, u.Path, DefaultBaseURL)
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
-		return fmt.Errorf("QSTASH_URL %q must have no query or fragment", s)
+		return fmt.Errorf("%q must have no query or fragment", s)
 	}
 	return nil
 }

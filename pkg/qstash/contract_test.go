@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // batchRequests counts the /v2/batch requests the server answered, by status.
@@ -45,8 +45,9 @@ func TestBaseURLRefusedAtStartup(t *testing.T) {
 		"http://qstash.upstash.io", "ftp://qstash.upstash.io", "https://user:pw@qstash.upstash.io",
 	} {
 		_, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: base, Token: "t", DestinationBaseURL: "https://x"})
-		if err == nil || !strings.Contains(err.Error(), "QSTASH_URL") {
-			t.Errorf("%s: %v, want an error naming QSTASH_URL", base, err)
+		var ce *publish.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "BaseURL" {
+			t.Errorf("%s: %v, want a ConfigError for BaseURL (the env reader names QSTASH_URL)", base, err)
 		}
 		if err != nil && strings.Contains(err.Error(), "pw") {
 			t.Errorf("%s: the error repeats the password: %v", base, err)
@@ -76,11 +77,11 @@ func TestWrongQStashURLDefersEverything(t *testing.T) {
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: gw.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", MaxBatchItems: 10})
 	res := p.Publish(context.Background(), messages(1, 100, 10))
 	for i, r := range res {
-		var de *relay.DeferError
-		if r.Outcome() != relay.Deferred || !errors.As(r.Err, &de) || de.Reason != relay.DeferDeployment {
+		var de *publish.DeferError
+		if r.Outcome() != publish.Deferred || !errors.As(r.Err, &de) || de.Reason != publish.DeferDeployment {
 			t.Fatalf("message %d: %v (outcome %v), want deferred for the deployment", i, r.Err, r.Outcome())
 		}
-		if !strings.Contains(r.Err.Error(), "QSTASH_URL") || relay.StatusCode(r.Err) != http.StatusNotFound {
+		if !strings.Contains(r.Err.Error(), "QSTASH_URL") || publish.StatusCode(r.Err) != http.StatusNotFound {
 			t.Fatalf("message %d: %v does not name QSTASH_URL or carry the 404", i, r.Err)
 		}
 	}
@@ -148,7 +149,7 @@ func TestOneBadItemInHundred(t *testing.T) {
 			res := p.Publish(context.Background(), msgs)
 			for i, r := range res {
 				if msgs[i].ID == 42 {
-					if r.Outcome() != relay.PermanentFailure || !strings.Contains(r.Err.Error(), "cannot contain ':'") {
+					if r.Outcome() != publish.PermanentFailure || !strings.Contains(r.Err.Error(), "cannot contain ':'") {
 						t.Fatalf("bad message: %v (outcome %v), want permanent with QStash's reason", r.Err, r.Outcome())
 					}
 					continue
@@ -219,7 +220,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 	msgs[2].Payload = []byte(`"` + strings.Repeat("y", 1_000_000) + `"`)
 	res := p.Publish(context.Background(), msgs)
 	var tl *qstash.MessageTooLargeError
-	if res[2].Outcome() != relay.PermanentFailure || !errors.As(res[2].Err, &tl) || tl.Limit != 1_000_000 ||
+	if res[2].Outcome() != publish.PermanentFailure || !errors.As(res[2].Err, &tl) || tl.Limit != 1_000_000 ||
 		!strings.Contains(res[2].Err.Error(), "QSTASH_MAX_MESSAGE_BYTES") {
 		t.Fatalf("oversized: %v", res[2].Err)
 	}
@@ -252,8 +253,8 @@ func TestQuotaDefers(t *testing.T) {
 	}
 	res := p.Publish(context.Background(), messages(11, 12, 12))
 	for i, r := range res {
-		var de *relay.DeferError
-		if r.Outcome() != relay.Deferred || !errors.As(r.Err, &de) || de.Reason != relay.DeferQuota {
+		var de *publish.DeferError
+		if r.Outcome() != publish.Deferred || !errors.As(r.Err, &de) || de.Reason != publish.DeferQuota {
 			t.Fatalf("over quota, message %d: %v (outcome %v)", i, r.Err, r.Outcome())
 		}
 		// The window started when the server did, before `before`; Reset is that plus an
@@ -431,7 +432,7 @@ func TestTwoDeploymentsShareAnAccount(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
 	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
-	publish := func(name string) []relay.Result {
+	publish := func(name string) []publish.Result {
 		p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Name: name})
 		return p.Publish(context.Background(), messages(1, 20, 5))
 	}
@@ -600,7 +601,7 @@ func TestFIFOInvalidMessageHoldsOnlyLaterOnes(t *testing.T) {
 		switch {
 		case i < 3 && r.Err != nil:
 			t.Fatalf("message %d, before the invalid one: %v", i, r.Err)
-		case i == 3 && r.Outcome() != relay.PermanentFailure:
+		case i == 3 && r.Outcome() != publish.PermanentFailure:
 			t.Fatalf("invalid message: %v", r.Err)
 		case i > 3 && !errors.Is(r.Err, qstash.ErrHeldBack):
 			t.Fatalf("message %d, after the invalid one: %v", i, r.Err)
@@ -629,7 +630,7 @@ func TestDeferralWinsOverHoldBack(t *testing.T) {
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: fake.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", Ordering: qstash.OrderingFIFO, MaxBatchItems: 1})
 	msgs := messages(1, 3, 2) // keys 0, 1, 0
 	res := p.Publish(context.Background(), msgs)
-	if res[0].Outcome() != relay.Retryable || res[1].Outcome() != relay.Deferred || res[2].Outcome() != relay.Deferred {
+	if res[0].Outcome() != publish.Retryable || res[1].Outcome() != publish.Deferred || res[2].Outcome() != publish.Deferred {
 		t.Fatalf("outcomes %v %v %v (%v), want retryable, deferred, deferred", res[0].Outcome(), res[1].Outcome(), res[2].Outcome(), res[2].Err)
 	}
 	if n.Load() != 2 {

@@ -21,8 +21,8 @@
 //
 // docs/qstash-contract.md lists every rule of the service the relay relies on, its source,
 // how qstashtest enforces it and how the publisher reacts. In short: a 429 defers the call
-// until the reset (relay.DeferQuota); 401/403/404/405 and answers naming the deployment
-// defer it for an operator (relay.DeferDeployment, the error names the variable); a
+// until the reset (publish.DeferQuota); 401/403/404/405 and answers naming the deployment
+// defer it for an operator (publish.DeferDeployment, the error names the variable); a
 // 400/412/413/422 for several messages is bisected down to the message refused alone, the
 // only one that fails permanently; unknown item errors are retried.
 //

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // APIError is a non-2xx answer from the QStash API. qstash-go v1.0.0 discards the status
@@ -99,7 +99,7 @@ func queueCapText(code int, msg string) bool {
 	return code == http.StatusPreconditionFailed && strings.Contains(strings.ToLower(msg), "queue")
 }
 
-// HTTPStatus returns StatusCode (relay.StatusCode reads it).
+// HTTPStatus returns StatusCode (publish.StatusCode reads it).
 func (e *APIError) HTTPStatus() int { return e.StatusCode }
 
 // newAPIError builds an APIError from a response whose body has been read.
@@ -286,7 +286,7 @@ type answerKind int
 
 const (
 	answerFail  answerKind = iota // each message fails with err (permanent or not)
-	answerDefer                   // err is a *relay.DeferError for every message left
+	answerDefer                   // err is a *publish.DeferError for every message left
 	answerSplit                   // one message may be at fault: split the request
 )
 
@@ -300,7 +300,7 @@ func (p *Publisher) classify(e *APIError, n int) decision {
 	switch {
 	case e.StatusCode == http.StatusTooManyRequests:
 		until := quotaUntil(e)
-		return decision{answerDefer, &relay.DeferError{Reason: relay.DeferQuota, Until: until,
+		return decision{answerDefer, &publish.DeferError{Reason: publish.DeferQuota, Until: until,
 			Err: fmt.Errorf("qstash quota or rate limit reached, publishing paused until %s: %w", until.UTC().Format(time.RFC3339), e)}}
 	case e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden:
 		return decision{answerDefer, p.deployment("QSTASH_TOKEN", "QStash refused the token (rotated or for another account?)", e)}
@@ -323,8 +323,8 @@ func (p *Publisher) classify(e *APIError, n int) decision {
 }
 
 // deployment is the DeferError of a fault an operator must fix in variable.
-func (p *Publisher) deployment(variable, hint string, err error) *relay.DeferError {
-	return &relay.DeferError{Reason: relay.DeferDeployment, Err: fmt.Errorf("check %s: %s: %w", variable, hint, err)}
+func (p *Publisher) deployment(variable, hint string, err error) *publish.DeferError {
+	return &publish.DeferError{Reason: publish.DeferDeployment, Err: fmt.Errorf("check %s: %s: %w", variable, hint, err)}
 }
 
 // quotaUntil is when a 429 says the limit resets: Retry-After, else the reset of the

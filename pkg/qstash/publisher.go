@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Publisher publishes claimed outbox messages to QStash through /v2/batch, one result per
@@ -31,9 +31,9 @@ import (
 //
 // What an answer means for the messages (docs/qstash-contract.md has the sources):
 //   - 429: every message of the request and of the rest of the call is deferred
-//     (relay.DeferQuota) until the reset the headers give; nothing is spent or lost.
+//     (publish.DeferQuota) until the reset the headers give; nothing is spent or lost.
 //   - 401/403, 404/405, or a text saying the endpoint, token or destination is wrong: a
-//     deployment fault (relay.DeferDeployment) whose error names the variable to fix.
+//     deployment fault (publish.DeferDeployment) whose error names the variable to fix.
 //   - 400/412/413/422 on a request of several messages: the request is split in halves
 //     and resent until the message that fails alone is found; only it fails, permanently.
 //   - 5xx, network errors, timeouts, an unknown item error: retryable.
@@ -45,8 +45,6 @@ type Publisher struct {
 	flow     string
 	now      func() time.Time
 }
-
-var _ relay.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher, or an error naming every invalid config field.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
@@ -138,8 +136,8 @@ type encoded struct {
 // neighbours (QStash keeps no order there anyway). In FIFO ordering a message whose
 // earlier same-key message failed in this call is not sent (ErrHeldBack, retryable): it
 // would overtake it in the queue.
-func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	s := &publishCall{p: p, results: make([]relay.Result, len(msgs))}
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
+	s := &publishCall{p: p, results: make([]publish.Result, len(msgs))}
 	if p.cfg.Ordering == OrderingFIFO {
 		s.failedKeys = map[string]bool{}
 	}
@@ -196,7 +194,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 // publishCall is the state of one Publish call.
 type publishCall struct {
 	p       *Publisher
-	results []relay.Result
+	results []publish.Result
 	// failedKeys (FIFO ordering only) are the partition keys with a failed message.
 	failedKeys map[string]bool
 	// deferred, once set, is the answer of every message not yet sent: the quota is used
@@ -239,7 +237,7 @@ func (s *publishCall) send(ctx context.Context, chunk []encoded) {
 		for j, r := range res {
 			s.results[chunk[j].index] = r
 			if r.Err != nil {
-				if relay.IsDeferred(r.Err) && s.deferred == nil {
+				if publish.IsDeferred(r.Err) && s.deferred == nil {
 					s.deferred = r.Err
 				}
 				s.failKey(chunk[j].key)
@@ -314,9 +312,9 @@ const maxResponseBody = 32 << 20
 
 // post sends chunk as one /v2/batch request. A 2xx answer gives one Result per item;
 // anything else gives the *APIError (or a transport error as a retryable Result for all).
-func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]relay.Result, *APIError) {
-	all := func(err error) []relay.Result {
-		out := make([]relay.Result, len(chunk))
+func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]publish.Result, *APIError) {
+	all := func(err error) []publish.Result {
+		out := make([]publish.Result, len(chunk))
 		for i := range out {
 			out[i].Err = err
 		}
@@ -369,8 +367,8 @@ func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]relay.Result, 
 // decodeBatch maps a 2xx /v2/batch body to results. The body is a JSON array in request
 // order; each element is {messageId,...}, {"error": text}, or (URL groups) an array of the
 // former. Anything else fails the affected messages, retryably.
-func (p *Publisher) decodeBatch(data []byte, idx []int) []relay.Result {
-	out := make([]relay.Result, len(idx))
+func (p *Publisher) decodeBatch(data []byte, idx []int) []publish.Result {
+	out := make([]publish.Result, len(idx))
 	var elems []json.RawMessage
 	if err := json.Unmarshal(data, &elems); err != nil {
 		// The JS SDK accepts a bare object for a one-item batch; so do we.
@@ -402,17 +400,17 @@ type itemResponse struct {
 	Error        string `json:"error"`
 }
 
-func (p *Publisher) decodeItem(el json.RawMessage, index int) relay.Result {
+func (p *Publisher) decodeItem(el json.RawMessage, index int) publish.Result {
 	el = bytes.TrimSpace(el)
 	var rs []itemResponse
 	if bytes.HasPrefix(el, []byte("[")) {
 		if err := json.Unmarshal(el, &rs); err != nil || len(rs) == 0 {
-			return relay.Result{Err: fmt.Errorf("decode qstash batch item %d: %w: %s", index, ErrBadResponse, snippet(el))}
+			return publish.Result{Err: fmt.Errorf("decode qstash batch item %d: %w: %s", index, ErrBadResponse, snippet(el))}
 		}
 	} else {
 		var r itemResponse
 		if err := json.Unmarshal(el, &r); err != nil {
-			return relay.Result{Err: fmt.Errorf("decode qstash batch item %d: %w: %s", index, ErrBadResponse, snippet(el))}
+			return publish.Result{Err: fmt.Errorf("decode qstash batch item %d: %w: %s", index, ErrBadResponse, snippet(el))}
 		}
 		rs = []itemResponse{r}
 	}
@@ -420,15 +418,15 @@ func (p *Publisher) decodeItem(el json.RawMessage, index int) relay.Result {
 		if r.Error != "" {
 			ie := &ItemError{Index: index, Message: r.Error}
 			if v, hint, ok := deploymentText(r.Error); ok {
-				return relay.Result{Err: p.deployment(v, hint, ie)}
+				return publish.Result{Err: p.deployment(v, hint, ie)}
 			}
-			return relay.Result{Err: ie}
+			return publish.Result{Err: ie}
 		}
 		if r.MessageID == "" {
-			return relay.Result{Err: fmt.Errorf("decode qstash batch item %d: %w", index, ErrNoMessageID)}
+			return publish.Result{Err: fmt.Errorf("decode qstash batch item %d: %w", index, ErrNoMessageID)}
 		}
 	}
-	return relay.Result{MessageID: rs[0].MessageID}
+	return publish.Result{MessageID: rs[0].MessageID}
 }
 
 func validHeaderName(s string) bool {

@@ -19,10 +19,14 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
+
+// The publisher is what the relay publishes through.
+var _ relay.Publisher = (*qstash.Publisher)(nil)
 
 func TestMain(m *testing.M) {
 	os.Unsetenv("QSTASH_URL") // qstash-go lets it override Options.Url
@@ -300,12 +304,12 @@ func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstas
 	msgs[5].PartitionKey = msgs[3].PartitionKey // a later message of the refused one's key
 	res := p.Publish(context.Background(), msgs)
 	var inv *qstash.InvalidMessageError
-	if !errors.As(res[0].Err, &inv) || !relay.IsPermanent(res[0].Err) {
+	if !errors.As(res[0].Err, &inv) || !publish.IsPermanent(res[0].Err) {
 		t.Fatalf("bad header: %v", res[0].Err)
 	}
 	// msgs[3] (outbox id 4) is items[2] of the first request (msgs[0] was never sent): an
 	// item error, or the message a whole-request 400 was split down to.
-	if !relay.IsPermanent(res[3].Err) || !strings.Contains(res[3].Err.Error(), "cannot contain ':'") {
+	if !publish.IsPermanent(res[3].Err) || !strings.Contains(res[3].Err.Error(), "cannot contain ':'") {
 		t.Fatalf("refused item: %v", res[3].Err)
 	}
 	var ie *qstash.ItemError
@@ -315,7 +319,7 @@ func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstas
 	failed := map[int]bool{0: true, 3: true}
 	if ordering == qstash.OrderingFIFO {
 		for _, i := range []int{5, 9} {
-			if !errors.Is(res[i].Err, qstash.ErrHeldBack) || relay.IsPermanent(res[i].Err) {
+			if !errors.Is(res[i].Err, qstash.ErrHeldBack) || publish.IsPermanent(res[i].Err) {
 				t.Fatalf("message %d, same key as a failed one: %v", i, res[i].Err)
 			}
 			failed[i] = true
@@ -344,7 +348,7 @@ func TestPublishErrorClasses(t *testing.T) {
 		answer    answer
 		n         int
 		permanent bool
-		deferred  string // the relay.DeferError reason, "" if not deferred
+		deferred  string // the publish.DeferError reason, "" if not deferred
 		status    int
 		check     func(t *testing.T, err error)
 	}{
@@ -356,31 +360,31 @@ func TestPublishErrorClasses(t *testing.T) {
 					t.Fatalf("%v", err)
 				}
 			}},
-		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 401,
+		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 401,
 			check: func(t *testing.T, err error) {
 				if !strings.Contains(err.Error(), "QSTASH_TOKEN") {
 					t.Fatalf("%v does not name QSTASH_TOKEN", err)
 				}
 			}},
-		{name: "403", answer: answer{403, nil, `forbidden`, false}, n: 1, deferred: relay.DeferDeployment, status: 403},
-		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 3, deferred: relay.DeferDeployment, status: 404,
+		{name: "403", answer: answer{403, nil, `forbidden`, false}, n: 1, deferred: publish.DeferDeployment, status: 403},
+		{name: "404", answer: answer{404, nil, `{"error":"not found"}`, false}, n: 3, deferred: publish.DeferDeployment, status: 404,
 			check: func(t *testing.T, err error) {
 				if !strings.Contains(err.Error(), "QSTASH_URL") {
 					t.Fatalf("%v does not name QSTASH_URL", err)
 				}
 			}},
-		{name: "405 from a proxy", answer: answer{405, nil, `<html>Method Not Allowed</html>`, false}, n: 2, deferred: relay.DeferDeployment, status: 405},
-		{name: "400 invalid destination", answer: answer{400, nil, `{"error":"invalid destination url: endpoint has invalid scheme, add http:// or https://"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 400,
+		{name: "405 from a proxy", answer: answer{405, nil, `<html>Method Not Allowed</html>`, false}, n: 2, deferred: publish.DeferDeployment, status: 405},
+		{name: "400 invalid destination", answer: answer{400, nil, `{"error":"invalid destination url: endpoint has invalid scheme, add http:// or https://"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
 			check: func(t *testing.T, err error) {
 				if !strings.Contains(err.Error(), "PUBLIC_BASE_URL") {
 					t.Fatalf("%v does not name PUBLIC_BASE_URL", err)
 				}
 			}},
-		{name: "412 queue cap", answer: answer{412, nil, `{"error":"queue limit reached"}`, false}, n: 2, deferred: relay.DeferDeployment, status: 412},
+		{name: "412 queue cap", answer: answer{412, nil, `{"error":"queue limit reached"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 412},
 		{name: "413 single", answer: answer{413, nil, `{"error":"too large"}`, false}, n: 1, permanent: true, status: 413},
 		{name: "409 unknown 4xx", answer: answer{409, nil, `{"error":"conflict"}`, false}, n: 1, status: 409},
 		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, status: 408},
-		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 2, deferred: relay.DeferQuota, status: 429,
+		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 2, deferred: publish.DeferQuota, status: 429,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
 				if !errors.As(err, &ae) || ae.RateLimit.Limit != 500 || ae.RateLimit.Remaining != 0 || ae.RateLimit.Reset != "1700000000" || ae.Burst.Limit != 100 || ae.RetryAfter != 7*time.Second {
@@ -425,8 +429,8 @@ func TestPublishErrorClasses(t *testing.T) {
 					t.Fatalf("%v", err)
 				}
 			}},
-		{name: "200 item queue cap", answer: answer{200, nil, `[{"error":"queue limit reached: the free plan allows 10 queues"}]`, false}, n: 1, deferred: relay.DeferDeployment},
-		{name: "200 item bad destination", answer: answer{200, nil, `[{"error":"invalid destination url: x is not a loopback address"}]`, false}, n: 1, deferred: relay.DeferDeployment},
+		{name: "200 item queue cap", answer: answer{200, nil, `[{"error":"queue limit reached: the free plan allows 10 queues"}]`, false}, n: 1, deferred: publish.DeferDeployment},
+		{name: "200 item bad destination", answer: answer{200, nil, `[{"error":"invalid destination url: x is not a loopback address"}]`, false}, n: 1, deferred: publish.DeferDeployment},
 		{name: "timeout", answer: answer{hang: true}, n: 1,
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, context.DeadlineExceeded) {
@@ -460,17 +464,17 @@ func TestPublishErrorClasses(t *testing.T) {
 				if r.Err == nil || r.MessageID != "" {
 					t.Fatalf("result %+v: want a failure", r)
 				}
-				wantOutcome := relay.Retryable
+				wantOutcome := publish.Retryable
 				switch {
 				case tt.deferred != "":
-					wantOutcome = relay.Deferred
+					wantOutcome = publish.Deferred
 				case tt.permanent:
-					wantOutcome = relay.PermanentFailure
+					wantOutcome = publish.PermanentFailure
 				}
-				if r.Outcome() != wantOutcome || relay.StatusCode(r.Err) != tt.status {
-					t.Fatalf("%v: outcome %v status %d, want %v %d", r.Err, r.Outcome(), relay.StatusCode(r.Err), wantOutcome, tt.status)
+				if r.Outcome() != wantOutcome || publish.StatusCode(r.Err) != tt.status {
+					t.Fatalf("%v: outcome %v status %d, want %v %d", r.Err, r.Outcome(), publish.StatusCode(r.Err), wantOutcome, tt.status)
 				}
-				var de *relay.DeferError
+				var de *publish.DeferError
 				if tt.deferred != "" && (!errors.As(r.Err, &de) || de.Reason != tt.deferred) {
 					t.Fatalf("%v: want deferred for %s", r.Err, tt.deferred)
 				}
@@ -486,7 +490,7 @@ func TestPublishErrorClasses(t *testing.T) {
 		srv.Close()
 		p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1"})
 		r := p.Publish(context.Background(), messages(1, 1, 1))[0]
-		if r.Err == nil || relay.IsPermanent(r.Err) {
+		if r.Err == nil || publish.IsPermanent(r.Err) {
 			t.Fatalf("%v", r.Err)
 		}
 	})
@@ -507,7 +511,7 @@ func TestPublishAgainstInjectedFaults(t *testing.T) {
 		var next []outbox.Message
 		for i, r := range p.Publish(context.Background(), pending) {
 			if r.Err != nil {
-				if relay.IsPermanent(r.Err) {
+				if publish.IsPermanent(r.Err) {
 					t.Fatalf("injected fault classified permanent: %v", r.Err)
 				}
 				next = append(next, pending[i])

@@ -118,10 +118,10 @@ type Verifier struct {
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	var errs []error
 	if cfg.CurrentSigningKey == "" {
-		errs = append(errs, errors.New("QSTASH_CURRENT_SIGNING_KEY is empty"))
+		errs = append(errs, errors.New("CurrentSigningKey is empty"))
 	}
 	if cfg.NextSigningKey == "" {
-		errs = append(errs, errors.New("QSTASH_NEXT_SIGNING_KEY is empty (set it to the next key from the QStash console; an empty key would accept forged tokens)"))
+		errs = append(errs, errors.New("NextSigningKey is empty (an empty key would accept forged tokens)"))
 	}
 	if cfg.Tolerance < 0 {
 		errs = append(errs, errors.New("signature tolerance is negative"))

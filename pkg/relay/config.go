@@ -106,7 +106,7 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("relay config %s: "+format, append([]any{field}, args...)...))
+		errs = append(errs, &ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)

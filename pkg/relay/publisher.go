@@ -2,10 +2,9 @@ package relay
 
 import (
 	"context"
-	"errors"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Publisher hands a batch of messages to the queue. It is the relay's only dependency on
@@ -17,103 +16,32 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []outbox.Message) []Result
 }
 
-// Result is the outcome of publishing one message.
-type Result struct {
-	// MessageID is the queue's id for the message, when it was accepted.
-	MessageID string
-	// Err is nil when published. Errors marked permanent (IsPermanent) dead-letter the
-	// event at once; every other error is retried with backoff until MaxAttempts.
-	Err error
-}
-
-// Outcome classifies a Result.
-type Outcome int
-
-const (
-	Published Outcome = iota
-	Retryable
-	PermanentFailure
-	// Deferred: the message was not attempted because the queue refused the whole request
-	// for a reason that is not about this message (a used-up quota, a wrong endpoint or
-	// token). The relay puts it back without spending an attempt and stops publishing until
-	// the DeferError's Until.
-	Deferred
+// The publish contract, under the names the relay's users know (package publish holds it,
+// so that a publisher need not import the engine).
+type (
+	Result      = publish.Result
+	Outcome     = publish.Outcome
+	DeferError  = publish.DeferError
+	ConfigError = publish.ConfigError
 )
 
-// Outcome returns Published, Retryable or PermanentFailure.
-func (r Result) Outcome() Outcome {
-	switch {
-	case r.Err == nil:
-		return Published
-	case IsDeferred(r.Err):
-		return Deferred
-	case IsPermanent(r.Err):
-		return PermanentFailure
-	default:
-		return Retryable
-	}
-}
-
-// IsPermanent reports whether err, or an error it wraps, has a Permanent() bool method
-// returning true. Everything else is transient: retrying an unknown error is safe because
-// publishes are deduplicated, while dead-lettering it would be a guess.
-func IsPermanent(err error) bool {
-	var p interface{ Permanent() bool }
-	return errors.As(err, &p) && p.Permanent()
-}
-
-// StatusCode returns the HTTP status carried by err (a HTTPStatus() int method), or 0.
-func StatusCode(err error) int {
-	var s interface{ HTTPStatus() int }
-	if errors.As(err, &s) {
-		return s.HTTPStatus()
-	}
-	return 0
-}
-
-// Permanent marks err as permanent: the relay dead-letters the event without retrying.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string   { return e.err.Error() }
-func (e *permanentError) Unwrap() error   { return e.err }
-func (e *permanentError) Permanent() bool { return true }
-
-// Reasons a publish is deferred (DeferError.Reason); they name the metric and log line.
 const (
-	// DeferQuota: the queue's quota or rate limit is used up until Until.
-	DeferQuota = "quota"
-	// DeferDeployment: the endpoint or credentials are wrong (404, 405, 401, 403 for the
-	// whole request). Nothing is wrong with the messages; an operator must fix the setting.
-	DeferDeployment = "deployment"
+	Published        = publish.Published
+	Retryable        = publish.Retryable
+	PermanentFailure = publish.PermanentFailure
+	Deferred         = publish.Deferred
+	DeferQuota       = publish.DeferQuota
+	DeferDeployment  = publish.DeferDeployment
 )
 
-// DeferError reports a message the queue did not take for a reason outside the message.
-// The relay releases it with its attempt uncounted and publishes nothing more until Until
-// (a zero Until lets the relay choose its own pause).
-type DeferError struct {
-	Reason string
-	Until  time.Time
-	Err    error
-}
+// IsPermanent is publish.IsPermanent.
+func IsPermanent(err error) bool { return publish.IsPermanent(err) }
 
-func (e *DeferError) Error() string {
-	if e.Err == nil {
-		return "publish deferred: " + e.Reason
-	}
-	return "publish deferred (" + e.Reason + "): " + e.Err.Error()
-}
+// IsDeferred is publish.IsDeferred.
+func IsDeferred(err error) bool { return publish.IsDeferred(err) }
 
-func (e *DeferError) Unwrap() error { return e.Err }
+// StatusCode is publish.StatusCode.
+func StatusCode(err error) int { return publish.StatusCode(err) }
 
-// IsDeferred reports whether err is or wraps a *DeferError.
-func IsDeferred(err error) bool {
-	var d *DeferError
-	return errors.As(err, &d)
-}
+// Permanent is publish.Permanent.
+func Permanent(err error) error { return publish.Permanent(err) }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -58,10 +59,10 @@ func ValidateDedupeTTL(ttl time.Duration, relayCfg relay.Config, qstashRetries i
 	}
 	h := Horizon(relayCfg, qstashRetries)
 	if ttl <= h {
-		return fmt.Errorf("DEDUPE_TTL %v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
-			"a late redelivery would be processed twice: raise DEDUPE_TTL above %v or shorten the retry budgets",
+		return &publish.ConfigError{Config: "retention", Field: "DedupeTTL", Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
+			"a late redelivery would be processed twice: raise it above %v or shorten the retry budgets",
 			ttl, ttl.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
-			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)
+			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)}
 	}
 	return nil
 }
@@ -77,11 +78,11 @@ func ValidateOutboxRetention(retention time.Duration, relayCfg relay.Config, qst
 	}
 	h := Horizon(relayCfg, qstashRetries)
 	if retention <= h {
-		return fmt.Errorf("OUTBOX_RETENTION %v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
+		return &publish.ConfigError{Config: "retention", Field: "OutboxRetention", Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
 			"a dispatched event could be deleted while QStash still delivers it, and its failure callback or redrive would find nothing: "+
-			"raise OUTBOX_RETENTION above %v or shorten the retry budgets",
+			"raise it above %v or shorten the retry budgets",
 			retention, retention.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
-			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)
+			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)}
 	}
 	return nil
 }

@@ -85,7 +85,7 @@ func TestValidateOutboxRetention(t *testing.T) {
 	h := Horizon(relay.Config{}, 3)
 	for _, r := range []time.Duration{time.Hour, h} {
 		err := ValidateOutboxRetention(r, relay.Config{}, 3)
-		if err == nil || !strings.Contains(err.Error(), "OUTBOX_RETENTION "+r.String()) || !strings.Contains(err.Error(), h.Round(time.Second).String()) {
+		if err == nil || !strings.Contains(err.Error(), "OutboxRetention: "+r.String()) || !strings.Contains(err.Error(), h.Round(time.Second).String()) {
 			t.Fatalf("retention %v (horizon %v): %v; want refused naming both", r, h, err)
 		}
 	}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Defaults for Config.
@@ -89,16 +91,16 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if c.OutboxRetention < time.Minute {
-		errs = append(errs, fmt.Errorf("retention config OutboxRetention: %v is below one minute", c.OutboxRetention))
+		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "OutboxRetention", Reason: fmt.Sprintf("%v is below one minute", c.OutboxRetention)})
 	}
 	if c.DedupeTTL < time.Minute {
-		errs = append(errs, fmt.Errorf("retention config DedupeTTL: %v is below one minute", c.DedupeTTL))
+		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "DedupeTTL", Reason: fmt.Sprintf("%v is below one minute", c.DedupeTTL)})
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("retention config BatchSize: %d is outside 1..%d", c.BatchSize, MaxBatchSize))
+		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "BatchSize", Reason: fmt.Sprintf("%d is outside 1..%d", c.BatchSize, MaxBatchSize)})
 	}
 	if c.MaxBatches < 1 {
-		errs = append(errs, fmt.Errorf("retention config MaxBatches: %d must be at least 1", c.MaxBatches))
+		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "MaxBatches", Reason: fmt.Sprintf("%d must be at least 1", c.MaxBatches)})
 	}
 	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -45,7 +46,7 @@ func ExampleNew() {
 		Pool:     pool,
 		Verifier: verifier,
 		Handlers: webhook.Handlers{
-			"order.created": webhook.OrderCreated,
+			"order.created": orders.OrderCreated,
 			"invoice.paid":  invoicePaid,
 		},
 		PublicBaseURL: os.Getenv("PUBLIC_BASE_URL"), // what the relay publishes to

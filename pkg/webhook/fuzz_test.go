@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -82,7 +83,7 @@ func FuzzWebhookRequest(f *testing.F) {
 			t.Fatalf("mode %d: status %d, processed_messages %d -> %d", mode, w.Code, before, after)
 		}
 		if mode == fuzzSigned && topic == "order.created" && len(body) <= 4096 {
-			_, perr := webhook.ParseOrderCreated(body)
+			_, perr := orders.Parse(body)
 			if ok := perr == nil; ok != (w.Code == 200) || ok != (after == before+1) {
 				t.Fatalf("payload %q: parse error %v, status %d, processed_messages %d -> %d", body, perr, w.Code, before, after)
 			}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -60,10 +61,13 @@ func verifier(t testing.TB) *qstash.Verifier {
 func newFixture(t testing.TB, edit func(*webhook.Config)) *fixture {
 	t.Helper()
 	f := &fixture{db: pgtest.New(t), logs: &syncBuffer{}}
+	if err := orders.Migrate(context.Background(), f.db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	cfg := webhook.Config{
 		Pool:          f.db.Pool,
 		Verifier:      verifier(t),
-		Handlers:      webhook.Handlers{"order.created": webhook.OrderCreated},
+		Handlers:      webhook.Handlers{"order.created": orders.OrderCreated},
 		PublicBaseURL: baseURL,
 		Logger:        slog.New(slog.NewJSONHandler(f.logs, nil)),
 		Observe: func(topic, outcome string) {

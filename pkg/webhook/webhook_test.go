@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -258,7 +259,7 @@ func TestHandlerThatWritesThenFailsLeavesNothingAndRetrySucceeds(t *testing.T) {
 	var calls atomic.Int32
 	secret := "db password is hunter2"
 	flaky := func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
-		if err := webhook.OrderCreated(ctx, tx, d); err != nil {
+		if err := orders.OrderCreated(ctx, tx, d); err != nil {
 			return err
 		}
 		if calls.Add(1) == 1 {
@@ -293,7 +294,7 @@ func TestHandlerThatWritesThenFailsLeavesNothingAndRetrySucceeds(t *testing.T) {
 func TestPermanentHandlerErrorRollsBack(t *testing.T) {
 	t.Parallel()
 	reject := func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
-		if err := webhook.OrderCreated(ctx, tx, d); err != nil {
+		if err := orders.OrderCreated(ctx, tx, d); err != nil {
 			return err
 		}
 		return webhook.Permanent(errors.New("customer is blocked"))
@@ -387,7 +388,7 @@ func TestPublicBaseURLTrailingSlash(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	v := verifier(t)
-	ok := webhook.Handlers{"order.created": webhook.OrderCreated}
+	ok := webhook.Handlers{"order.created": orders.OrderCreated}
 	f := newFixture(t, nil)
 	cases := []struct {
 		name string
@@ -395,7 +396,7 @@ func TestConfigValidate(t *testing.T) {
 		want []string
 	}{
 		{"empty", webhook.Config{}, []string{"Pool", "Verifier", "Handlers"}},
-		{"bad topic and nil handler", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: webhook.Handlers{"a/b": webhook.OrderCreated, "x": nil}}, []string{`"a/b"`, `"x" has a nil handler`}},
+		{"bad topic and nil handler", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: webhook.Handlers{"a/b": orders.OrderCreated, "x": nil}}, []string{`"a/b"`, `"x" has a nil handler`}},
 		{"bad base url", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, PublicBaseURL: "hooks.example.com"}, []string{"PublicBaseURL"}},
 		{"base url with query", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, PublicBaseURL: "https://h.example?x=1"}, []string{"PublicBaseURL"}},
 		{"negative limit", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, MaxBodyBytes: -1}, []string{"MaxBodyBytes"}},

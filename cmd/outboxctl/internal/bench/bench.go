@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 )
 
 // Size picks a scenario's scale.
@@ -57,7 +59,7 @@ func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 const Topic = "order.created"
 
 // Payload returns the ~300-byte order.created JSON of event n of partition key key. It is
-// a valid payload for webhook.OrderCreated (order_id unique per n and run) and carries the
+// a valid payload for orders.OrderCreated (order_id unique per n and run) and carries the
 // key so a receiver can check per-key order without a lookup.
 func Payload(run string, n int, key string) []byte {
 	b := make([]byte, 0, 320)
@@ -129,6 +131,9 @@ func LoadRows(ctx context.Context, db *pgxpool.Pool, l Load) error {
 
 // Reset empties the tables a scenario writes and restarts the outbox ids.
 func Reset(ctx context.Context, db *pgxpool.Pool) error {
+	if err := orders.Migrate(ctx, db); err != nil {
+		return err
+	}
 	if _, err := db.Exec(ctx, qReset); err != nil {
 		return fmt.Errorf("reset bench tables: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -48,7 +49,7 @@ type ConsumerRun struct {
 	// WebhookPerSec: signed deliveries POSTed over loopback to webhook.Handler.
 	WebhookPerSec float64 `json:"webhook_per_sec"`
 	// RawPerSec: the same transaction without HTTP: inbox.HandleOnce running
-	// webhook.OrderCreated (processed_messages insert + one billing_charges insert).
+	// orders.OrderCreated (processed_messages insert + one billing_charges insert).
 	RawPerSec     float64     `json:"raw_per_sec"`
 	WebhookVsRaw  float64     `json:"webhook_vs_raw"`
 	WebhookStatus map[int]int `json:"webhook_status"`
@@ -113,7 +114,7 @@ func consumerLevel(ctx context.Context, url string, conc, n int) (ConsumerRun, e
 		sum := sha256.Sum256(body)
 		msgID := rawRun + "-" + strconv.Itoa(i)
 		_, err := inbox.HandleOnce(ctx, pool, webhook.DefaultConsumer, msgID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
-			return webhook.OrderCreated(ctx, tx, webhook.Delivery{Topic: Topic, MessageID: msgID, Payload: body})
+			return orders.OrderCreated(ctx, tx, webhook.Delivery{Topic: Topic, MessageID: msgID, Payload: body})
 		})
 		return err
 	})
@@ -187,7 +188,7 @@ func startWebhook(pool *pgxpool.Pool, n int) (*httptest.Server, []signedRequest,
 	}
 	wh, err := webhook.New(webhook.Config{
 		Pool: pool, Verifier: v, PublicBaseURL: base, Logger: discardLogger(),
-		Handlers: webhook.Handlers{Topic: webhook.OrderCreated},
+		Handlers: webhook.Handlers{Topic: orders.OrderCreated},
 	})
 	if err != nil {
 		srv.Close()

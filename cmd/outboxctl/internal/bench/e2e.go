@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -276,7 +277,7 @@ func (c *commitLog) wait(ctx context.Context, ids []outbox.ID, timeout time.Dura
 // clock_timestamp() in the same transaction, recorded in log.
 func commitHandler(log *commitLog) webhook.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
-		if err := webhook.OrderCreated(ctx, tx, d); err != nil {
+		if err := orders.OrderCreated(ctx, tx, d); err != nil {
 			return err
 		}
 		id, err := strconv.ParseInt(d.MessageID, 10, 64)

@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -88,7 +89,7 @@ func pipelineDeadLetters(t *testing.T, db *pgtest.DB, good, poison int) []outbox
 	defer cancel()
 	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
 		Pool:     db.Pool,
-		Handlers: webhook.Handlers{"order.created": webhook.OrderCreated},
+		Handlers: webhook.Handlers{"order.created": orders.OrderCreated},
 		QStash:   qstashtest.Options{TimeScale: 0.0001},
 	})
 	if err != nil {
@@ -144,6 +145,9 @@ func TestBrowserFindsAndRedrivesADeadLetter(t *testing.T) {
 	}
 	t.Parallel()
 	db := pgtest.New(t)
+	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
 	poison := pipelineDeadLetters(t, db, 6, 2)
 	target := poison[1]
 	var key string

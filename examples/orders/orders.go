@@ -1,7 +1,18 @@
-package webhook
+// Package orders is the example consumer: the order.created handler the local stack, the
+// tests and a fresh deployment run, and the table it writes (billing_charges, created by
+// Migrate; the outbox's own migrations do not create it). Replace it with your own
+// handlers, registered in functions/webhook/main.go:
+//
+//	webhook.Handlers{"order.created": orders.OrderCreated, "invoice.paid": myapp.InvoicePaid}
+//
+// A handler writes only through the transaction it is given, so its side effects commit
+// together with the dedupe record; it returns webhook.Permanent(err) for input a retry
+// cannot fix.
+package orders
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,43 +22,37 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// This file is the example consumer. Put your own handlers next to it (or in your own
-// package) and register them in functions/webhook/main.go:
-//
-//	webhook.Handlers{"order.created": webhook.OrderCreated, "invoice.paid": myapp.InvoicePaid}
-//
-// A handler writes only through the transaction it is given, so its side effects commit
-// together with the dedupe record; it returns Permanent(err) for input a retry cannot fix.
-
-// ErrInvalidPayload is wrapped by every validation error of ParseOrderCreated.
+// ErrInvalidPayload is wrapped by every validation error of Parse.
 var ErrInvalidPayload = errors.New("invalid payload")
 
 // MaxOrderIDBytes bounds order_id.
 const MaxOrderIDBytes = 128
 
-// OrderCreatedPayload is the order.created event body.
-type OrderCreatedPayload struct {
+// Payload is the order.created event body.
+type Payload struct {
 	OrderID     string `json:"order_id"`
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
 }
 
-// ParseOrderCreated decodes and validates an order.created payload: a JSON object with
+// Parse decodes and validates an order.created payload: a JSON object with
 // order_id (non-empty string, at most MaxOrderIDBytes, no control characters),
 // amount_cents (an integer literal > 0; 1.0 and 1e3 are rejected) and currency (three
 // upper-case ASCII letters, e.g. EUR). Unknown fields are ignored, so producers can add
 // fields before consumers know them (tolerant reader); a field with the wrong type is an
 // error. Errors wrap ErrInvalidPayload and name the field.
-func ParseOrderCreated(b []byte) (OrderCreatedPayload, error) {
+func Parse(b []byte) (Payload, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil || raw == nil {
-		return OrderCreatedPayload{}, fmt.Errorf("%w: order.created must be a JSON object", ErrInvalidPayload)
+		return Payload{}, fmt.Errorf("%w: order.created must be a JSON object", ErrInvalidPayload)
 	}
-	var p OrderCreatedPayload
-	fail := func(field, reason string) (OrderCreatedPayload, error) {
-		return OrderCreatedPayload{}, fmt.Errorf("%w: %s %s", ErrInvalidPayload, field, reason)
+	var p Payload
+	fail := func(field, reason string) (Payload, error) {
+		return Payload{}, fmt.Errorf("%w: %s %s", ErrInvalidPayload, field, reason)
 	}
 
 	if err := stringField(raw, "order_id", &p.OrderID); err != nil {
@@ -93,16 +98,16 @@ func ParseOrderCreated(b []byte) (OrderCreatedPayload, error) {
 // by inserting one billing_charges row, in the delivery's transaction. A second event for
 // an order already charged is a no-op. Invalid payloads are permanent errors (489, dead
 // letter). Replace it with your own handlers; see the comment at the top of this file.
-func OrderCreated(ctx context.Context, tx pgx.Tx, d Delivery) error {
-	p, err := ParseOrderCreated(d.Payload)
+func OrderCreated(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	p, err := Parse(d.Payload)
 	if err != nil {
-		return Permanent(err)
+		return webhook.Permanent(err)
 	}
 	if _, err := tx.Exec(ctx, qInsertCharge, p.OrderID, p.AmountCents, p.Currency, d.MessageID); err != nil {
 		// A data or constraint error is deterministic: retrying the same row fails again.
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
-			return Permanent(fmt.Errorf("insert billing charge: %w", err))
+			return webhook.Permanent(fmt.Errorf("insert billing charge: %w", err))
 		}
 		return fmt.Errorf("insert billing charge: %w", err)
 	}
@@ -139,4 +144,31 @@ func containsControl(s string) bool {
 		}
 	}
 	return false
+}
+
+// Topic is the topic OrderCreated handles.
+const Topic = "order.created"
+
+// Handlers registers the example: order.created -> OrderCreated.
+func Handlers() webhook.Handlers { return webhook.Handlers{Topic: OrderCreated} }
+
+//go:embed schema.sql
+var schema string
+
+// qInsertCharge is the example side effect: one charge per order. ON CONFLICT keeps a
+// second event for the same order (a different outbox id) from charging twice.
+const qInsertCharge = `
+INSERT INTO billing_charges (order_id, amount_cents, currency, outbox_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (order_id) DO NOTHING`
+
+// Migrate creates the example's table if it is missing (idempotent; safe on a database
+// whose outbox migrations created it before the example moved here).
+func Migrate(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}) error {
+	if _, err := db.Exec(ctx, schema); err != nil {
+		return fmt.Errorf("create example tables: %w", err)
+	}
+	return nil
 }

@@ -1,10 +1,10 @@
-package relayconfig_test
+package relayenv_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/relayconfig"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -23,7 +23,7 @@ func FuzzRelayConfig(f *testing.F) {
 			"BACKOFF_BASE": base, "BACKOFF_MAX": maxB, "QSTASH_RETRIES": retries, "ORDERING": ordering,
 			"FIFO_QUEUES": queues, "DEDUPE_TTL": dedupe,
 		}
-		cfg, err := relayconfig.FromEnv(func(k string) string { return env[k] })
+		cfg, err := relayenv.Read(func(k string) string { return env[k] })
 		if err != nil {
 			if i := strings.Index(dbURL, "pw-secret"); i >= 0 && strings.Contains(err.Error(), "pw-secret") {
 				t.Fatalf("config error echoes the database password: %v", err)
@@ -45,7 +45,7 @@ func FuzzRelayConfig(f *testing.F) {
 func TestSecretsNotEchoed(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": "postgres://app:hunter2-secret@db.example.com:notaport/app", "QSTASH_TOKEN": "qstash-token-secret"}
-	_, err := relayconfig.FromEnv(func(k string) string { return env[k] })
+	_, err := relayenv.Read(func(k string) string { return env[k] })
 	if err == nil {
 		t.Fatal("FromEnv accepted a bad DATABASE_URL and no PUBLIC_BASE_URL")
 	}

@@ -1,16 +1,17 @@
-package relayconfig
+package relayenv
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
-
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func minimal() map[string]string {
 	return map[string]string{
@@ -20,9 +21,9 @@ func minimal() map[string]string {
 	}
 }
 
-func TestFromEnvDefaults(t *testing.T) {
+func TestReadDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := FromEnv(env(minimal()))
+	c, err := Read(env(minimal()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestFromEnvDefaults(t *testing.T) {
 	}
 }
 
-func TestFromEnvEverySetting(t *testing.T) {
+func TestReadEverySetting(t *testing.T) {
 	t.Parallel()
 	m := minimal()
 	for k, v := range map[string]string{
@@ -57,7 +58,7 @@ func TestFromEnvEverySetting(t *testing.T) {
 	} {
 		m[k] = v
 	}
-	c, err := FromEnv(env(m))
+	c, err := Read(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +77,14 @@ func TestFromEnvEverySetting(t *testing.T) {
 		t.Fatalf("rest: %+v", c)
 	}
 	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
-	c, err = FromEnv(env(m))
+	c, err = Read(env(m))
 	if err != nil || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
 		t.Fatalf("flow control: %+v %v", c.Publisher, err)
 	}
 }
 
-// TestFromEnvReportsEverythingAtOnce sets every variable wrong and expects every one named.
-func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
+// TestReadReportsEverythingAtOnce sets every variable wrong and expects every one named.
+func TestReadReportsEverythingAtOnce(t *testing.T) {
 	t.Parallel()
 	bad := map[string]string{
 		"DATABASE_URL": "postgres://u:secret@host:notaport/db", "QSTASH_URL": "ftp://x", "PUBLIC_BASE_URL": "not a url",
@@ -93,17 +94,18 @@ func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
 		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}
-	_, err := FromEnv(env(bad))
+	_, err := Read(env(bad))
 	if err == nil {
 		t.Fatal("no error")
 	}
 	msg := err.Error()
+	named := vars(err)
 	for name := range bad {
-		if !strings.Contains(msg, name) {
-			t.Errorf("error does not name %s", name)
+		if !named[name] {
+			t.Errorf("no *VarError for %s in %v", name, err)
 		}
 	}
-	if !strings.Contains(msg, "QSTASH_TOKEN is not set") {
+	if !named["QSTASH_TOKEN"] || !strings.Contains(msg, "QSTASH_TOKEN: is not set") {
 		t.Error("missing QSTASH_TOKEN not reported")
 	}
 	if strings.Contains(msg, "secret") {
@@ -111,26 +113,26 @@ func TestFromEnvReportsEverythingAtOnce(t *testing.T) {
 	}
 }
 
-func TestFromEnvConsistency(t *testing.T) {
+func TestReadConsistency(t *testing.T) {
 	t.Parallel()
 	cases := map[string]struct {
 		set  map[string]string
 		want []string
 	}{
 		"missing required": {map[string]string{"DATABASE_URL": "", "QSTASH_TOKEN": "", "PUBLIC_BASE_URL": ""},
-			[]string{"DATABASE_URL is not set", "QSTASH_TOKEN is not set", "PUBLIC_BASE_URL is not set"}},
-		"lease under publish timeout":  {map[string]string{"LEASE": "5s", "PUBLISH_TIMEOUT": "10s"}, []string{"Lease"}},
-		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL 2h0m0s", "retry horizon"}},
+			[]string{"DATABASE_URL: is not set", "QSTASH_TOKEN: is not set", "PUBLIC_BASE_URL: is not set"}},
+		"lease under publish timeout":  {map[string]string{"LEASE": "5s", "PUBLISH_TIMEOUT": "10s"}, []string{"LEASE: relay config Lease"}},
+		"dedupe ttl inside horizon":    {map[string]string{"DEDUPE_TTL": "2h"}, []string{"DEDUPE_TTL: ", "2h0m0s", "retry horizon"}},
 		"flow control in fifo":         {map[string]string{"ORDERING": "fifo", "FLOW_CONTROL_RATE": "5"}, []string{"flow control is for publish ordering"}},
-		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BackoffMax"}},
+		"backoff max under base":       {map[string]string{"BACKOFF_BASE": "1m", "BACKOFF_MAX": "30s"}, []string{"BACKOFF_MAX: "}},
 		"dedupe ttl vs qstash retries": {map[string]string{"QSTASH_RETRIES": "30", "QSTASH_PLAN": "fixed"}, []string{"QStash 30 retries"}},
 		"fifo queues over the plan":    {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "11", "QSTASH_PLAN": "free"}, []string{"FIFO_QUEUES: ", "10 queues"}},
 		"fifo queues over the default": {map[string]string{"ORDERING": "fifo", "FIFO_QUEUES": "101"}, []string{"FIFO_QUEUES: ", "payg plan"}},
-		"retries over the plan":        {map[string]string{"QSTASH_RETRIES": "4", "QSTASH_PLAN": "free"}, []string{"QSTASH_RETRIES 4", "QSTASH_PLAN"}},
+		"retries over the plan":        {map[string]string{"QSTASH_RETRIES": "4", "QSTASH_PLAN": "free"}, []string{"QSTASH_RETRIES: 4", "QSTASH_PLAN"}},
 		"message size over the plan":   {map[string]string{"QSTASH_MAX_MESSAGE_BYTES": "2000000", "QSTASH_PLAN": "free"}, []string{"QSTASH_MAX_MESSAGE_BYTES: "}},
-		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL", "no path"}},
-		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL", "https"}},
-		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION 2h0m0s", "retry horizon"}},
+		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL: ", "no path"}},
+		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL: ", "https"}},
+		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION: ", "2h0m0s", "retry horizon"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -139,7 +141,7 @@ func TestFromEnvConsistency(t *testing.T) {
 			for k, v := range c.set {
 				m[k] = v
 			}
-			_, err := FromEnv(env(m))
+			_, err := Read(env(m))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -152,30 +154,38 @@ func TestFromEnvConsistency(t *testing.T) {
 	}
 }
 
-func TestVariablesListed(t *testing.T) {
+// TestVariablesDocumented: the variable table in relayenv.go's comment lists exactly what
+// ReadRelay reads, so the documentation cannot drift from the code.
+func TestVariablesDocumented(t *testing.T) {
 	t.Parallel()
 	read := map[string]bool{}
-	_, _ = FromEnv(func(k string) string { read[k] = true; return "" })
-	for _, v := range Variables {
-		if !read[v] {
-			t.Errorf("Variables lists %s, which FromEnv does not read", v)
+	_, _ = Read(func(k string) string { read[k] = true; return "" })
+	src, err := os.ReadFile("relayenv.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^//\t([A-Z][A-Z0-9_]+) `).FindAllStringSubmatch(string(src), -1) {
+		documented[m[1]] = true
+	}
+	for v := range read {
+		if !documented[v] {
+			t.Errorf("ReadRelay reads %s, which relayenv.go's table does not document", v)
 		}
 	}
-	if len(read) != len(Variables) {
-		t.Errorf("FromEnv reads %d variables, Variables lists %d", len(read), len(Variables))
+	for v := range documented {
+		if !read[v] {
+			t.Errorf("relayenv.go documents %s, which ReadRelay does not read", v)
+		}
 	}
 }
 
-func TestParseDuration(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "0d": 0, "90s": 90 * time.Second, "1h30m": 90 * time.Minute} {
-		if got, err := ParseDuration(in); err != nil || got != want {
-			t.Errorf("ParseDuration(%q) = %v, %v", in, got, err)
-		}
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func vars(err error) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range envconfig.Vars(err) {
+		out[v] = true
 	}
-	for _, in := range []string{"d", "1.5d", "x", "-d"} {
-		if _, err := ParseDuration(in); err == nil {
-			t.Errorf("ParseDuration(%q) accepted", in)
-		}
-	}
+	return out
 }

@@ -1,15 +1,15 @@
-package webhook_test
+package orders_test
 
 import (
 	"errors"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/examples/orders"
 )
 
 func TestParseOrderCreated(t *testing.T) {
 	t.Parallel()
-	valid := webhook.OrderCreatedPayload{OrderID: "o-1", AmountCents: 1250, Currency: "EUR"}
+	valid := orders.Payload{OrderID: "o-1", AmountCents: 1250, Currency: "EUR"}
 	cases := []struct {
 		name string
 		in   string
@@ -39,7 +39,7 @@ func TestParseOrderCreated(t *testing.T) {
 		{"missing currency", `{"order_id":"o-1","amount_cents":1250}`, false},
 	}
 	for _, c := range cases {
-		p, err := webhook.ParseOrderCreated([]byte(c.in))
+		p, err := orders.Parse([]byte(c.in))
 		if c.ok {
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
@@ -48,31 +48,16 @@ func TestParseOrderCreated(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, webhook.ErrInvalidPayload) {
+		if !errors.Is(err, orders.ErrInvalidPayload) {
 			t.Errorf("%s: error %v, want ErrInvalidPayload", c.name, err)
 		}
 	}
 }
 
 func make129() []byte {
-	b := make([]byte, webhook.MaxOrderIDBytes+1)
+	b := make([]byte, orders.MaxOrderIDBytes+1)
 	for i := range b {
 		b[i] = 'a'
 	}
 	return b
-}
-
-func TestPermanentMarker(t *testing.T) {
-	t.Parallel()
-	base := errors.New("x")
-	if webhook.Permanent(nil) != nil {
-		t.Fatal("Permanent(nil) != nil")
-	}
-	p := webhook.Permanent(base)
-	if !webhook.IsPermanent(p) || !errors.Is(p, base) || webhook.IsPermanent(base) {
-		t.Fatal("Permanent marker broken")
-	}
-	if !webhook.IsPermanent(errors.Join(errors.New("y"), p)) {
-		t.Fatal("wrapped permanent error not detected")
-	}
 }

@@ -1,0 +1,147 @@
+// Package relayenv reads the relay's configuration from the environment, for the relay
+// Lambda and `outboxctl relay`, with envconfig's Reader (every problem at once, each a
+// *envconfig.VarError naming its variable).
+//
+// Variables:
+//
+//	DATABASE_URL               required; postgres://user:pass@host:5432/db?sslmode=require
+//	QSTASH_TOKEN               required
+//	QSTASH_URL                 default https://qstash.upstash.io; a bare https origin (http only
+//	                           for a loopback host), no path, no query
+//	QSTASH_PLAN                free | payg (default) | fixed: bounds FIFO_QUEUES, QSTASH_RETRIES and
+//	                           the message size
+//	QSTASH_MAX_MESSAGE_BYTES   default the plan's message size (free 1000000, payg 10000000, fixed
+//	                           50000000); a larger payload is dead-lettered unsent
+//	QSTASH_MAX_REQUEST_BYTES   default 8388608: byte budget of one QStash batch request
+//	OUTBOX_NAME                default outbox; [A-Za-z0-9_-], at most 128: the deployment's name in
+//	                           dedup ids, FIFO queue names and flow-control keys
+//	PUBLIC_BASE_URL            required; the webhook's base URL; events go to <base>/events/<topic>
+//	FAILURE_CALLBACK_URL       optional; the failure function's URL (Upstash-Failure-Callback)
+//	QSTASH_RETRIES             default 3; 0 means a single delivery attempt; at most the plan's cap
+//	                           (free 3, payg 5, fixed 20)
+//	ORDERING                   publish (default) | fifo
+//	FIFO_QUEUES                default 8 (fifo ordering only); at most the plan's queue count (free
+//	                           10, payg 100, fixed 1000)
+//	FLOW_CONTROL_PARALLELISM   optional, publish ordering only
+//	FLOW_CONTROL_RATE          optional, publish ordering only
+//	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
+//	BATCH_SIZE                 default 100 rows per claim
+//	LEASE                      default 30s
+//	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
+//	MAX_ATTEMPTS               default 12
+//	BACKOFF_BASE               default 30s
+//	BACKOFF_MAX                default 1h
+//	LINGER                     default 0 (off): keep draining this long per invocation
+//	OUTBOX_RETENTION           default 7d
+//	DEDUPE_TTL                 default 14d; must exceed the retry horizon
+//	METRICS_NAMESPACE          default OutboxRelay
+//	LOG_LEVEL                  debug | info (default) | warn | error
+package relayenv
+
+import (
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/retention"
+)
+
+// Config is the relay's configuration, defaults applied.
+type Config struct {
+	DatabaseURL string
+	Relay       relay.Config
+	Publisher   qstash.PublisherConfig
+	// Linger, when positive, keeps a scheduled invocation draining (LISTEN/NOTIFY plus
+	// polling) for this long, capped by the invocation's deadline.
+	Linger           time.Duration
+	Retention        retention.Config
+	MetricsNamespace string
+	LogLevel         slog.Level
+}
+
+// Read reads the relay's configuration through getenv and reports every missing or
+// invalid variable at once, then every inconsistency between them (a lease not above the
+// publish timeout, a DEDUPE_TTL inside the retry horizon, ...), each naming its variable.
+func Read(getenv func(string) string) (Config, error) {
+	r := envconfig.NewReader(getenv)
+	c := Config{DatabaseURL: r.DatabaseURL(), MetricsNamespace: r.Get("METRICS_NAMESPACE")}
+	if c.MetricsNamespace == "" {
+		c.MetricsNamespace = metrics.DefaultNamespace
+	}
+
+	pub := qstash.PublisherConfig{
+		BaseURL:            r.Str("QSTASH_URL", "BaseURL"),
+		Token:              r.Required("QSTASH_TOKEN", "Upstash console, QStash, Request builder", "Token"),
+		DestinationBaseURL: r.Required("PUBLIC_BASE_URL", "the webhook's base URL, e.g. its Function URL; events go to <base>/events/<topic>", "DestinationBaseURL"),
+		FailureCallbackURL: r.Str("FAILURE_CALLBACK_URL", "FailureCallbackURL"),
+		Name:               r.Str("OUTBOX_NAME", "Name", "QueuePrefix"),
+		Plan:               qstash.Plan(strings.ToLower(r.Str("QSTASH_PLAN", "Plan"))),
+	}
+	switch v := r.Str("ORDERING", "Ordering"); qstash.Ordering(strings.ToLower(v)) {
+	case "":
+	case qstash.OrderingPublish, qstash.OrderingFIFO:
+		pub.Ordering = qstash.Ordering(strings.ToLower(v))
+	default:
+		r.Fail("ORDERING", "%q must be publish or fifo", v)
+	}
+	if n, ok := r.Int("QSTASH_RETRIES", 0, 100, "Retries"); ok {
+		pub.Retries = n
+		if n == 0 {
+			pub.Retries = qstash.NoRetries
+		}
+	}
+	pub.FIFOQueues, _ = r.Int("FIFO_QUEUES", 1, 1000, "FIFOQueues")
+	if n, ok := r.Int("QSTASH_MAX_MESSAGE_BYTES", 1, qstash.MaxRequestBytes, "MaxMessageBytes"); ok {
+		pub.MaxMessageBytes = int64(n)
+	}
+	if n, ok := r.Int("QSTASH_MAX_REQUEST_BYTES", qstash.MinRequestBytes, qstash.MaxRequestBytes, "MaxRequestBytes"); ok {
+		pub.MaxRequestBytes = int64(n)
+	}
+	pub.FlowControlParallelism, _ = r.Int("FLOW_CONTROL_PARALLELISM", 1, 1_000_000, "FlowControlParallelism")
+	pub.FlowControlRate, _ = r.Int("FLOW_CONTROL_RATE", 1, 1_000_000, "FlowControlRate")
+	pub.FlowControlPeriod, _ = r.Duration("FLOW_CONTROL_PERIOD", "FlowControlPeriod")
+
+	rc := relay.Config{}
+	rc.BatchSize, _ = r.Int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
+	rc.Lease, _ = r.Duration("LEASE", "Lease")
+	rc.PublishTimeout, _ = r.Duration("PUBLISH_TIMEOUT", "PublishTimeout", "RequestTimeout", "DeadlineMargin")
+	rc.MaxAttempts, _ = r.Int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
+	rc.BackoffBase, _ = r.Duration("BACKOFF_BASE", "BackoffBase")
+	rc.BackoffMax, _ = r.Duration("BACKOFF_MAX", "BackoffMax")
+	c.Relay = rc.WithDefaults()
+	pub.RequestTimeout = c.Relay.PublishTimeout
+	c.Publisher = pub.WithDefaults()
+
+	c.Linger, _ = r.Duration("LINGER")
+	ret := retention.Config{}
+	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
+	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
+	c.Retention = ret.WithDefaults()
+	c.LogLevel = r.LogLevel()
+
+	// Consistency, from the libraries' own rules; a missing variable was reported above
+	// and is not reported again.
+	r.Check(c.Relay.Validate())
+	{
+		check := c.Publisher
+		if check.Token == "" {
+			check.Token = "unset"
+		}
+		if check.DestinationBaseURL == "" {
+			check.DestinationBaseURL = "https://unset.invalid"
+		}
+		r.Check(check.Validate())
+	}
+	r.Check(c.Retention.Validate())
+	retries := max(c.Publisher.Retries, 0)
+	if limits, err := c.Publisher.Plan.Limits(); err == nil && retries > limits.MaxRetries {
+		r.Fail("QSTASH_RETRIES", "%d is more than the %d retries QStash's %s plan allows (QSTASH_PLAN); QStash would refuse every message", retries, limits.MaxRetries, c.Publisher.Plan)
+	}
+	r.Check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
+	r.Check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
+	return c, r.Err()
+}

@@ -1,0 +1,113 @@
+// Package publish is the contract between the relay and the queue it publishes to: what
+// one message's publish came to (Result, classified by Outcome as Published, Retryable,
+// PermanentFailure or Deferred) and the errors that classify it (Permanent, *DeferError),
+// plus *ConfigError, which the relay's configurable parts use to name an invalid field.
+// It imports nothing of the project, so a publisher (package qstash) implements
+// relay.Publisher without linking the relay engine into programs that only receive.
+package publish
+
+import (
+	"errors"
+	"time"
+)
+
+// Result is the outcome of publishing one message.
+type Result struct {
+	// MessageID is the queue's id for the message, when it was accepted.
+	MessageID string
+	// Err is nil when published. Errors marked permanent (IsPermanent) dead-letter the
+	// event at once; every other error is retried with backoff until MaxAttempts.
+	Err error
+}
+
+// Outcome classifies a Result.
+type Outcome int
+
+const (
+	Published Outcome = iota
+	Retryable
+	PermanentFailure
+	// Deferred: the message was not attempted because the queue refused the whole request
+	// for a reason that is not about this message (a used-up quota, a wrong endpoint or
+	// token). The relay puts it back without spending an attempt and stops publishing until
+	// the DeferError's Until.
+	Deferred
+)
+
+// Outcome returns Published, Retryable or PermanentFailure.
+func (r Result) Outcome() Outcome {
+	switch {
+	case r.Err == nil:
+		return Published
+	case IsDeferred(r.Err):
+		return Deferred
+	case IsPermanent(r.Err):
+		return PermanentFailure
+	default:
+		return Retryable
+	}
+}
+
+// IsPermanent reports whether err, or an error it wraps, has a Permanent() bool method
+// returning true. Everything else is transient: retrying an unknown error is safe because
+// publishes are deduplicated, while dead-lettering it would be a guess.
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// StatusCode returns the HTTP status carried by err (a HTTPStatus() int method), or 0.
+func StatusCode(err error) int {
+	var s interface{ HTTPStatus() int }
+	if errors.As(err, &s) {
+		return s.HTTPStatus()
+	}
+	return 0
+}
+
+// Permanent marks err as permanent: the relay dead-letters the event without retrying.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string   { return e.err.Error() }
+func (e *permanentError) Unwrap() error   { return e.err }
+func (e *permanentError) Permanent() bool { return true }
+
+// Reasons a publish is deferred (DeferError.Reason); they name the metric and log line.
+const (
+	// DeferQuota: the queue's quota or rate limit is used up until Until.
+	DeferQuota = "quota"
+	// DeferDeployment: the endpoint or credentials are wrong (404, 405, 401, 403 for the
+	// whole request). Nothing is wrong with the messages; an operator must fix the setting.
+	DeferDeployment = "deployment"
+)
+
+// DeferError reports a message the queue did not take for a reason outside the message.
+// The relay releases it with its attempt uncounted and publishes nothing more until Until
+// (a zero Until lets the relay choose its own pause).
+type DeferError struct {
+	Reason string
+	Until  time.Time
+	Err    error
+}
+
+func (e *DeferError) Error() string {
+	if e.Err == nil {
+		return "publish deferred: " + e.Reason
+	}
+	return "publish deferred (" + e.Reason + "): " + e.Err.Error()
+}
+
+func (e *DeferError) Unwrap() error { return e.Err }
+
+// IsDeferred reports whether err is or wraps a *DeferError.
+func IsDeferred(err error) bool {
+	var d *DeferError
+	return errors.As(err, &d)
+}
