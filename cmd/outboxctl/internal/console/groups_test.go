@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"slices"
@@ -306,5 +307,32 @@ func TestGroupRedriveKeepsReadOnlyAndCSRFRules(t *testing.T) {
 	}
 	if s := stateOf(t, fx.db, fx.timeoutT1[0]); !s.Pending || s.Generation != 1 {
 		t.Fatalf("after the redrive: %+v", s)
+	}
+}
+
+// TestRedriveClearsTheChartCache: a redriven event counts as pending since its creation,
+// which changes finished buckets; the console's own redrive drops them, a dry run does not.
+func TestRedriveClearsTheChartCache(t *testing.T) {
+	t.Parallel()
+	fx := newGroupFixture(t)
+	srv, err := console.New(console.Config{DB: fx.db.Pool, AllowRedrive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	c := browser(t)
+	tok := csrfToken(t, c, ts.URL, "/")
+	if n := console.CachedChartBuckets(srv); n < 100 {
+		t.Fatalf("the overview cached %d buckets of 180", n)
+	}
+	fp := fx.fingerprint(t, fx.schemaT1[0])
+	post(t, c, ts.URL, "/dead-letters/redrive", redriveForm(tok, "scope", "filter", "group", fp), nil)
+	if n := console.CachedChartBuckets(srv); n < 100 {
+		t.Fatalf("a dry run dropped the chart cache (%d left)", n)
+	}
+	post(t, c, ts.URL, "/dead-letters/redrive", redriveForm(tok, "scope", "filter", "group", fp, "confirm", "1"), nil)
+	if n := console.CachedChartBuckets(srv); n != 0 {
+		t.Fatalf("%d chart buckets still cached after a redrive", n)
 	}
 }
