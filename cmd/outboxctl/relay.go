@@ -183,7 +183,7 @@ func (p *relayProcess) drainLoop(ctx context.Context) {
 	_ = relay.Supervise(ctx, func(int) (*relay.Relay, error) { return p.relay, nil }, relay.SuperviseConfig{
 		Chunk: relayChunk,
 		OnRun: func(st relay.Stats, err error) {
-			p.record(metrics.RelayStats(st))
+			p.record(st.Metrics())
 			if err == nil || ctx.Err() != nil {
 				p.lastOK.Store(time.Now().UnixNano())
 				p.lastErr.Store(nil)
@@ -217,10 +217,10 @@ func (p *relayProcess) gauges(ctx context.Context) {
 	defer t.Stop()
 	for {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pending, age, err := health.Backlog(gctx, p.pool)
+		g, err := health.Backlog(gctx, p.pool)
 		cancel()
 		if err == nil {
-			p.record(metrics.Backlog(pending, age))
+			p.record(metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge))
 		} else if ctx.Err() == nil {
 			p.log.Warn("backlog gauge failed", slog.Any("error", err))
 		}

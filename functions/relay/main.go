@@ -5,7 +5,7 @@
 //
 // Environment: see package relayenv (DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL
 // required; QSTASH_URL, FAILURE_CALLBACK_URL, QSTASH_RETRIES, ORDERING, FIFO_QUEUES,
-// FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, LEASE,
+// FLOW_CONTROL_PARALLELISM, FLOW_CONTROL_RATE, FLOW_CONTROL_PERIOD, BATCH_SIZE, PUBLISH_CONCURRENCY, LEASE,
 // PUBLISH_TIMEOUT, MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LINGER, OUTBOX_RETENTION,
 // DEDUPE_TTL, METRICS_NAMESPACE, LOG_LEVEL optional).
 package main
@@ -35,9 +35,10 @@ import (
 )
 
 const (
-	// maxConns: one environment runs one invocation at a time. The drain uses one
-	// connection at a time and the backlog gauge another; linger adds the LISTEN session.
-	maxConns = 2
+	// baseConns: one environment runs one invocation at a time. The drain claims on one
+	// connection and marks each batch in flight (PUBLISH_CONCURRENCY) on its own; the
+	// backlog gauge uses one more; linger adds the LISTEN session.
+	baseConns = 2
 	// deadlineReserve is kept back from the Lambda deadline: the runtime is killed at the
 	// deadline itself, so the metrics line and the response must be out before it.
 	deadlineReserve = 2 * time.Second
@@ -121,7 +122,7 @@ func checkTimeout(getenv func(string) string, margin time.Duration) error {
 
 // newPool opens the pool once per cold start.
 func newPool(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, error) {
-	conns := int32(maxConns)
+	conns := int32(baseConns + cfg.Relay.PublishConcurrency)
 	if cfg.Linger > 0 {
 		conns++
 	}
@@ -198,20 +199,25 @@ type request struct {
 
 // result is the invocation's response: the counts of what it did.
 type result struct {
-	Task              string  `json:"task"`
-	Claimed           int     `json:"claimed,omitempty"`
-	Dispatched        int     `json:"dispatched,omitempty"`
-	Retried           int     `json:"retried,omitempty"`
-	DeadLettered      int     `json:"dead_lettered,omitempty"`
-	Released          int     `json:"released,omitempty"`
-	LeaseLost         int     `json:"lease_lost,omitempty"`
-	Batches           int     `json:"batches,omitempty"`
-	StoppedAtDeadline bool    `json:"stopped_at_deadline,omitempty"`
-	BacklogPending    *int64  `json:"backlog_pending,omitempty"`
-	OldestPendingAge  float64 `json:"oldest_pending_age_seconds,omitempty"`
-	OutboxDeleted     int64   `json:"outbox_deleted,omitempty"`
-	ProcessedDeleted  int64   `json:"processed_deleted,omitempty"`
-	Complete          *bool   `json:"complete,omitempty"`
+	Task              string `json:"task"`
+	Claimed           int    `json:"claimed,omitempty"`
+	Dispatched        int    `json:"dispatched,omitempty"`
+	Retried           int    `json:"retried,omitempty"`
+	DeadLettered      int    `json:"dead_lettered,omitempty"`
+	Released          int    `json:"released,omitempty"`
+	LeaseLost         int    `json:"lease_lost,omitempty"`
+	DeferredQuota     int    `json:"deferred_quota,omitempty"`
+	DeferredDeploy    int    `json:"deferred_deployment,omitempty"`
+	Batches           int    `json:"batches,omitempty"`
+	StoppedAtDeadline bool   `json:"stopped_at_deadline,omitempty"`
+	BacklogPending    *int64 `json:"backlog_pending,omitempty"`
+	// OldestPendingAge is the lateness (health.BacklogGauge.Lateness), OldestCreatedAge
+	// the oldest pending row's age from its creation.
+	OldestPendingAge float64 `json:"oldest_pending_age_seconds,omitempty"`
+	OldestCreatedAge float64 `json:"oldest_created_age_seconds,omitempty"`
+	OutboxDeleted    int64   `json:"outbox_deleted,omitempty"`
+	ProcessedDeleted int64   `json:"processed_deleted,omitempty"`
+	Complete         *bool   `json:"complete,omitempty"`
 	// DLQSync is the dlq-sync task's counts.
 	DLQSync    *deadletter.SyncResult `json:"dlq_sync,omitempty"`
 	DurationMS int64                  `json:"duration_ms"`
@@ -290,9 +296,10 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 	res := result{
 		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
 		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
+		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment,
 		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
 	}
-	values := metrics.RelayStats(st)
+	values := st.Metrics()
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
 	timeout := gaugeTimeout
@@ -300,11 +307,11 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		timeout = min(timeout, time.Until(dl)-h.reserve/4)
 	}
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(timeout, 0))
-	pending, age, gerr := health.Backlog(gctx, h.pool)
+	g, gerr := health.Backlog(gctx, h.pool)
 	cancel()
 	if gerr == nil {
-		values = append(values, metrics.Backlog(pending, age)...)
-		res.BacklogPending, res.OldestPendingAge = &pending, age.Seconds()
+		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)...)
+		res.BacklogPending, res.OldestPendingAge, res.OldestCreatedAge = &g.Pending, g.Lateness.Seconds(), g.OldestCreatedAge.Seconds()
 	} else {
 		h.log.Warn("backlog gauge skipped", slog.Any("error", gerr))
 	}
@@ -316,7 +323,8 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		h.log.Error("relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", pending), slog.Float64("oldest_pending_age_seconds", age.Seconds()))
+	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }
 

@@ -160,8 +160,16 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 	return p, nil
 }
 
-// NewRelay returns a relay over db publishing through the pipeline's publisher.
+// NewRelay returns a relay over db publishing through the pipeline's publisher. A cfg
+// without Ordering takes the publisher's: waves for FIFO queues, one call per batch in
+// publish mode.
 func (p *Pipeline) NewRelay(db *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
+	if cfg.Ordering == "" {
+		cfg.Ordering = relay.OrderingFIFO
+		if p.Publisher.Config().Ordering == qstash.OrderingPublish {
+			cfg.Ordering = relay.OrderingPublish
+		}
+	}
 	return relay.New(db, p.Publisher, cfg)
 }
 

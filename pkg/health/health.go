@@ -27,15 +27,29 @@ type DB interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Backlog returns the number of pending outbox rows (neither dispatched nor dead-lettered)
-// and the age of the oldest (0 when there is none), in one statement on
-// outbox_pending_age_idx. It is the relay's per-invocation gauge.
-func Backlog(ctx context.Context, db DB) (pending int64, oldestAge time.Duration, err error) {
-	var secs float64
-	if err := db.QueryRow(ctx, qBacklog).Scan(&pending, &secs); err != nil {
-		return 0, 0, fmt.Errorf("query outbox backlog: %w", err)
+// BacklogGauge is the relay's per-invocation view of the backlog.
+type BacklogGauge struct {
+	// Pending counts rows neither dispatched nor dead-lettered.
+	Pending int64
+	// Lateness is how long the longest-waiting due event has been ready and unpublished
+	// (0 when none is): the figure to alarm on. An event enqueued with a future AvailableAt
+	// is not late until then, nor are its key's later events it holds back (qBacklog says
+	// how it is measured).
+	Lateness time.Duration
+	// OldestCreatedAge is the age of the oldest pending row from its created_at, delays
+	// included.
+	OldestCreatedAge time.Duration
+}
+
+// Backlog returns the backlog gauge in one statement (see qBacklog).
+func Backlog(ctx context.Context, db DB) (BacklogGauge, error) {
+	var g BacklogGauge
+	var created, late float64
+	if err := db.QueryRow(ctx, qBacklog).Scan(&g.Pending, &created, &late); err != nil {
+		return BacklogGauge{}, fmt.Errorf("query outbox backlog: %w", err)
 	}
-	return pending, seconds(secs), nil
+	g.OldestCreatedAge, g.Lateness = seconds(created), seconds(late)
+	return g, nil
 }
 
 // Report is a snapshot of the outbox's health. Durations are in seconds (float) so the JSON

@@ -201,14 +201,47 @@ func TestBacklog(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	n, age, err := health.Backlog(ctx, db.Pool)
-	if err != nil || n != 0 || age != 0 {
-		t.Fatalf("empty backlog: %d %v %v", n, age, err)
+	g, err := health.Backlog(ctx, db.Pool)
+	if err != nil || g != (health.BacklogGauge{}) {
+		t.Fatalf("empty backlog: %+v %v", g, err)
 	}
 	seed(t, db)
-	n, age, err = health.Backlog(ctx, db.Pool)
-	if err != nil || n != 5 || age < 10*time.Minute || age > 11*time.Minute {
-		t.Fatalf("backlog: %d %v %v", n, age, err)
+	g, err = health.Backlog(ctx, db.Pool)
+	// The oldest row was tried (5 attempts): late since its creation.
+	if err != nil || g.Pending != 5 || !near(g.Lateness, 10*time.Minute) || !near(g.OldestCreatedAge, 10*time.Minute) {
+		t.Fatalf("backlog: %+v %v", g, err)
+	}
+}
+
+func near(d, want time.Duration) bool { return d >= want && d < want+time.Minute }
+
+// Lateness counts an event from when it is due: a delayed event and the later events of
+// its key it holds back are not late, however old; a ready event is late from its
+// available_at; a tried event (its available_at moved by a backoff) from its creation.
+func TestBacklogLateness(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	// Key d: created 30 minutes ago, due in an hour; two later events held behind it.
+	exec(t, db, `INSERT INTO outbox (topic, partition_key, payload, created_at, available_at)
+		VALUES ('t', 'd', '{}', now() - interval '30 minutes', now() + interval '1 hour'),
+		       ('t', 'd', '{}', now() - interval '20 minutes', now() - interval '20 minutes'),
+		       ('t', 'd', '{}', now() - interval '20 minutes', now() - interval '20 minutes')`)
+	g, err := health.Backlog(ctx, db.Pool)
+	if err != nil || g.Pending != 3 || g.Lateness != 0 || !near(g.OldestCreatedAge, 30*time.Minute) {
+		t.Fatalf("only a delay pending: %+v %v, want lateness 0", g, err)
+	}
+	// Key r: due 2 minutes ago (created 9 minutes ago with a 7-minute delay), never tried.
+	exec(t, db, `INSERT INTO outbox (topic, partition_key, payload, created_at, available_at)
+		VALUES ('t', 'r', '{}', now() - interval '9 minutes', now() - interval '2 minutes')`)
+	if g, err = health.Backlog(ctx, db.Pool); err != nil || !near(g.Lateness, 2*time.Minute) {
+		t.Fatalf("ready event: %+v %v, want 2m late", g, err)
+	}
+	// Key b: tried twice, backing off until later; created 5 minutes ago.
+	exec(t, db, `INSERT INTO outbox (topic, partition_key, payload, created_at, available_at, attempts)
+		VALUES ('t', 'b', '{}', now() - interval '5 minutes', now() + interval '10 minutes', 2)`)
+	if g, err = health.Backlog(ctx, db.Pool); err != nil || !near(g.Lateness, 5*time.Minute) {
+		t.Fatalf("backing-off event: %+v %v, want 5m late", g, err)
 	}
 }
 

@@ -3,11 +3,45 @@ package health
 // Every statement reads the current schema's tables (search_path), so a report describes
 // the deployment the connection points at. All run in one round trip (a pgx batch).
 const (
-	// qBacklog is the relay's per-invocation gauge: pending rows and the oldest one's age.
-	// Both come from outbox_pending_age_idx (partial on pending rows), so the cost follows
-	// the backlog, not the table's history.
+	// qBacklog is the relay's per-invocation gauge: pending rows, how late the latest-to-go
+	// ready event is, and the oldest pending row's age. Count and age come from
+	// outbox_pending_age_idx (partial on pending rows), so the cost follows the backlog, not
+	// the table's history.
+	//
+	// Lateness is how long an event has been ready (due) and unpublished. An event is due
+	// from its available_at, unless a pending event of its key that was never tried is not
+	// due yet: FIFO holds it behind that delayed event (see package relay), so it is not
+	// late. The relay moves available_at (a lease's end, a backoff), so it is the due time
+	// only for a row never tried (attempts 0, no lease); a tried row has been due at least
+	// since it was created. Each of the two cases is one walk of an index in due order that
+	// stops at the first row not held by a delay:
+	//   - untried rows on outbox_ready_idx (available_at, id), available_at <= now;
+	//   - tried or leased rows on outbox_pending_age_idx (created_at).
+	// A delayed event that fails and is retried therefore counts from its creation.
 	qBacklog = `
-SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+SELECT count(*),
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
+       greatest(coalesce(extract(epoch FROM now() - least(
+           (SELECT o.available_at FROM outbox o
+            WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+              AND o.available_at <= now() AND o.attempts = 0 AND o.lease_token IS NULL
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox d
+                  WHERE d.partition_key = o.partition_key AND d.id < o.id
+                    AND d.dispatched_at IS NULL AND d.dead_lettered_at IS NULL
+                    AND d.attempts = 0 AND d.lease_token IS NULL AND d.available_at > now())
+            ORDER BY o.available_at, o.id
+            LIMIT 1),
+           (SELECT o.created_at FROM outbox o
+            WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+              AND (o.attempts > 0 OR o.lease_token IS NOT NULL)
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox d
+                  WHERE d.partition_key = o.partition_key AND d.id < o.id
+                    AND d.dispatched_at IS NULL AND d.dead_lettered_at IS NULL
+                    AND d.attempts = 0 AND d.lease_token IS NULL AND d.available_at > now())
+            ORDER BY o.created_at
+            LIMIT 1))), 0), 0)::float8
 FROM outbox
 WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
 

@@ -5,8 +5,6 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // Event is one observation: the metrics a function emitted for one unit of work (a drain,
@@ -36,9 +34,16 @@ type Value struct {
 // Count returns a one-number Value.
 func Count(name string, n int64) Value { return Value{Name: name, Values: []float64{float64(n)}} }
 
-// RelayStats returns the relay counters of st, and PublishLatency in milliseconds when st
-// has samples.
-func RelayStats(st relay.Stats) []Value {
+// RelayCounts is what one relay drain did (relay.Stats.Metrics fills it).
+type RelayCounts struct {
+	Batches, Claimed, Dispatched, Retried, DeadLettered, Released, LeaseLost int
+	DeferredQuota, DeferredDeployment                                        int
+	PublishLatency                                                           []time.Duration
+}
+
+// Relay returns the relay counters of st, and PublishLatency in milliseconds when st has
+// samples.
+func Relay(st RelayCounts) []Value {
 	vs := []Value{
 		Count(Claimed, int64(st.Claimed)),
 		Count(Dispatched, int64(st.Dispatched)),
@@ -46,6 +51,8 @@ func RelayStats(st relay.Stats) []Value {
 		Count(DeadLettered, int64(st.DeadLettered)),
 		Count(Released, int64(st.Released)),
 		Count(LeaseLost, int64(st.LeaseLost)),
+		Count(DeferredQuota, int64(st.DeferredQuota)),
+		Count(DeferredDeployment, int64(st.DeferredDeployment)),
 		Count(Batches, int64(st.Batches)),
 	}
 	if len(st.PublishLatency) > 0 {
@@ -58,12 +65,14 @@ func RelayStats(st relay.Stats) []Value {
 	return vs
 }
 
-// Backlog returns the backlog gauges: pending rows and the oldest pending row's age in
-// seconds.
-func Backlog(pending int64, oldest time.Duration) []Value {
+// Backlog returns the backlog gauges: pending rows, how late the latest-to-go due event is
+// (OldestPendingAgeSeconds, the template's alarm) and the oldest pending row's age from its
+// creation (OldestCreatedAgeSeconds), in seconds.
+func Backlog(pending int64, lateness, oldestCreated time.Duration) []Value {
 	return []Value{
 		Count(BacklogPending, pending),
-		{Name: OldestPendingAgeSeconds, Values: []float64{oldest.Seconds()}},
+		{Name: OldestPendingAgeSeconds, Values: []float64{lateness.Seconds()}},
+		{Name: OldestCreatedAgeSeconds, Values: []float64{oldestCreated.Seconds()}},
 	}
 }
 

@@ -25,10 +25,13 @@ const (
 	DeadLettered              = "DeadLettered"
 	Released                  = "Released"
 	LeaseLost                 = "LeaseLost"
+	DeferredQuota             = "DeferredQuota"
+	DeferredDeployment        = "DeferredDeployment"
 	Batches                   = "Batches"
 	PublishLatency            = "PublishLatency"
 	BacklogPending            = "BacklogPending"
 	OldestPendingAgeSeconds   = "OldestPendingAgeSeconds"
+	OldestCreatedAgeSeconds   = "OldestCreatedAgeSeconds"
 	RetentionDeletedOutbox    = "RetentionDeletedOutbox"
 	RetentionDeletedProcessed = "RetentionDeletedProcessed"
 	DLQSyncRecorded           = "DLQSyncRecorded"
@@ -90,10 +93,13 @@ var Definitions = []Definition{
 	{DeadLettered, UnitCount, Counter, FunctionRelay, "Outbox rows dead-lettered by the relay (permanent failure or retry budget exhausted)."},
 	{Released, UnitCount, Counter, FunctionRelay, "Claimed rows put back unsent (held behind a failed same-key event, or out of time)."},
 	{LeaseLost, UnitCount, Counter, FunctionRelay, "Row outcomes discarded because the lease had expired and another relay took the rows."},
+	{DeferredQuota, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a used-up quota or rate limit; put back with no attempt spent."},
+	{DeferredDeployment, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a deployment fault (wrong QSTASH_URL or token); put back with no attempt spent."},
 	{Batches, UnitCount, Counter, FunctionRelay, "Claim/publish/mark batches run."},
 	{PublishLatency, UnitMilliseconds, Distribution, FunctionRelay, "Duration of one Publisher.Publish call."},
 	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},
-	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row; alert on this, not on depth."},
+	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "How long the longest-waiting due outbox event has been ready and unpublished (a delayed event counts from its AvailableAt); alert on this, not on depth."},
+	{OldestCreatedAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row from its creation, delays included."},
 	{RetentionDeletedOutbox, UnitCount, Counter, FunctionRelay, "Finished outbox rows deleted by retention."},
 	{RetentionDeletedProcessed, UnitCount, Counter, FunctionRelay, "processed_messages rows deleted by retention."},
 	{DLQSyncRecorded, UnitCount, Counter, FunctionRelay, "QStash DLQ entries recorded as dead letters by the dlq-sync task (no failure callback reached dead_letters)."},

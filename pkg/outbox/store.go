@@ -5,11 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -45,36 +45,70 @@ func (l Lease) String() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// Claim leases up to n ready rows for d and returns them sorted by id. now nil means the
-// database clock. Rows are eligible under the per-key FIFO rule documented on qClaim.
-// more is true when rows beyond what was looked at may be ready: the caller should claim
-// again even if the batch was short.
-func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, now *time.Time) (msgs []Message, more bool, err error) {
+// Claimed is what one claim leased.
+type Claimed struct {
+	// Messages are the leased rows, sorted by id.
+	Messages []Message
+	// Undecodable are leased rows that cannot become a Message (headers that are not a
+	// JSON object of string values, written around Enqueue), sorted by id, each with the
+	// reason. The caller dead-letters them under the same lease, so one bad row never
+	// holds the rest of the batch.
+	Undecodable []Failure
+	// More is true when rows beyond what was looked at may be ready: the caller should
+	// claim again even if the batch was short.
+	More bool
+}
+
+// Len is the number of rows the claim leased.
+func (c Claimed) Len() int { return len(c.Messages) + len(c.Undecodable) }
+
+// ErrBadHeaders is the reason a row whose headers are not a JSON object of string values
+// cannot be published.
+var ErrBadHeaders = errors.New("headers must be a JSON object of string values")
+
+// Claim leases up to n ready rows for d. now nil means the database clock. Rows are
+// eligible under the per-key FIFO rule documented on qClaim. A row is decoded on its own:
+// one that cannot be decoded is returned in Undecodable, never as an error, because the
+// lease is already taken and an error would leave the whole batch leased.
+func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, now *time.Time) (Claimed, error) {
 	window := ClaimWindow(n)
 	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, window)
 	if err != nil {
-		return nil, false, fmt.Errorf("claim outbox batch: %w", err)
+		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
+	defer rows.Close()
+	var c Claimed
 	var windowRows int64
-	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Message, error) {
+	for rows.Next() {
 		var m Message
 		var payload string
 		var headers []byte
-		if err := row.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows); err != nil {
-			return m, err
+		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows); err != nil {
+			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		m.Payload = []byte(payload)
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			return m, fmt.Errorf("decode headers of outbox row %d: %w", m.ID, err)
+		if err := decodeHeaders(headers, &m.Headers); err != nil {
+			c.Undecodable = append(c.Undecodable, Failure{ID: m.ID, PartitionKey: m.PartitionKey,
+				Error: fmt.Sprintf("decode outbox row %d: %v", m.ID, err)})
+			continue
 		}
-		return m, nil
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("claim outbox batch: %w", err)
+		c.Messages = append(c.Messages, m)
 	}
-	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
-	more = len(msgs) == n || (len(msgs) > 0 && windowRows >= int64(window))
-	return msgs, more, nil
+	if err := rows.Err(); err != nil {
+		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	slices.SortFunc(c.Messages, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
+	c.More = c.Len() == n || (c.Len() > 0 && windowRows >= int64(window))
+	return c, nil
+}
+
+// decodeHeaders decodes a jsonb headers value; null and {} are no headers.
+func decodeHeaders(b []byte, h *map[string]string) error {
+	if err := json.Unmarshal(b, h); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadHeaders, err)
+	}
+	return nil
 }
 
 // ClaimWindow is how many ready rows a claim of n looks at. Each costs one index probe (its
@@ -121,9 +155,12 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, no
 
 // Failure is a message to dead-letter, with the error and the HTTP status if known.
 type Failure struct {
-	ID         ID
-	Error      string
-	StatusCode int
+	ID ID
+	// PartitionKey is informational (the relay holds the key's later events behind it);
+	// DeadLetter does not use it.
+	PartitionKey string
+	Error        string
+	StatusCode   int
 }
 
 // DeadLetter marks rows dead-lettered and inserts their dead_letters rows atomically.

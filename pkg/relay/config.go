@@ -18,10 +18,36 @@ const (
 	DefaultBackoffBase    = 30 * time.Second
 	DefaultBackoffMax     = time.Hour
 	DefaultPollInterval   = time.Second
+	// DefaultPublishConcurrency: batches in flight at once. Measured (README, Performance):
+	// 4 hides a 30 ms round trip behind the claims and marks of the other batches; more
+	// adds connections without adding throughput on the reference machine.
+	DefaultPublishConcurrency = 4
+	// MaxPublishConcurrency bounds PublishConcurrency (each batch in flight may hold a
+	// database connection while it is marked).
+	MaxPublishConcurrency = 64
+	// DefaultDeferPause is the first pause after a deferred publish that names no time.
+	DefaultDeferPause = 5 * time.Second
+	// MaxDeferPause caps every pause after a deferred publish, however far the queue's
+	// reset lies (a misread reset must not silence a warm relay for days).
+	MaxDeferPause = 24 * time.Hour
 	// MinBackoff is the floor of every retry delay.
 	MinBackoff = time.Second
 	// MaxBatchSize bounds one claim statement.
 	MaxBatchSize = 10000
+)
+
+// Ordering is what order the queue keeps between the messages of one partition key, and
+// so how a batch is handed to the Publisher.
+type Ordering string
+
+const (
+	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so a
+	// key's events go out one after the other: each Publish call carries at most one event
+	// per key ("waves"), and a failed event holds its key's later events back.
+	OrderingFIFO Ordering = "fifo"
+	// OrderingPublish: the queue keeps no order between messages (QStash publish with flow
+	// control), so a batch is one Publish call, a key's events in id order inside it.
+	OrderingPublish Ordering = "publish"
 )
 
 // Config tunes a Relay. Zero fields take the Default* values.
@@ -39,8 +65,10 @@ type Config struct {
 	MarkTimeout time.Duration
 	// DeadlineMargin: Drain claims no new batch when less than this is left before its
 	// context's deadline. Default PublishTimeout + MarkTimeout: enough to publish what the
-	// claim returns and mark it. A batch that needs several publish calls (same-key runs)
-	// also stops at the deadline and releases what it did not send.
+	// claim returns and mark it. Batches in flight publish and mark in parallel, each
+	// bounded by the same margin, so the rule covers every batch in flight. A batch that
+	// needs several publish calls (same-key runs in fifo mode) also stops at the deadline
+	// and releases what it did not send.
 	DeadlineMargin time.Duration
 	// MaxAttempts is the relay's retry budget per event (per redrive generation); a
 	// retryable failure on the last attempt dead-letters. Default DefaultMaxAttempts.
@@ -49,10 +77,26 @@ type Config struct {
 	// [MinBackoff, min(BackoffBase*2^attempt, BackoffMax)]. Defaults 30s and 1h.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// Rand returns a float in [0,1) for jitter. Default math/rand/v2.Float64.
+	// Rand returns a float in [0,1) for jitter. Default math/rand/v2.Float64. The relay
+	// calls it from one goroutine at a time, so a seeded *rand.Rand's Float64 will do.
 	Rand func() float64
 	// Now overrides the database clock in every statement (tests). Nil means now().
 	Now func() time.Time
+	// Ordering decides how a batch is handed to the Publisher. Default OrderingFIFO (the
+	// safe choice: waves keep order even if the queue does); set OrderingPublish when the
+	// queue keeps no order anyway.
+	Ordering Ordering
+	// PublishConcurrency is how many batches may be in flight (published or being marked)
+	// at once; the next claim overlaps the publishes of earlier ones. Default
+	// DefaultPublishConcurrency; 1 is the strictly serial relay. Per-key FIFO holds for any
+	// value: a key whose head is in flight is not claimed again. Each batch in flight uses
+	// a connection while it is marked, and the claim another, so the drain runs at most
+	// (pool MaxConns - 1) batches at once on a *pgxpool.Pool.
+	PublishConcurrency int
+	// DeferPause is the pause after a deferred publish whose DeferError names no Until;
+	// it doubles with each consecutive deferral, up to MaxDeferPause. Default
+	// DefaultDeferPause.
+	DeferPause time.Duration
 	// PollInterval is Linger's safety net when no notification arrives. Default 1s.
 	PollInterval time.Duration
 	// Channel is the LISTEN channel. Default "outbox" (the migrations' trigger).
@@ -86,6 +130,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BackoffMax == 0 {
 		c.BackoffMax = DefaultBackoffMax
+	}
+	if c.Ordering == "" {
+		c.Ordering = OrderingFIFO
+	}
+	if c.PublishConcurrency == 0 {
+		c.PublishConcurrency = DefaultPublishConcurrency
+	}
+	if c.DeferPause == 0 {
+		c.DeferPause = DefaultDeferPause
 	}
 	if c.Rand == nil {
 		c.Rand = rand.Float64
@@ -131,6 +184,15 @@ func (c Config) Validate() error {
 	}
 	if c.BackoffMax < c.BackoffBase {
 		bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
+	}
+	if c.Ordering != OrderingFIFO && c.Ordering != OrderingPublish {
+		bad("Ordering", "%q must be %q or %q", c.Ordering, OrderingFIFO, OrderingPublish)
+	}
+	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {
+		bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)
+	}
+	if c.DeferPause <= 0 || c.DeferPause > MaxDeferPause {
+		bad("DeferPause", "%v is outside (0, %v]", c.DeferPause, MaxDeferPause)
 	}
 	if c.PollInterval <= 0 {
 		bad("PollInterval", "%v must be positive", c.PollInterval)

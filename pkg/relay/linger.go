@@ -13,7 +13,8 @@ import (
 // Linger drains, then waits for a NOTIFY on Channel (or PollInterval, the safety net for a
 // lost notification) and drains again, until until or ctx's deadline margin. It gives
 // sub-second latency although the schedule fires once a minute. Without a listening
-// connection (e.g. a pooler that drops LISTEN) it polls.
+// connection (e.g. a pooler that drops LISTEN) it polls. Cancelling ctx is a clean stop:
+// the batches in flight are marked and Linger returns nil.
 func (r *Relay) Linger(ctx context.Context, until time.Time) (Stats, error) {
 	return r.linger(ctx, ctx, until)
 }
@@ -44,7 +45,14 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 		}
 		// Drain under work (so in-flight publishes are not cut off) but stop between
 		// batches as soon as stop is done.
-		if err := r.drain(stop, work, &total); err != nil || total.StoppedAtDeadline {
+		err := r.drain(stop, work, &total)
+		if err != nil && stop.Err() != nil && errors.Is(err, context.Canceled) {
+			// Stopped while claiming: the claim overlaps the publishes of earlier batches,
+			// so a stop often lands in it. Every batch claimed was marked; rows a cancelled
+			// claim may have leased are ready again when the lease ends.
+			return total, nil
+		}
+		if err != nil || total.StoppedAtDeadline || !total.PausedUntil.IsZero() {
 			return total, err
 		}
 		wait := r.cfg.PollInterval

@@ -1,13 +1,3 @@
-// Package relay drains the outbox: claim a batch under a lease, publish it outside any
-// transaction, then record every outcome with one statement per kind, fenced by the lease.
-//
-// Per-key FIFO: an event is never handed to the Publisher while an earlier event with the
-// same partition key is pending (leased or backing off); it waits until that event is
-// dispatched or dead-lettered. The claim statement enforces this across relays (see
-// outbox.Store.Claim). Within a batch, a key's events go out in id order in successive
-// Publish calls ("waves": the first event of every key, then the second, ...); when one
-// fails retryably, its key's later events are released unsent and wait behind it, while
-// other keys keep flowing. A batch whose keys are all distinct is one Publish call.
 package relay
 
 import (
@@ -15,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
@@ -28,6 +22,18 @@ type Relay struct {
 	db    outbox.Querier
 	cfg   Config
 	log   *slog.Logger
+
+	// inFlight is how many batches one drain may have in flight: PublishConcurrency, or
+	// fewer when the pool cannot give each its connection.
+	inFlight int
+
+	mu sync.Mutex
+	// pausedUntil: no claim before this instant (a deferred publish); deferStreak counts
+	// consecutive deferrals without an Until, doubling the pause.
+	pausedUntil time.Time
+	deferStreak int
+
+	randMu sync.Mutex
 }
 
 // New returns a Relay over db (a *pgxpool.Pool) and pub, or the config's errors.
@@ -39,7 +45,15 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	if db == nil || pub == nil {
 		return nil, errors.New("relay: database and publisher are required")
 	}
-	return &Relay{store: outbox.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger}, nil
+	r := &Relay{store: outbox.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency}
+	if p, ok := db.(*pgxpool.Pool); ok {
+		// One connection claims while each batch in flight may hold one to be marked: a
+		// batch waiting for a connection would eat into its mark budget.
+		if n := int(p.Config().MaxConns) - 1; n < r.inFlight {
+			r.inFlight = max(n, 1)
+		}
+	}
+	return r, nil
 }
 
 // Config returns the effective configuration (defaults applied).
@@ -47,14 +61,20 @@ func (r *Relay) Config() Config { return r.cfg }
 
 // Stats counts what a drain did.
 type Stats struct {
+	// Batches counts claims that leased at least one row.
 	Batches      int
 	Claimed      int
 	Dispatched   int
 	Retried      int
 	DeadLettered int
-	// Released were claimed but not sent (held behind a failed same-key event, or out of
-	// time); they are pending again with their attempt uncounted.
+	// Released were claimed but not sent (held behind a failed same-key event, deferred,
+	// or out of time); they are pending again with their attempt uncounted.
 	Released int
+	// DeferredQuota and DeferredDeployment count messages the queue did not take for a
+	// reason outside them (DeferError.Reason DeferQuota, DeferDeployment); they are
+	// included in Released.
+	DeferredQuota      int
+	DeferredDeployment int
 	// LeaseLost counts rows whose outcome was discarded because another relay had taken
 	// them over after this relay's lease expired.
 	LeaseLost int
@@ -65,10 +85,15 @@ type Stats struct {
 	// StoppedAtDeadline is true when Drain stopped because its deadline was near, not
 	// because a batch came back short.
 	StoppedAtDeadline bool
-	Duration          time.Duration
+	// PausedUntil is set when Drain stopped early because publishing is deferred until
+	// this instant, beyond what its deadline allows.
+	PausedUntil time.Time
+	Duration    time.Duration
 
-	// more: the last claim may have left ready rows behind (see outbox.Store.Claim).
+	// more: the last claim may have left ready rows behind (see outbox.Claimed).
 	more bool
+	// deferred is the first deferral seen, for the drain's one log line.
+	deferred *DeferError
 }
 
 const maxLatencySamples = 100
@@ -80,6 +105,8 @@ func (s *Stats) add(o Stats) {
 	s.Retried += o.Retried
 	s.DeadLettered += o.DeadLettered
 	s.Released += o.Released
+	s.DeferredQuota += o.DeferredQuota
+	s.DeferredDeployment += o.DeferredDeployment
 	s.LeaseLost += o.LeaseLost
 	s.PublishCalls += o.PublishCalls
 	for _, l := range o.PublishLatency {
@@ -87,25 +114,35 @@ func (s *Stats) add(o Stats) {
 			s.PublishLatency = append(s.PublishLatency, l)
 		}
 	}
+	if s.deferred == nil {
+		s.deferred = o.deferred
+	}
 }
 
 // LogValue renders the counts for slog.
 func (s Stats) LogValue() slog.Value {
-	return slog.GroupValue(
+	attrs := []slog.Attr{
 		slog.Int("batches", s.Batches), slog.Int("claimed", s.Claimed),
 		slog.Int("dispatched", s.Dispatched), slog.Int("retried", s.Retried),
 		slog.Int("dead_lettered", s.DeadLettered), slog.Int("released", s.Released),
+		slog.Int("deferred_quota", s.DeferredQuota), slog.Int("deferred_deployment", s.DeferredDeployment),
 		slog.Int("lease_lost", s.LeaseLost), slog.Int("publish_calls", s.PublishCalls),
 		slog.Bool("stopped_at_deadline", s.StoppedAtDeadline),
-		slog.Int64("duration_ms", s.Duration.Milliseconds()))
+		slog.Int64("duration_ms", s.Duration.Milliseconds()),
+	}
+	if !s.PausedUntil.IsZero() {
+		attrs = append(attrs, slog.Time("paused_until", s.PausedUntil))
+	}
+	return slog.GroupValue(attrs...)
 }
 
-// Drain runs batches until one comes back short (fewer rows than BatchSize and every ready
-// row seen, or nothing claimable at all), ctx is done,
-// or less than DeadlineMargin is left before ctx's deadline. A batch that was claimed is
-// always published and marked before Drain returns: its outcome statements run even if
-// ctx is cancelled meanwhile. An error (database down) leaves unmarked rows leased; they
-// become ready again when the lease ends.
+// Drain runs batches until a claim comes back short with nothing else in flight (fewer
+// rows than BatchSize and every ready row seen, or nothing claimable at all), ctx is done,
+// less than DeadlineMargin is left before ctx's deadline, or publishing is deferred past
+// it. Up to PublishConcurrency batches are in flight at once. Every batch that was claimed
+// is published and marked before Drain returns: its outcome statements run even if ctx is
+// cancelled meanwhile. An error (database down) stops new claims; unmarked rows stay
+// leased and become ready again when the lease ends.
 func (r *Relay) Drain(ctx context.Context) (Stats, error) {
 	start := time.Now()
 	var total Stats
@@ -114,24 +151,118 @@ func (r *Relay) Drain(ctx context.Context) (Stats, error) {
 	return total, err
 }
 
-// drain runs batches under work until one comes back short, stop is done, or work's
-// deadline is within DeadlineMargin.
+type batchDone struct {
+	st  Stats
+	err error
+	// aborted: the batch's goroutine ended without finishing (a panic, whose value is
+	// panicked, or runtime.Goexit); the drain stops and ends its caller the same way.
+	aborted  bool
+	panicked any
+}
+
+// drain claims batches under work, each published and marked on its own goroutine, until
+// a claim comes back short with nothing in flight, stop is done, work's deadline is
+// within DeadlineMargin, or publishing is paused past it. It returns when every batch it
+// claimed is marked.
 func (r *Relay) drain(stop, work context.Context, total *Stats) error {
-	for stop.Err() == nil {
-		if r.nearDeadline(work) {
-			total.StoppedAtDeadline = true
-			return nil
+	// Buffered for every batch in flight, so a finishing batch never blocks.
+	done := make(chan batchDone, r.inFlight)
+	inFlight := 0
+	var errs []error
+	logged := false
+	var abort *batchDone
+	collect := func(b batchDone) {
+		inFlight--
+		total.add(b.st)
+		if b.err != nil {
+			errs = append(errs, b.err)
 		}
-		st, err := r.Batch(work)
-		total.add(st)
-		if err != nil {
-			return err
+		if b.aborted {
+			if abort == nil {
+				abort = &b
+			}
+			errs = append(errs, errors.New("relay batch aborted"))
 		}
-		if !st.more {
-			return nil
+		if d := b.st.deferred; d != nil && !logged {
+			logged = true
+			r.log.Warn("publishing deferred: the queue refused the request for a reason outside the messages; they are back in the outbox with no attempt spent",
+				"reason", d.Reason, "until", r.paused(), "error", d.Error())
 		}
 	}
-	return nil
+
+claiming:
+	for len(errs) == 0 && stop.Err() == nil {
+		if inFlight >= r.inFlight {
+			collect(<-done)
+			continue
+		}
+		if until := r.paused(); time.Now().Before(until) {
+			if dl, ok := work.Deadline(); ok && until.After(dl.Add(-r.cfg.DeadlineMargin)) {
+				// Nothing could be claimed after the pause: stop now rather than wait.
+				total.PausedUntil = until
+				break claiming
+			}
+			t := time.NewTimer(time.Until(until))
+			select {
+			case <-stop.Done():
+			case <-t.C:
+			case b := <-done:
+				collect(b)
+			}
+			t.Stop()
+			continue
+		}
+		if r.nearDeadline(work) {
+			total.StoppedAtDeadline = true
+			break
+		}
+		lease, c, claimedAt, err := r.claim(work)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if c.Len() == 0 {
+			if inFlight == 0 {
+				break
+			}
+			// Keys held by the batches in flight become claimable when they are marked.
+			collect(<-done)
+			continue
+		}
+		inFlight++
+		go func() {
+			b := batchDone{aborted: true}
+			defer func() {
+				if b.aborted {
+					b.panicked = recover()
+				}
+				done <- b
+			}()
+			b.st, b.err = r.process(work, lease, c, claimedAt)
+			b.aborted = false
+		}()
+		if !c.More && inFlight == 1 {
+			// A short batch while nothing else was in flight: every ready row was seen,
+			// unless a dead letter in this batch frees its key's later events.
+			b := <-done
+			collect(b)
+			if !b.st.more {
+				break
+			}
+		}
+	}
+	for inFlight > 0 {
+		collect(<-done)
+	}
+	if abort != nil {
+		// Every other batch is marked; now end the caller as the batch ended, as if it
+		// had run on the caller's goroutine.
+		if abort.panicked != nil {
+			panic(abort.panicked)
+		}
+		runtime.Goexit()
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Relay) nearDeadline(ctx context.Context) bool {
@@ -147,6 +278,56 @@ func (r *Relay) now() *time.Time {
 	return &t
 }
 
+// paused returns the instant before which nothing is claimed (zero: not paused).
+func (r *Relay) paused() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pausedUntil
+}
+
+// deferUntil pauses claiming after a deferral: until d.Until, or a pause doubling from
+// DeferPause when it names none, never longer than MaxDeferPause.
+func (r *Relay) deferUntil(d *DeferError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	until := d.Until
+	if until.IsZero() || !until.After(now) {
+		pause := r.cfg.DeferPause << min(r.deferStreak, 20)
+		if pause <= 0 || pause > MaxDeferPause {
+			pause = MaxDeferPause
+		}
+		r.deferStreak++
+		until = now.Add(pause)
+	}
+	until = minTime(until, now.Add(MaxDeferPause))
+	if until.After(r.pausedUntil) {
+		r.pausedUntil = until
+	}
+}
+
+// rand calls Config.Rand for one batch at a time: batches in flight share it, and a
+// caller's source (a seeded *rand.Rand) need not be safe for concurrent use.
+func (r *Relay) rand() float64 {
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	return r.cfg.Rand()
+}
+
+// published ends a deferral streak: the queue takes messages again.
+func (r *Relay) published() {
+	r.mu.Lock()
+	r.deferStreak = 0
+	r.mu.Unlock()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // outcome collects a batch's results for the outcome statements.
 type outcome struct {
 	published []outbox.ID
@@ -157,110 +338,195 @@ type outcome struct {
 
 // Batch claims, publishes and marks one batch.
 func (r *Relay) Batch(ctx context.Context) (Stats, error) {
-	st := Stats{Batches: 1}
+	lease, c, claimedAt, err := r.claim(ctx)
+	if err != nil || c.Len() == 0 {
+		return Stats{more: c.More}, err
+	}
+	st, err := r.process(ctx, lease, c, claimedAt)
+	if d := st.deferred; d != nil {
+		r.log.Warn("publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
+	}
+	return st, err
+}
+
+func (r *Relay) claim(ctx context.Context) (outbox.Lease, outbox.Claimed, time.Time, error) {
 	lease, err := outbox.NewLease()
 	if err != nil {
-		return st, err
+		return lease, outbox.Claimed{}, time.Time{}, err
 	}
 	claimedAt := time.Now()
-	msgs, more, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.cfg.Lease, r.now())
-	if err != nil {
-		return st, err
-	}
-	st.more = more
-	st.Claimed = len(msgs)
-	if len(msgs) == 0 {
-		return st, nil
-	}
+	c, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.cfg.Lease, r.now())
+	return lease, c, claimedAt, err
+}
 
+// process publishes and marks one claimed batch.
+func (r *Relay) process(ctx context.Context, lease outbox.Lease, c outbox.Claimed, claimedAt time.Time) (Stats, error) {
+	st := Stats{Batches: 1, Claimed: c.Len(), more: c.More}
 	// Publishing stops early enough that the outcome statements finish before the lease
 	// ends (so no other relay takes the rows over meanwhile) and before ctx's deadline.
 	pubDeadline := claimedAt.Add(r.cfg.Lease - r.cfg.MarkTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-r.cfg.MarkTimeout).Before(pubDeadline) {
 		pubDeadline = dl.Add(-r.cfg.MarkTimeout)
 	}
-	out := r.publishWaves(ctx, msgs, pubDeadline, &st)
+	out, unblocked := r.publishBatch(ctx, c, pubDeadline, &st)
+	st.more = st.more || unblocked
 
 	// The batch's outcome is recorded even if ctx was cancelled after the claim: marking
 	// what was published avoids a duplicate publish; only a crash skips this.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
 	defer cancel()
-	err = r.record(mctx, lease, out, &st)
+	err := r.record(mctx, lease, out, &st)
 	return st, err
 }
 
-// publishWaves hands msgs (sorted by id) to the publisher in waves that keep per-key order.
-func (r *Relay) publishWaves(ctx context.Context, msgs []outbox.Message, deadline time.Time, st *Stats) outcome {
-	var out outcome
-	// Group by key, keeping id order inside each key and first-appearance order of keys.
-	order := make([]string, 0, len(msgs))
-	byKey := make(map[string][]outbox.Message, len(msgs))
-	for _, m := range msgs {
-		if _, ok := byKey[m.PartitionKey]; !ok {
-			order = append(order, m.PartitionKey)
+// publishBatch hands a claimed batch to the publisher: one call in publish mode, waves in
+// fifo mode. Undecodable rows are dead-lettered, and in either mode an event whose earlier
+// same-key event failed in this batch is released unsent, so it is never published before
+// that failure is recorded. unblocked reports released events that are claimable again
+// once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
+func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
+	held := make(map[string]outbox.ID) // key -> smallest id whose failure holds the key
+	for _, f := range c.Undecodable {
+		out.dead = append(out.dead, f)
+		if _, ok := held[f.PartitionKey]; !ok {
+			held[f.PartitionKey] = f.ID
 		}
-		byKey[m.PartitionKey] = append(byKey[m.PartitionKey], m)
 	}
-	blocked := make(map[string]bool)
-	for wave := 0; ; wave++ {
-		var batch []outbox.Message
-		for _, k := range order {
-			if ms := byKey[k]; wave < len(ms) && !blocked[k] {
-				batch = append(batch, ms[wave])
+	pending := make([]outbox.Message, 0, len(c.Messages))
+	for _, m := range c.Messages {
+		if h, ok := held[m.PartitionKey]; ok && m.ID > h {
+			out.released = append(out.released, m.ID)
+			unblocked = true
+			continue
+		}
+		pending = append(pending, m)
+	}
+
+	// Each key's pending events in id order, keys in order of their first event. A wave
+	// takes the first event of every key still sending (fifo mode); publish mode sends
+	// everything at once.
+	type keyRun struct{ ms []outbox.Message }
+	var runs []*keyRun
+	byKey := make(map[string]*keyRun)
+	for _, m := range pending {
+		kr := byKey[m.PartitionKey]
+		if kr == nil {
+			kr = &keyRun{}
+			byKey[m.PartitionKey] = kr
+			runs = append(runs, kr)
+		}
+		kr.ms = append(kr.ms, m)
+	}
+	releaseAll := func() {
+		for _, kr := range runs {
+			for _, m := range kr.ms {
+				out.released = append(out.released, m.ID)
 			}
 		}
-		if len(batch) == 0 {
+		runs = nil
+	}
+	waves := r.cfg.Ordering == OrderingFIFO
+	for len(runs) > 0 {
+		if time.Now().Before(r.paused()) {
+			// Another batch was deferred: send nothing more until the pause ends.
+			releaseAll()
+			unblocked = true
 			break
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 {
 			// Out of time: what is left goes back unsent, attempts uncounted.
-			for _, k := range order {
-				if ms := byKey[k]; wave < len(ms) && !blocked[k] {
-					for _, m := range ms[wave:] {
-						out.released = append(out.released, m.ID)
-					}
-				}
-			}
+			releaseAll()
 			break
 		}
-		results := r.publish(ctx, batch, deadline, st)
-		for i, m := range batch {
+		var wave []outbox.Message
+		if waves {
+			wave = make([]outbox.Message, len(runs))
+			for i, kr := range runs {
+				wave[i] = kr.ms[0]
+				kr.ms = kr.ms[1:]
+			}
+		} else {
+			wave, runs = pending, nil // in id order, so each key's events too
+		}
+		results := r.publish(ctx, wave, deadline, st)
+		stopAll := false
+		var waveDefer *DeferError // one pause per call, however many messages it refused
+		hold := make(map[string]bool)
+		dead := make(map[string]bool)
+		for i, m := range wave {
 			res := results[i]
 			switch res.Outcome() {
 			case Published:
 				out.published = append(out.published, m.ID)
 			case Deferred:
-				// Not attempted: back to pending with the attempt uncounted, and the key's
-				// later events wait behind it.
-				blocked[m.PartitionKey] = true
-				for _, later := range byKey[m.PartitionKey][wave:] {
-					out.released = append(out.released, later.ID)
+				// Not attempted: back to pending with the attempt uncounted. The queue
+				// refused for a reason outside the message, so nothing more is sent.
+				out.released = append(out.released, m.ID)
+				var d *DeferError
+				errors.As(res.Err, &d)
+				switch d.Reason {
+				case DeferQuota:
+					st.DeferredQuota++
+				case DeferDeployment:
+					st.DeferredDeployment++
 				}
+				if st.deferred == nil {
+					st.deferred = d
+				}
+				if waveDefer == nil {
+					waveDefer = d
+				}
+				stopAll, unblocked = true, true
 			case PermanentFailure:
-				out.dead = append(out.dead, outbox.Failure{ID: m.ID, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
+				out.dead = append(out.dead, outbox.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
+				hold[m.PartitionKey], dead[m.PartitionKey] = true, true
 			case Retryable:
+				hold[m.PartitionKey] = true
 				if m.Attempt >= r.cfg.MaxAttempts {
 					out.dead = append(out.dead, outbox.Failure{
-						ID:         m.ID,
-						Error:      fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
-						StatusCode: StatusCode(res.Err),
+						ID:           m.ID,
+						PartitionKey: m.PartitionKey,
+						Error:        fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
+						StatusCode:   StatusCode(res.Err),
 					})
+					dead[m.PartitionKey] = true
 					continue
 				}
 				out.retries = append(out.retries, outbox.Retry{
 					ID:    m.ID,
-					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.Rand()),
+					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.rand()),
 					Error: errText(res.Err),
 				})
-				// Later events of this key must wait behind the failed one.
-				blocked[m.PartitionKey] = true
-				for _, later := range byKey[m.PartitionKey][wave+1:] {
-					out.released = append(out.released, later.ID)
-				}
 			}
 		}
+		if waveDefer != nil {
+			r.deferUntil(waveDefer)
+		} else if len(out.published) > 0 {
+			r.published()
+		}
+		if stopAll {
+			releaseAll()
+			break
+		}
+		// Later events of a key whose event failed wait until that outcome is recorded;
+		// a key whose events are all sent is done.
+		next := runs[:0]
+		for _, kr := range runs {
+			if len(kr.ms) == 0 {
+				continue
+			}
+			if k := kr.ms[0].PartitionKey; hold[k] {
+				for _, m := range kr.ms {
+					out.released = append(out.released, m.ID)
+				}
+				unblocked = unblocked || dead[k]
+				continue
+			}
+			next = append(next, kr)
+		}
+		runs = next
 	}
-	return out
+	return out, unblocked
 }
 
 // publish calls the publisher once, guarding against a short result slice.

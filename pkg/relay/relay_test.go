@@ -639,24 +639,34 @@ func TestLingerWakesOnNotify(t *testing.T) {
 
 func TestRunStopsCleanly(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seed(t, db, 500, func(i int) string { return fmt.Sprintf("k%d", i) })
-	stop, cancel := context.WithCancel(context.Background())
-	var calls atomic.Int32
-	pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {
-		if calls.Add(1) == 2 {
-			cancel() // SIGTERM while a batch is in flight
-		}
-		if ctx.Err() != nil {
-			t.Error("in-flight publish was cancelled by the stop signal")
-		}
-	}}
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 50}).Run(stop)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := states(t, db)
-	if s.leased != 0 || s.dispatched != st.Dispatched || st.Dispatched != 100 {
-		t.Fatalf("after stop: states %+v, stats %+v", s, st)
+	for _, conc := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency %d", conc), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			seed(t, db, 500, func(i int) string { return fmt.Sprintf("k%d", i) })
+			stop, cancel := context.WithCancel(context.Background())
+			var calls atomic.Int32
+			pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {
+				if calls.Add(1) == 2 {
+					cancel() // SIGTERM while a batch is in flight
+				}
+				if ctx.Err() != nil {
+					t.Error("in-flight publish was cancelled by the stop signal")
+				}
+			}}
+			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 50, PublishConcurrency: conc}).Run(stop)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := states(t, db)
+			if s.leased != 0 || s.dispatched != st.Dispatched || st.Dispatched != 50*int(calls.Load()) {
+				t.Fatalf("after stop: states %+v, stats %+v, %d publish calls", s, st, calls.Load())
+			}
+			// Serially, the stop lands during the second batch; pipelined, the batches
+			// already claimed when it lands are finished too, and no more.
+			if conc == 1 && st.Dispatched != 100 || st.Dispatched > 50*(1+conc) {
+				t.Fatalf("dispatched %d at concurrency %d", st.Dispatched, conc)
+			}
+		})
 	}
 }

@@ -26,6 +26,7 @@
 //	FLOW_CONTROL_RATE          optional, publish ordering only
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
 //	BATCH_SIZE                 default 100 rows per claim
+//	PUBLISH_CONCURRENCY        default 4 batches in flight at once (1: strictly serial)
 //	LEASE                      default 30s
 //	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
 //	MAX_ATTEMPTS               default 12
@@ -107,6 +108,7 @@ func Read(getenv func(string) string) (Config, error) {
 
 	rc := relay.Config{}
 	rc.BatchSize, _ = r.Int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
+	rc.PublishConcurrency, _ = r.Int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency, "PublishConcurrency")
 	rc.Lease, _ = r.Duration("LEASE", "Lease")
 	rc.PublishTimeout, _ = r.Duration("PUBLISH_TIMEOUT", "PublishTimeout", "RequestTimeout", "DeadlineMargin")
 	rc.MaxAttempts, _ = r.Int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
@@ -115,6 +117,12 @@ func Read(getenv func(string) string) (Config, error) {
 	c.Relay = rc.WithDefaults()
 	pub.RequestTimeout = c.Relay.PublishTimeout
 	c.Publisher = pub.WithDefaults()
+	// The relay hands batches to the publisher as the queue orders them: waves for FIFO
+	// queues, one call per batch when QStash keeps no order.
+	c.Relay.Ordering = relay.OrderingFIFO
+	if c.Publisher.Ordering == qstash.OrderingPublish {
+		c.Relay.Ordering = relay.OrderingPublish
+	}
 
 	c.Linger, _ = r.Duration("LINGER")
 	ret := retention.Config{}

@@ -27,7 +27,8 @@ func TestReadDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Relay.BatchSize != relay.DefaultBatchSize || c.Relay.Lease != relay.DefaultLease || c.Relay.MaxAttempts != relay.DefaultMaxAttempts {
+	if c.Relay.BatchSize != relay.DefaultBatchSize || c.Relay.Lease != relay.DefaultLease || c.Relay.MaxAttempts != relay.DefaultMaxAttempts ||
+		c.Relay.PublishConcurrency != relay.DefaultPublishConcurrency || c.Relay.Ordering != relay.OrderingPublish {
 		t.Fatalf("relay defaults: %+v", c.Relay)
 	}
 	p := c.Publisher
@@ -52,7 +53,7 @@ func TestReadEverySetting(t *testing.T) {
 	for k, v := range map[string]string{
 		"QSTASH_URL": "http://127.0.0.1:8080", "FAILURE_CALLBACK_URL": "https://fail.example.com/",
 		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
-		"PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
+		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
 		"LINGER": "40s", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
 		"OUTBOX_NAME": "shop-prod", "QSTASH_PLAN": "Free", "QSTASH_MAX_MESSAGE_BYTES": "500000", "QSTASH_MAX_REQUEST_BYTES": "1048576",
 	} {
@@ -69,7 +70,8 @@ func TestReadEverySetting(t *testing.T) {
 		t.Fatalf("publisher: %+v", c.Publisher)
 	}
 	if c.Relay.BatchSize != 250 || c.Relay.Lease != 45*time.Second || c.Relay.PublishTimeout != 5*time.Second ||
-		c.Relay.MaxAttempts != 6 || c.Relay.BackoffBase != 10*time.Second || c.Relay.BackoffMax != 10*time.Minute {
+		c.Relay.MaxAttempts != 6 || c.Relay.BackoffBase != 10*time.Second || c.Relay.BackoffMax != 10*time.Minute ||
+		c.Relay.PublishConcurrency != 8 || c.Relay.Ordering != relay.OrderingFIFO {
 		t.Fatalf("relay: %+v", c.Relay)
 	}
 	if c.Linger != 40*time.Second || c.Retention.OutboxRetention != 72*time.Hour || c.Retention.DedupeTTL != 30*24*time.Hour ||
@@ -78,7 +80,7 @@ func TestReadEverySetting(t *testing.T) {
 	}
 	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
 	c, err = Read(env(m))
-	if err != nil || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
+	if err != nil || c.Relay.Ordering != relay.OrderingPublish || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
 		t.Fatalf("flow control: %+v %v", c.Publisher, err)
 	}
 }
@@ -90,7 +92,7 @@ func TestReadReportsEverythingAtOnce(t *testing.T) {
 		"DATABASE_URL": "postgres://u:secret@host:notaport/db", "QSTASH_URL": "ftp://x", "PUBLIC_BASE_URL": "not a url",
 		"FAILURE_CALLBACK_URL": "mailto:x", "QSTASH_RETRIES": "-2", "ORDERING": "lifo", "FIFO_QUEUES": "0",
 		"FLOW_CONTROL_PARALLELISM": "x", "FLOW_CONTROL_RATE": "-1", "FLOW_CONTROL_PERIOD": "soon",
-		"BATCH_SIZE": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
+		"BATCH_SIZE": "0", "PUBLISH_CONCURRENCY": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
 		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}

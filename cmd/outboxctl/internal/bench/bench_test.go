@@ -42,7 +42,13 @@ func TestDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := len(cfg.Relays) * (2*len(cfg.Batches) + 1); len(res.Runs) != want {
+	rtts := 0
+	for _, rtt := range cfg.RTTMillis {
+		if rtt > 0 {
+			rtts++
+		}
+	}
+	if want := len(cfg.Relays)*(2*len(cfg.Batches)+1) + 2*rtts; len(res.Runs) != want {
 		t.Fatalf("got %d runs, want %d: %+v", len(res.Runs), want, res.Runs)
 	}
 	for _, n := range cfg.Relays {
@@ -68,6 +74,15 @@ func TestDrain(t *testing.T) {
 		base := res.Baseline(n)
 		if base == nil || base.Dispatched != cfg.BaselineEvents || base.PublishRequests != cfg.BaselineEvents {
 			t.Errorf("baseline relays %d: %+v, want %d events, one request each", n, base, cfg.BaselineEvents)
+		}
+	}
+	for _, rtt := range cfg.RTTMillis {
+		if rtt == 0 {
+			continue
+		}
+		r, base := res.FindRTT(bench.WayRelay, cfg.RTTBatch, 1, rtt), res.BaselineRTT(1, rtt)
+		if r == nil || r.Dispatched != cfg.Events || base == nil || base.Dispatched != cfg.BaselineEvents {
+			t.Errorf("rtt %d ms: relay %+v, baseline %+v", rtt, r, base)
 		}
 	}
 	var svg bytes.Buffer
@@ -187,7 +202,8 @@ func TestSummaryAndMarkdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"relay_vs_floor", "relay_vs_baseline", "relay_eps", "floor_eps", "baseline_eps",
-		"claim_p99_ratio_5m_vs_0", "e2e_p50_ms", "e2e_p99_ms", "webhook_vs_raw", "relay_peak_rss_mib"} {
+		"claim_p99_ratio_5m_vs_0", "e2e_p50_ms", "e2e_p99_ms", "webhook_vs_raw", "relay_peak_rss_mib",
+		"relay_rtt30_eps", "relay_rtt30_vs_rtt0", "relay_vs_baseline_rtt30", "backlog_1m_rtt30_seconds", "hot_key_fifo_rtt30_eps"} {
 		if _, ok := doc.Summary[k]; !ok {
 			t.Errorf("summary has no %s", k)
 		}
@@ -231,13 +247,34 @@ func TestFIFO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != len(cfg.Keys) {
-		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Keys))
+	if len(res.Runs) != len(cfg.Keys)*len(cfg.Modes) {
+		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Keys)*len(cfg.Modes))
 	}
 	for _, r := range res.Runs {
-		if r.Delivered != cfg.Events || r.OrderViolations != 0 || r.EventsPerSec <= 0 {
-			t.Errorf("%d keys: delivered %d of %d, %d order violations", r.Keys, r.Delivered, cfg.Events, r.OrderViolations)
+		if r.Delivered != cfg.Events || (r.Mode == bench.ModeFIFO && r.OrderViolations != 0) || r.EventsPerSec <= 0 {
+			t.Errorf("%s mode, %d keys: delivered %d of %d, %d order violations", r.Mode, r.Keys, r.Delivered, cfg.Events, r.OrderViolations)
 		}
+		// Publish mode: one call per batch, so a single key's events need no more calls
+		// than batches; fifo mode sends a key's events one after the other.
+		if r.Mode == bench.ModePublish && r.PublishCalls > r.RelayBatches {
+			t.Errorf("publish mode, %d keys: %d calls for %d batches", r.Keys, r.PublishCalls, r.RelayBatches)
+		}
+		if r.Mode == bench.ModeFIFO && r.Keys == 1 && r.PublishCalls < cfg.Events {
+			t.Errorf("fifo mode, one key: %d calls for %d events", r.PublishCalls, cfg.Events)
+		}
+	}
+}
+
+func TestBacklog(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.BacklogConfigFor(bench.Tiny)
+	res, err := bench.Backlog(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Drained != cfg.Events || res.EventsPerSec <= 0 || res.PublishCalls < cfg.Events/cfg.Batch || res.PeakHeapMiB <= 0 {
+		t.Fatalf("backlog %+v", res)
 	}
 }
 

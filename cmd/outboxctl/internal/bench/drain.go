@@ -48,18 +48,25 @@ type DrainConfig struct {
 	// smaller load keeps the run short; its rate is per event, so it stays comparable).
 	// Zero means Events.
 	BaselineEvents int `json:"baseline_events"`
+	// RTTMillis are the modelled round trips to QStash (the local server's Latency): besides every
+	// run above at 0, the relay at RTTBatch with 1 relay and the baseline with 1 relay run
+	// at each non-zero one, on the same events. The floor publishes nothing, so RTT does not
+	// touch it.
+	RTTMillis []int `json:"rtt_ms"`
+	RTTBatch  int   `json:"rtt_batch"`
 }
 
 // DrainConfigFor returns the drain scenario's size.
 func DrainConfigFor(s Size) DrainConfig {
-	c := DrainConfig{Keys: 1000, Batches: []int{50, 100, 500, 1000}, Relays: []int{1, 2}, BaselineBatch: 50, BaselinePool: 10}
+	c := DrainConfig{Keys: 1000, Batches: []int{50, 100, 500, 1000}, Relays: []int{1, 2}, BaselineBatch: 50, BaselinePool: 10,
+		RTTMillis: []int{0, 10, 30, 80}, RTTBatch: 500}
 	switch s {
 	case Full:
 		c.Events, c.BaselineEvents = 200_000, 100_000
 	case Short:
 		c.Events, c.BaselineEvents, c.Batches = 20_000, 10_000, []int{50, 500, 1000}
 	default:
-		c.Events, c.BaselineEvents, c.Batches, c.Keys = 2_000, 1_000, []int{50, 500}, 100
+		c.Events, c.BaselineEvents, c.Batches, c.Keys, c.RTTMillis = 2_000, 1_000, []int{50, 500}, 100, []int{0, 10}
 	}
 	return c
 }
@@ -69,7 +76,9 @@ type DrainRun struct {
 	Way    string `json:"way"`
 	Batch  int    `json:"batch"`
 	Relays int    `json:"relays"`
-	Events int    `json:"events"`
+	// RTTMillis is the modelled round trip to QStash (0: loopback).
+	RTTMillis int `json:"rtt_ms"`
+	Events    int `json:"events"`
 	// Dispatched is how many rows the drain marked; it must equal Events.
 	Dispatched   int     `json:"dispatched"`
 	Seconds      float64 `json:"seconds"`
@@ -96,25 +105,33 @@ type DrainResult struct {
 	Runs     []DrainRun `json:"runs"`
 }
 
-// Find returns the run of way at batch and relays, or nil.
+// Find returns the run of way at batch and relays on loopback (RTT 0), or nil.
 func (r *DrainResult) Find(way string, batch, relays int) *DrainRun {
+	return r.FindRTT(way, batch, relays, 0)
+}
+
+// FindRTT returns the run of way at batch, relays and a round trip of rttMillis, or nil.
+func (r *DrainResult) FindRTT(way string, batch, relays, rttMillis int) *DrainRun {
 	if r == nil {
 		return nil
 	}
 	for i := range r.Runs {
-		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays {
+		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays && x.RTTMillis == rttMillis {
 			return x
 		}
 	}
 	return nil
 }
 
-// Baseline returns the baseline run with relays relays, or nil.
-func (r *DrainResult) Baseline(relays int) *DrainRun {
+// Baseline returns the baseline run with relays relays on loopback, or nil.
+func (r *DrainResult) Baseline(relays int) *DrainRun { return r.BaselineRTT(relays, 0) }
+
+// BaselineRTT returns the baseline run with relays relays at rttMillis, or nil.
+func (r *DrainResult) BaselineRTT(relays, rttMillis int) *DrainRun {
 	if r == nil {
 		return nil
 	}
-	return r.Find(WayBaseline, r.Config.BaselineBatch, relays)
+	return r.FindRTT(WayBaseline, r.Config.BaselineBatch, relays, rttMillis)
 }
 
 // Drain runs the drain scenario on the migrated schema at url: for every relay count and
@@ -129,7 +146,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		return nil, err
 	}
 	defer admin.Close()
-	q := startSinkQStash()
+	q := startSinkQStash(0)
 	defer q.Close()
 	res := &DrainResult{Config: cfg, Delivery: "deferred: qstashtest (in process) accepts every publish as QStash would, but its delay fault holds each " +
 		"delivery back by a random 0-60 min (it has no switch to turn delivery off), so the drain measures the publish path; the rare early delivery goes to a loopback sink answering 200"}
@@ -137,20 +154,13 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	for _, relays := range cfg.Relays {
 		for _, batch := range cfg.Batches {
 			for _, way := range []string{WayFloor, WayRelay} {
-				run, err := drainOnce(ctx, admin, url, way, batch, relays, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-					if way == WayFloor {
-						return &floorDrainer{store: outbox.NewStore(pool), batch: batch}
-					}
-					pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
-					if err != nil {
-						panic(err) // constant, valid configuration
-					}
-					r, err := relay.New(pool, pub, relay.Config{BatchSize: batch, Logger: discardLogger()})
-					if err != nil {
-						panic(err) // constant, valid configuration
-					}
-					return &relayDrainer{r: r}
-				})
+				var mk func(*pgxpool.Pool) drainer
+				if way == WayFloor {
+					mk = func(pool *pgxpool.Pool) drainer { return &floorDrainer{store: outbox.NewStore(pool), batch: batch} }
+				} else {
+					mk = relayMaker(q, batch)
+				}
+				run, err := drainOnce(ctx, admin, url, way, batch, relays, 0, cfg.Events, cfg.Keys, mk)
 				if err != nil {
 					return res, err
 				}
@@ -158,9 +168,32 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 				report(progress, run)
 			}
 		}
-		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, 0, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
 			return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, cfg.BaselineBatch)
 		})
+		if err != nil {
+			return res, err
+		}
+		res.Runs = append(res.Runs, run)
+		report(progress, run)
+	}
+	// The same events again, a network round trip away.
+	for _, rtt := range cfg.RTTMillis {
+		if rtt == 0 {
+			continue
+		}
+		qr := startSinkQStash(time.Duration(rtt) * time.Millisecond)
+		run, err := drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(qr, cfg.RTTBatch))
+		if err != nil {
+			qr.Close()
+			return res, err
+		}
+		res.Runs = append(res.Runs, run)
+		report(progress, run)
+		run, err = drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, 1, rtt, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+			return newArticleRelay(pool, qr.URL, qr.Token, qr.SinkURL, cfg.BaselineBatch)
+		})
+		qr.Close()
 		if err != nil {
 			return res, err
 		}
@@ -170,10 +203,25 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	return res, nil
 }
 
+// relayMaker builds a relay (publish ordering, default concurrency) publishing through q.
+func relayMaker(q *sinkQStash, batch int) func(*pgxpool.Pool) drainer {
+	return func(pool *pgxpool.Pool) drainer {
+		pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
+		if err != nil {
+			panic(err) // constant, valid configuration
+		}
+		r, err := relay.New(pool, pub, relayConfig(batch, false))
+		if err != nil {
+			panic(err) // constant, valid configuration
+		}
+		return &relayDrainer{r: r}
+	}
+}
+
 func report(progress func(string), r DrainRun) {
 	if progress != nil {
-		progress(fmt.Sprintf("drain %-8s batch=%-4d relays=%d  %8.0f events/s  (%d events in %.2fs)",
-			r.Way, r.Batch, r.Relays, r.EventsPerSec, r.Events, r.Seconds))
+		progress(fmt.Sprintf("drain %-8s batch=%-4d relays=%d rtt=%-3dms  %8.0f events/s  (%d events in %.2fs)",
+			r.Way, r.Batch, r.Relays, r.RTTMillis, r.EventsPerSec, r.Events, r.Seconds))
 	}
 }
 
@@ -191,8 +239,8 @@ type drained struct {
 
 // drainOnce loads events, analyses, and times relays drainers (one pool each) until no row
 // is pending.
-func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch, relays, events, keys int, mk func(*pgxpool.Pool) drainer) (DrainRun, error) {
-	run := DrainRun{Way: way, Batch: batch, Relays: relays, Events: events}
+func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch, relays, rttMillis, events, keys int, mk func(*pgxpool.Pool) drainer) (DrainRun, error) {
+	run := DrainRun{Way: way, Batch: batch, Relays: relays, RTTMillis: rttMillis, Events: events}
 	t0 := time.Now()
 	if err := Reset(ctx, admin); err != nil {
 		return run, err
@@ -205,9 +253,13 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	}
 	run.LoadSeconds = round3(time.Since(t0).Seconds())
 
+	// The relay's pool is the Lambda's: a claim, a mark per batch in flight, the gauge.
 	poolSize := int32(4)
-	if way == WayBaseline {
+	switch way {
+	case WayBaseline:
 		poolSize = 10
+	case WayRelay:
+		poolSize = int32(2 + relay.DefaultPublishConcurrency)
 	}
 	ds := make([]drainer, relays)
 	for i := range ds {
@@ -299,7 +351,8 @@ func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
 			return out, err
 		}
 		t0 := time.Now()
-		msgs, more, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultLease, nil)
+		claimed, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultLease, nil)
+		msgs, more := claimed.Messages, claimed.More
 		out.claim = append(out.claim, time.Since(t0))
 		if err != nil {
 			return out, err

@@ -119,7 +119,7 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
 		Pool:      pool,
 		Handlers:  webhook.Handlers{Topic: commitHandler(commits)},
-		QStash:    deliveringOptions(),
+		QStash:    deliveringOptions(0),
 		Publisher: articlePublisher(false),
 		Logger:    discardLogger(),
 	})
@@ -127,7 +127,8 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 		return m, err
 	}
 	defer pl.Close()
-	rcfg := relay.Config{BatchSize: cfg.Batch, Logger: discardLogger(), PollInterval: time.Second}
+	rcfg := relayConfig(cfg.Batch, false)
+	rcfg.PollInterval = time.Second
 	if mode == ModePoll {
 		rcfg.Channel = "bench_never_notified"
 	}

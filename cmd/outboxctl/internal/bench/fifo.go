@@ -19,36 +19,51 @@ type FIFOConfig struct {
 	Events int   `json:"events"`
 	Keys   []int `json:"keys"`
 	Batch  int   `json:"batch"`
+	// Modes are the orderings run for every key count: fifo (waves, FIFO queues) and
+	// publish (one call per batch, flow control).
+	Modes []string `json:"modes"`
+	// RTTMillis is the modelled round trip to QStash (the local server's Latency).
+	RTTMillis int `json:"rtt_ms"`
 	// Timeout bounds one case's wait for every delivery.
 	Timeout time.Duration `json:"timeout_ns"`
 }
 
 // FIFOConfigFor returns the hot-key scenario's size.
 func FIFOConfigFor(s Size) FIFOConfig {
+	// In fifo mode a key gets one event per round trip (a key's events go one after the
+	// other), so at 30 ms a single hot key drains about 33 events/s: the event counts keep
+	// that case to a few minutes.
+	modes := []string{ModeFIFO, ModePublish}
 	switch s {
 	case Full:
-		return FIFOConfig{Events: 100_000, Keys: []int{1, 10, 10_000}, Batch: 500, Timeout: 10 * time.Minute}
+		return FIFOConfig{Events: 10_000, Keys: []int{1, 10, 100, 10_000}, Batch: 500, Modes: modes, RTTMillis: 30, Timeout: 15 * time.Minute}
 	case Short:
-		return FIFOConfig{Events: 5_000, Keys: []int{1, 10, 10_000}, Batch: 500, Timeout: 2 * time.Minute}
+		return FIFOConfig{Events: 1_000, Keys: []int{1, 10, 100, 10_000}, Batch: 500, Modes: modes, RTTMillis: 30, Timeout: 5 * time.Minute}
 	default:
-		return FIFOConfig{Events: 300, Keys: []int{1, 10, 300}, Batch: 100, Timeout: time.Minute}
+		return FIFOConfig{Events: 300, Keys: []int{1, 10, 300}, Batch: 100, Modes: modes, RTTMillis: 2, Timeout: time.Minute}
 	}
 }
 
 // FIFORun is one key count.
 type FIFORun struct {
+	Mode         string  `json:"mode"`
+	RTTMillis    int     `json:"rtt_ms"`
 	Keys         int     `json:"keys"`
 	Events       int     `json:"events"`
 	Delivered    int     `json:"delivered"`
 	Seconds      float64 `json:"seconds"`
 	EventsPerSec float64 `json:"events_per_sec"`
 	// OrderViolations counts deliveries whose outbox id is lower than one already delivered
-	// for the same key (a later event overtook an earlier one). Must be 0.
+	// for the same key (a later event overtook an earlier one). Must be 0 in fifo mode;
+	// publish mode promises no order.
 	OrderViolations int `json:"order_violations"`
 	// Duplicates counts repeated deliveries of one event (allowed: at-least-once).
 	Duplicates   int `json:"duplicates"`
 	PublishCalls int `json:"publish_calls"`
 	RelayBatches int `json:"relay_batches"`
+	// RelaySeconds is when the relay had published (and marked) every event; Seconds is
+	// when the last delivery arrived. Their difference is the delivery side's tail.
+	RelaySeconds float64 `json:"relay_seconds"`
 }
 
 // FIFOResult is the hot-key scenario's output.
@@ -66,68 +81,92 @@ func FIFO(ctx context.Context, url string, cfg FIFOConfig, progress func(string)
 		return nil, err
 	}
 	defer pool.Close()
-	res := &FIFOResult{Config: cfg, Path: "relay (fifo mode) -> local QStash FIFO queues over HTTP -> recording endpoint (in order of arrival)"}
-	for _, keys := range cfg.Keys {
-		if err := Reset(ctx, pool); err != nil {
-			return res, err
-		}
-		if err := LoadRows(ctx, pool, Load{Run: runID("f"), Pending: cfg.Events, Keys: keys}); err != nil {
-			return res, err
-		}
-		if err := Analyze(ctx, pool); err != nil {
-			return res, err
-		}
-		rec := newOrderRecorder(cfg.Events)
-		sink := httptest.NewServer(rec)
-		q := startDelivering()
-		run, err := func() (FIFORun, error) {
-			defer sink.Close()
-			defer q.Close()
-			pub, err := newPublisher(q.URL, q.Token, sink.URL, true)
-			if err != nil {
-				return FIFORun{}, err
+	res := &FIFOResult{Config: cfg, Path: "relay -> local QStash (FIFO queues in fifo mode, flow control in publish mode) over HTTP " +
+		"a modelled round trip away -> recording endpoint (in order of arrival)"}
+	for _, mode := range cfg.Modes {
+		for _, keys := range cfg.Keys {
+			if err := Reset(ctx, pool); err != nil {
+				return res, err
 			}
-			r, err := relay.New(pool, pub, relay.Config{BatchSize: cfg.Batch, Logger: discardLogger()})
-			if err != nil {
-				return FIFORun{}, err
+			if err := LoadRows(ctx, pool, Load{Run: runID("f"), Pending: cfg.Events, Keys: keys}); err != nil {
+				return res, err
 			}
-			run := FIFORun{Keys: keys, Events: cfg.Events}
-			start := time.Now()
-			for {
-				st, err := r.Drain(ctx)
-				run.PublishCalls += st.PublishCalls
-				run.RelayBatches += st.Batches
+			if err := Analyze(ctx, pool); err != nil {
+				return res, err
+			}
+			rec := newOrderRecorder(cfg.Events)
+			sink := httptest.NewServer(rec)
+			q := startDelivering(time.Duration(cfg.RTTMillis) * time.Millisecond)
+			run, err := func() (FIFORun, error) {
+				defer sink.Close()
+				defer q.Close()
+				fifo := mode == ModeFIFO
+				pub, err := newPublisher(q.URL, q.Token, sink.URL, fifo)
+				if err != nil {
+					return FIFORun{}, err
+				}
+				r, err := relay.New(pool, pub, relayConfig(cfg.Batch, fifo))
+				if err != nil {
+					return FIFORun{}, err
+				}
+				run := FIFORun{Mode: mode, RTTMillis: cfg.RTTMillis, Keys: keys, Events: cfg.Events}
+				start := time.Now()
+				for {
+					st, err := r.Drain(ctx)
+					run.PublishCalls += st.PublishCalls
+					run.RelayBatches += st.Batches
+					if err != nil {
+						return run, err
+					}
+					left, err := pendingCount(ctx, pool)
+					if err != nil {
+						return run, err
+					}
+					if left == 0 {
+						break
+					}
+				}
+				run.RelaySeconds = round3(time.Since(start).Seconds())
+				last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
+				run.Delivered, run.OrderViolations, run.Duplicates = rec.counts()
 				if err != nil {
 					return run, err
 				}
-				left, err := pendingCount(ctx, pool)
-				if err != nil {
-					return run, err
-				}
-				if left == 0 {
-					break
-				}
-			}
-			last, err := rec.wait(ctx, cfg.Events, cfg.Timeout)
-			run.Delivered, run.OrderViolations, run.Duplicates = rec.counts()
+				elapsed := last.Sub(start)
+				run.Seconds = round3(elapsed.Seconds())
+				run.EventsPerSec = rate(cfg.Events, elapsed)
+				return run, nil
+			}()
 			if err != nil {
-				return run, err
+				return res, fmt.Errorf("%s mode over %d keys: %w", mode, keys, err)
 			}
-			elapsed := last.Sub(start)
-			run.Seconds = round3(elapsed.Seconds())
-			run.EventsPerSec = rate(cfg.Events, elapsed)
-			return run, nil
-		}()
-		if err != nil {
-			return res, fmt.Errorf("fifo over %d keys: %w", keys, err)
-		}
-		res.Runs = append(res.Runs, run)
-		if progress != nil {
-			progress(fmt.Sprintf("fifo keys=%-6d %7.0f events/s  delivered %d  order violations %d  duplicates %d  publish calls %d",
-				keys, run.EventsPerSec, run.Delivered, run.OrderViolations, run.Duplicates, run.PublishCalls))
+			res.Runs = append(res.Runs, run)
+			if progress != nil {
+				progress(fmt.Sprintf("hot-key %-7s keys=%-6d rtt=%dms %7.0f events/s  relay done %.2fs, last delivery %.2fs  delivered %d  order violations %d  duplicates %d  publish calls %d",
+					mode, keys, cfg.RTTMillis, run.EventsPerSec, run.RelaySeconds, run.Seconds, run.Delivered, run.OrderViolations, run.Duplicates, run.PublishCalls))
+			}
 		}
 	}
 	return res, nil
+}
+
+// Orderings of the hot-key scenario.
+const (
+	ModeFIFO    = "fifo"
+	ModePublish = "publish"
+)
+
+// Find returns the run of mode over keys, or nil.
+func (r *FIFOResult) Find(mode string, keys int) *FIFORun {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Runs {
+		if x := &r.Runs[i]; x.Mode == mode && x.Keys == keys {
+			return x
+		}
+	}
+	return nil
 }
 
 // orderRecorder is the receiving endpoint: it answers 200 and records, per key, the outbox

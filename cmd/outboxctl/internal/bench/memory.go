@@ -74,7 +74,7 @@ func RunDrainChild(ctx context.Context, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, pub, relay.Config{BatchSize: cfg.Batch, Logger: discardLogger()})
+	r, err := relay.New(pool, pub, relayConfig(cfg.Batch, false))
 	if err != nil {
 		return err
 	}
@@ -145,7 +145,7 @@ func Memory(ctx context.Context, url string, cfg MemoryConfig, spawn Spawner, pr
 	}
 	// The local QStash and its sink run in this process, not the child's, so the child's
 	// memory is the relay's alone.
-	q := startSinkQStash()
+	q := startSinkQStash(0)
 	defer q.Close()
 
 	in, err := json.Marshal(ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: q.SinkURL, Batch: cfg.Batch})

@@ -19,6 +19,16 @@ func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher
 	return qstash.NewPublisher(cfg)
 }
 
+// relayConfig is the relay's configuration for a publisher built by newPublisher: the
+// ordering matches the publisher's (waves only for FIFO queues), the rest the defaults.
+func relayConfig(batch int, fifo bool) relay.Config {
+	c := relay.Config{BatchSize: batch, Ordering: relay.OrderingPublish, Logger: discardLogger()}
+	if fifo {
+		c.Ordering = relay.OrderingFIFO
+	}
+	return c
+}
+
 // articlePublisher is the publisher's configuration: in publish mode what the article
 // sends (retries 5, flow control keyed by partition key with parallelism 1); fifo mode
 // enqueues into the publisher's default number of FIFO queues.
@@ -45,12 +55,12 @@ type sinkQStash struct {
 }
 
 // startSinkQStash starts qstashtest and a sink that reads each delivery and answers 200.
-func startSinkQStash() *sinkQStash {
+func startSinkQStash(rtt time.Duration) *sinkQStash {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusOK)
 	}))
-	q := startDelivering()
+	q := startDelivering(rtt)
 	q.SetFaults(qstashtest.Faults{DelayRate: 1, MaxDelay: time.Hour})
 	return &sinkQStash{Server: q, sink: sink, SinkURL: sink.URL}
 }
@@ -62,15 +72,21 @@ func (q *sinkQStash) Close() {
 
 // startDelivering starts the project's local QStash server on a free loopback port, with
 // deliveringOptions.
-func startDelivering() *qstashtest.Server { return qstashtest.NewServer(deliveringOptions()) }
+func startDelivering(rtt time.Duration) *qstashtest.Server {
+	return qstashtest.NewServer(deliveringOptions(rtt))
+}
 
 // deliveringOptions: the delivery client keeps up to 1024 idle connections per host.
 // qstashtest delivers every ready message at once (up to one per flow-control key, here
 // 1,000 keys), and with its default of 64 idle connections most deliveries dial a new TCP
 // connection: profiled, dialing took a fifth of the process's CPU and slowed the relay
 // under test by half.
-func deliveringOptions() qstashtest.Options {
+//
+// rtt models a QStash a network round trip away: the server answers every API request
+// after rtt ± 10% (its Latency option; deliveries are not delayed). Zero: loopback.
+func deliveringOptions(rtt time.Duration) qstashtest.Options {
 	return qstashtest.Options{
+		Latency: rtt - rtt/10, LatencyJitter: rtt / 5,
 		Logger: discardLogger(),
 		HTTPClient: &http.Client{
 			Transport:     &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second},

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // Results is one bench run: the JSON written by outboxctl bench --out.
@@ -27,6 +29,7 @@ type Results struct {
 	E2E      *E2EResult      `json:"e2e,omitempty"`
 	Consumer *ConsumerResult `json:"consumer,omitempty"`
 	Memory   *MemoryResult   `json:"memory,omitempty"`
+	Backlog  *BacklogResult  `json:"backlog,omitempty"`
 	// Errors lists scenarios that failed; the others still report.
 	Errors map[string]string `json:"errors,omitempty"`
 }
@@ -50,8 +53,18 @@ type Summary struct {
 	// Webhook over its raw transaction at concurrency 16.
 	WebhookVsRaw *float64 `json:"webhook_vs_raw"`
 	// FIFO: order violations over every key count (must be 0).
-	FIFOOrderViolations *int     `json:"fifo_order_violations"`
-	RelayPeakRSSMiB     *float64 `json:"relay_peak_rss_mib"`
+	FIFOOrderViolations *int `json:"fifo_order_violations"`
+	// A QStash a round trip away (RTT modelled by the bench): the relay at batch 500 with 1
+	// relay at RTT 30 ms, over itself at RTT 0 and over the baseline at RTT 30 ms.
+	RelayRTT30EPS        *float64 `json:"relay_rtt30_eps"`
+	RelayRTT30VsRTT0     *float64 `json:"relay_rtt30_vs_rtt0"`
+	RelayVsBaselineRTT30 *float64 `json:"relay_vs_baseline_rtt30"`
+	// Hot key: one key in fifo mode at RTT 30 ms (one event per round trip by design).
+	HotKeyFIFORTT30EPS *float64 `json:"hot_key_fifo_rtt30_eps"`
+	// Backlog: seconds to drain 1,000,000 events at RTT 30 ms with the Lambda's settings
+	// (null unless the backlog scenario ran at that size).
+	Backlog1MRTT30Seconds *float64 `json:"backlog_1m_rtt30_seconds"`
+	RelayPeakRSSMiB       *float64 `json:"relay_peak_rss_mib"`
 	// Lambda GB-seconds and QStash HTTP requests per million events, from the memory run.
 	LambdaGBsPerMillion128   *float64 `json:"lambda_gb_s_per_million_128mb"`
 	LambdaGBsPerMillion512   *float64 `json:"lambda_gb_s_per_million_512mb"`
@@ -89,6 +102,19 @@ func (r *Results) Summarise() {
 		if relay != nil && base != nil {
 			s.RelayVsBaseline = ptr(ratio(relay.EventsPerSec, base.EventsPerSec))
 		}
+		rtt0, rtt30, base30 := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 0), d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 30), d.BaselineRTT(1, 30)
+		if rtt30 != nil {
+			s.RelayRTT30EPS = ptr(rtt30.EventsPerSec)
+			if rtt0 != nil {
+				s.RelayRTT30VsRTT0 = ptr(ratio(rtt30.EventsPerSec, rtt0.EventsPerSec))
+			}
+			if base30 != nil {
+				s.RelayVsBaselineRTT30 = ptr(ratio(rtt30.EventsPerSec, base30.EventsPerSec))
+			}
+		}
+	}
+	if b := r.Backlog; b != nil && b.Events == 1_000_000 && b.RTTMillis == 30 && b.Drained == b.Events {
+		s.Backlog1MRTT30Seconds = ptr(b.Seconds)
 	}
 	if v, ok := r.Claim.P99Ratio(); ok {
 		s.ClaimP99Ratio5MVs0 = ptr(v)
@@ -107,9 +133,14 @@ func (r *Results) Summarise() {
 	if f := r.FIFO; f != nil {
 		v := 0
 		for _, run := range f.Runs {
-			v += run.OrderViolations
+			if run.Mode == ModeFIFO {
+				v += run.OrderViolations
+			}
 		}
 		s.FIFOOrderViolations = &v
+		if hot := f.Find(ModeFIFO, 1); hot != nil && f.Config.RTTMillis == 30 {
+			s.HotKeyFIFORTT30EPS = ptr(hot.EventsPerSec)
+		}
 	}
 	if m := r.Memory; m != nil {
 		s.RelayPeakRSSMiB = ptr(m.PeakRSSMiB)
@@ -126,8 +157,11 @@ func (r *Results) Summarise() {
 		r.Targets = append(r.Targets, t)
 	}
 	r.Targets = nil
-	target("relay_vs_floor", ">= 0.5 (batch 500, 1 relay)", s.RelayVsFloor, func(v float64) bool { return v >= 0.5 })
+	target("relay_vs_floor", ">= 0.7 (batch 500, 1 relay, RTT 0)", s.RelayVsFloor, func(v float64) bool { return v >= 0.7 })
 	target("relay_vs_baseline", ">= 10 (batch 500, 1 relay)", s.RelayVsBaseline, func(v float64) bool { return v >= 10 })
+	target("relay_rtt30_vs_rtt0", ">= 0.8 (batch 500, 1 relay)", s.RelayRTT30VsRTT0, func(v float64) bool { return v >= 0.8 })
+	target("relay_vs_baseline_rtt30", ">= 20 (batch 500, 1 relay, RTT 30 ms)", s.RelayVsBaselineRTT30, func(v float64) bool { return v >= 20 })
+	target("backlog_1m_rtt30_seconds", "<= 900 (one 15-minute Lambda invocation)", s.Backlog1MRTT30Seconds, func(v float64) bool { return v <= 900 })
 	target("claim_p99_ratio_5m_vs_0", "<= 1.5", s.ClaimP99Ratio5MVs0, func(v float64) bool { return v <= 1.5 })
 	target("e2e_p50_ms", "< 100 (linger)", s.E2EP50Ms, func(v float64) bool { return v < 100 })
 	target("e2e_p99_ms", "< 500 (linger)", s.E2EP99Ms, func(v float64) bool { return v < 500 })
@@ -247,6 +281,20 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 			}
 		}
 		p("\n")
+		if len(d.Config.RTTMillis) > 1 {
+			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d)\n\n", d.Config.RTTBatch, relay.DefaultPublishConcurrency)
+			p("| RTT ms | relay ev/s | relay / relay at RTT 0 | baseline ev/s | relay/baseline | relay publish ms |\n|---:|---:|---:|---:|---:|---:|\n")
+			rtt0 := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 0)
+			for _, rtt := range d.Config.RTTMillis {
+				rl, base := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, rtt), d.BaselineRTT(1, rtt)
+				if rl == nil || base == nil || rtt0 == nil {
+					continue
+				}
+				p("| %d | %.0f | %.2f | %.0f | %.1f× | %.2f |\n", rtt, rl.EventsPerSec, ratio(rl.EventsPerSec, rtt0.EventsPerSec), base.EventsPerSec,
+					ratio(rl.EventsPerSec, base.EventsPerSec), rl.PublishMillisMean)
+			}
+			p("\n")
+		}
 	}
 	if c := r.Claim; c != nil {
 		p("## 2. Claim cost vs dispatched history (batch %d, %d claims per case)\n\n", c.Config.Batch, c.Config.Iterations)
@@ -264,9 +312,9 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("\n")
 	}
 	if f := r.FIFO; f != nil {
-		p("## 3. Hot keys, fifo mode (%d events per case)\n\n%s.\n\n| keys | events/s | delivered | order violations | duplicates | relay publish calls |\n|---:|---:|---:|---:|---:|---:|\n", f.Config.Events, f.Path)
+		p("## 3. Hot keys (%d events per case, RTT %d ms)\n\n%s. Order is promised (and counted as a violation) in fifo mode only.\n\n| mode | keys | events/s | relay done s | last delivery s | delivered | order violations | duplicates | relay publish calls |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", f.Config.Events, f.Config.RTTMillis, f.Path)
 		for _, x := range f.Runs {
-			p("| %d | %.0f | %d | %d | %d | %d |\n", x.Keys, x.EventsPerSec, x.Delivered, x.OrderViolations, x.Duplicates, x.PublishCalls)
+			p("| %s | %d | %.0f | %.2f | %.2f | %d | %d | %d | %d |\n", x.Mode, x.Keys, x.EventsPerSec, x.RelaySeconds, x.Seconds, x.Delivered, x.OrderViolations, x.Duplicates, x.PublishCalls)
 		}
 		p("\n")
 	}
@@ -289,6 +337,12 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("| peak RSS MiB | drain events/s | child CPU s | Lambda GB-s per 1M events @128 MB | @512 MB | QStash HTTP requests per 1M events |\n|---:|---:|---:|---:|---:|---:|\n")
 		p("| %.1f | %.0f | %.2f | %.1f | %.1f | %.0f |\n\n", mm.PeakRSSMiB, mm.EventsPerSec, mm.CPUSeconds, mm.LambdaGBsPerMillion[128], mm.LambdaGBsPerMillion[512], mm.QStashRequestsPerMillion)
 		p("%s\n\n", mm.Note)
+	}
+	if b := r.Backlog; b != nil {
+		p("## 7. Backlog (%d events over %d keys, RTT %d ms, the relay Lambda's settings: batch %d, PUBLISH_CONCURRENCY %d, %v deadline, %d MiB memory limit)\n\n",
+			b.Events, b.Config.Keys, b.RTTMillis, b.Config.Batch, b.Config.Concurrency, b.Config.Deadline, b.Config.MemoryLimitMiB)
+		p("| drained | seconds | events/s | drains | publish calls | peak heap MiB (relay and local QStash) |\n|---:|---:|---:|---:|---:|---:|\n")
+		p("| %d | %.1f | %.0f | %d | %d | %.1f |\n\n%s.\n\n", b.Drained, b.Seconds, b.EventsPerSec, b.Drains, b.PublishCalls, b.PeakHeapMiB, b.Path)
 	}
 	if len(r.Errors) > 0 {
 		p("## Errors\n\n")

@@ -18,10 +18,11 @@ const (
 	ScenarioE2E      = "e2e"
 	ScenarioConsumer = "consumer"
 	ScenarioMemory   = "memory"
+	ScenarioBacklog  = "backlog"
 )
 
 // Scenarios lists every scenario.
-var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioConsumer, ScenarioMemory}
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioConsumer, ScenarioMemory, ScenarioBacklog}
 
 // ParseScenarios splits a comma-separated list and checks every name.
 func ParseScenarios(s string) ([]string, error) {
@@ -114,6 +115,8 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 			return fmt.Errorf("memory scenario needs Options.Spawn")
 		}
 		res.Memory, err = Memory(ctx, s.URL, MemoryConfigFor(opts.Size), opts.Spawn, opts.Progress)
+	case ScenarioBacklog:
+		res.Backlog, err = Backlog(ctx, s.URL, BacklogConfigFor(opts.Size), opts.Progress)
 	}
 	return err
 }

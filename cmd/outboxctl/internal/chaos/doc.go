@@ -9,6 +9,9 @@
 // Faults and where they are injected:
 //   - relay crash after claim / after publish: the relay's publisher calls runtime.Goexit,
 //     so the goroutine dies with its lease and nothing after the publish runs;
+//   - relay killed with several batches in flight (relays pipeline, PublishConcurrency 4):
+//     the publisher marks its relay dead and every Publish call of it in flight or still
+//     to come ends in runtime.Goexit, published or not, so none of those batches is marked;
 //   - slow publish: the publish is held past the lease and then sent anyway;
 //   - publish 500 / 429 / accepted-then-response-dropped: the local QStash server's own
 //     seeded faults; connection reset: a front in front of it resets the TCP connection

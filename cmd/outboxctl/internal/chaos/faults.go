@@ -36,13 +36,16 @@ const (
 	FaultConsumer500After    = "consumer_500_after_effect"
 	FaultConsumerAckLost     = "consumer_ack_lost_after_commit"
 	FaultDBKill              = "db_relay_backends_terminated"
+	// FaultKillInFlight: a relay "process" dies while several of its batches are in
+	// flight (pipelining): none of them is marked, whether its publish went out or not.
+	FaultKillInFlight = "relay_killed_with_batches_in_flight"
 )
 
 var faultKinds = []string{
 	FaultCrashBeforePublish, FaultCrashAfterPublish, FaultSlowPublish,
 	FaultPublish500, FaultPublish429, FaultPublishReset, FaultPublishDropResponse,
 	FaultDeliveryDuplicate, FaultDeliveryDelay,
-	FaultConsumer500Before, FaultConsumer500After, FaultConsumerAckLost, FaultDBKill,
+	FaultConsumer500Before, FaultConsumer500After, FaultConsumerAckLost, FaultDBKill, FaultKillInFlight,
 }
 
 // Random streams: every fault source draws from its own PCG stream of the seed, so a
@@ -100,24 +103,54 @@ func (in *injector) lastFault() time.Time {
 	return time.Time{}
 }
 
-// faultyPublisher is one relay "process"'s publisher: it kills the relay goroutine (by
+// faultyPublisher is one relay "process"'s publisher: it kills the batch's goroutine (by
 // runtime.Goexit, so nothing after the publish runs: no mark, no release) before or after
-// publishing, or holds the publish past the lease. A relay calls Publish from one
-// goroutine, so rng needs no lock.
+// publishing, holds the publish past the lease, or kills the whole "process" while
+// several batches are in flight: every Publish call in flight or still to come ends in
+// Goexit, so none of those batches is marked. A pipelined relay calls Publish from one
+// goroutine per batch in flight, so rng is locked.
 type faultyPublisher struct {
 	inner relay.Publisher
-	rng   *rand.Rand
 	f     Faults
 	in    *injector
 	hold  time.Duration
 	stop  context.Context
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	inFlight atomic.Int32
+	dead     atomic.Bool
 }
 
 func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	if p.dead.Load() {
+		runtime.Goexit() // the process is gone
+	}
 	if !p.in.on.Load() {
 		return p.inner.Publish(ctx, msgs)
 	}
-	x := p.rng.Float64()
+	p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	p.mu.Lock()
+	x, kill := p.rng.Float64(), p.rng.Float64()
+	p.mu.Unlock()
+	if kill < p.f.KillInFlight && p.inFlight.Load() >= 2 {
+		// The other batches in flight die where they stand: on their way in or out of
+		// their own publish (a publish that went out is never marked).
+		p.dead.Store(true)
+		p.in.add(FaultKillInFlight, 1)
+		p.inner.Publish(ctx, msgs)
+		runtime.Goexit()
+	}
+	res := p.publish(ctx, msgs, x)
+	if p.dead.Load() {
+		runtime.Goexit() // the process died while this publish was in flight
+	}
+	return res
+}
+
+// publish draws the per-batch faults with x.
+func (p *faultyPublisher) publish(ctx context.Context, msgs []outbox.Message, x float64) []relay.Result {
 	switch f := p.f; {
 	case x < f.CrashBeforePublish:
 		p.in.add(FaultCrashBeforePublish, 1)

@@ -160,7 +160,9 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 	appNames := make([]string, o.Relays)
 	for i := range o.Relays {
 		appNames[i] = h.appName(fmt.Sprintf("relay%d", i))
-		pool, err := h.pool(ctx, fmt.Sprintf("relay%d", i), 4)
+		// A claim, a mark per batch in flight (pipelining at its default concurrency), one
+		// spare: the relay Lambda's pool.
+		pool, err := h.pool(ctx, fmt.Sprintf("relay%d", i), int32(2+relay.DefaultPublishConcurrency))
 		if err != nil {
 			stop()
 			relays.Wait()
@@ -291,8 +293,12 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 		gen := uint64(run)
 		pub := &faultyPublisher{inner: h.pub, rng: newRand(o.Seed, streamRelay+uint64(i)<<20+gen), f: o.Faults, in: h.in,
 			hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
+		ordering := relay.OrderingFIFO
+		if o.Ordering == qstash.OrderingPublish {
+			ordering = relay.OrderingPublish
+		}
 		return relay.New(pool, pub, relay.Config{
-			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts,
+			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: ordering,
 			Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
 			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
 			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,

@@ -76,6 +76,11 @@ type Faults struct {
 	// DBKillsPerSecond: how often, on average, every backend of one relay's pool is
 	// terminated (pg_terminate_backend) mid-drain.
 	DBKillsPerSecond float64
+
+	// KillInFlight: per publish while at least two batches of the relay are in flight
+	// (drawn on its own, apart from the crash faults), the whole relay "process" dies (see
+	// FaultKillInFlight).
+	KillInFlight float64
 }
 
 // DefaultFaults has every fault on at a rate that keeps a few-thousand-event run busy
@@ -86,7 +91,7 @@ func DefaultFaults() Faults {
 		Publish500: 0.03, Publish429: 0.02, PublishReset: 0.02, PublishDropResponse: 0.02,
 		DeliveryDuplicate: 0.03, DeliveryDelay: 0.03, MaxDeliveryDelay: 20 * time.Millisecond,
 		Consumer500Before: 0.02, Consumer500After: 0.02, ConsumerAckLost: 0.02,
-		DBKillsPerSecond: 1,
+		DBKillsPerSecond: 1, KillInFlight: 0.25,
 	}
 }
 
@@ -122,6 +127,7 @@ func (f Faults) rates() map[string]float64 {
 		"Publish500": f.Publish500, "Publish429": f.Publish429, "PublishReset": f.PublishReset, "PublishDropResponse": f.PublishDropResponse,
 		"DeliveryDuplicate": f.DeliveryDuplicate, "DeliveryDelay": f.DeliveryDelay,
 		"Consumer500Before": f.Consumer500Before, "Consumer500After": f.Consumer500After, "ConsumerAckLost": f.ConsumerAckLost,
+		"KillInFlight": f.KillInFlight,
 	}
 }
 

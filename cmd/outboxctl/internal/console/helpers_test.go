@@ -145,7 +145,8 @@ func settle(t testing.TB, db *pgtest.DB, dead bool, errMsg string, at *time.Time
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, _, err := store.Claim(ctx, lease, 500, time.Minute, at)
+		claimed, err := store.Claim(ctx, lease, 500, time.Minute, at)
+		msgs := claimed.Messages
 		if err != nil {
 			t.Fatalf("claim: %v", err)
 		}

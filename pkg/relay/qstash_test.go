@@ -1,0 +1,150 @@
+package relay_test
+
+// The relay against the strict local QStash server over real HTTP: the deferrals the
+// publisher derives from production's answers (a used-up quota, a wrong QSTASH_URL) spend
+// no attempt, dead-letter nothing and pause the drain.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+func localQStash(t *testing.T, opts qstashtest.Options) (*qstashtest.Server, string) {
+	t.Helper()
+	opts.TimeScale = 0.0001
+	srv := qstashtest.NewServer(opts)
+	t.Cleanup(srv.Close)
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(sink.Close)
+	return srv, sink.URL
+}
+
+func qstashPublisher(t *testing.T, baseURL, token, dest string) *qstash.Publisher {
+	t.Helper()
+	p, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: baseURL, Token: token, DestinationBaseURL: dest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The daily quota runs out mid-drain and resets a second later: every event ends
+// dispatched with exactly one attempt (the 429s cost none), nothing is dead-lettered, and
+// the drain itself waits for the reset and resumes.
+func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i%9) })
+	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 40, QuotaWindow: time.Second})
+	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: relay.OrderingPublish, Logger: quiet()}).Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Dispatched != 100 || st.DeferredQuota == 0 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v: want every event dispatched across quota windows", st)
+	}
+	for id, n := range attempts(t, db) {
+		if n != 1 {
+			t.Fatalf("row %d: %d attempts, want 1 (a 429 spends none)", id, n)
+		}
+	}
+	if n := deadLetters(t, db); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
+}
+
+// The quota resets long after the drain's deadline: the drain stops early, the rows it
+// could not publish are pending with no attempt spent, nothing is dead-lettered.
+func TestLocalQStashQuotaPastDeadline(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i) })
+	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 20, QuotaWindow: time.Hour})
+	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: relay.OrderingPublish, Logger: quiet()}).Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PausedUntil.Before(start.Add(50*time.Minute)) || st.Dispatched != 20 || st.DeadLettered != 0 || st.DeferredQuota == 0 {
+		t.Fatalf("stats %+v: want 20 dispatched, the rest deferred to the reset", st)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Fatalf("the drain took %v: it waited instead of stopping", time.Since(start))
+	}
+	if s := states(t, db); s.pending != 80 || s.leased != 0 || s.deadLettered != 0 {
+		t.Fatalf("states %+v", s)
+	}
+	for id, n := range attempts(t, db) {
+		if n > 1 {
+			t.Fatalf("row %d: %d attempts", id, n)
+		}
+	}
+}
+
+// A QSTASH_URL ending in /v2 (every path answered 404 by the server): nothing is
+// dead-lettered, every row stays pending with no attempt spent, and the relay's log line
+// names QSTASH_URL.
+func TestLocalQStashWrongURL(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seed(t, db, 50, func(i int) string { return fmt.Sprintf("k%d", i%5) })
+	srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	target, _ := url.Parse(srv.URL)
+	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.URL.Path = "/v2" + r.In.URL.Path
+		r.Out.URL.RawPath = ""
+	}})
+	t.Cleanup(gw.Close)
+	pub := qstashPublisher(t, gw.URL, srv.Token, dest)
+	logger, logs := logtest.New()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newRelay(t, db, pub, relay.Config{BatchSize: 50, DeferPause: time.Hour, Logger: logger})
+	for range 3 {
+		st, err := r.Drain(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Dispatched+st.DeadLettered+st.Retried != 0 || st.PausedUntil.IsZero() {
+			t.Fatalf("stats %+v", st)
+		}
+	}
+	if s := states(t, db); s.pending != 50 || s.leased != 0 || s.deadLettered != 0 {
+		t.Fatalf("states %+v", s)
+	}
+	for id, n := range attempts(t, db) {
+		if n != 0 {
+			t.Fatalf("row %d: %d attempts after a deployment fault", id, n)
+		}
+	}
+	lines := deferLines(logs)
+	if len(lines) != 1 || !strings.Contains(lines[0], "QSTASH_URL") || !strings.Contains(lines[0], `"reason":"deployment"`) {
+		t.Fatalf("log lines %q: want one naming QSTASH_URL (the later drains claim nothing while paused)", lines)
+	}
+	if reqs := srv.Requests(); len(reqs) != 1 {
+		t.Fatalf("%d requests reached the server, want 1: the relay kept publishing while paused", len(reqs))
+	}
+}
