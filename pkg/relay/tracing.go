@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
@@ -43,7 +44,7 @@ func traceDestination(pub Publisher) string {
 // processTraced is process inside the batch span: a span that starts when the claim did,
 // linked to the producer span of every claimed event, with the claim as its first child;
 // publish and mark add theirs. Only called with a Tracer.
-func (r *Relay) processTraced(ctx context.Context, lease outbox.Lease, c outbox.Claimed, claimedAt time.Time) (Stats, error) {
+func (r *Relay) processTraced(ctx context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) (Stats, error) {
 	claimed := time.Now()
 	headers := make([]map[string]string, len(c.Messages))
 	for i, m := range c.Messages {
@@ -68,7 +69,7 @@ func (r *Relay) processTraced(ctx context.Context, lease outbox.Lease, c outbox.
 }
 
 // recordTraced is record inside a "mark" child span of the batch span.
-func (r *Relay) recordTraced(ctx context.Context, lease outbox.Lease, out outcome, st *Stats) error {
+func (r *Relay) recordTraced(ctx context.Context, lease outboxstore.Lease, out outcome, st *Stats) error {
 	ctx, span := r.cfg.Tracer.Start(ctx, "mark", trace.WithAttributes(
 		attrDispatched.Int(len(out.published)), attrRetried.Int(len(out.retries)),
 		attrDeadLettered.Int(len(out.dead)), attrReleased.Int(len(out.released))))
