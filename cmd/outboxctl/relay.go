@@ -183,7 +183,7 @@ func (p *relayProcess) drainLoop(ctx context.Context) {
 	_ = relay.Supervise(ctx, func(int) (*relay.Relay, error) { return p.relay, nil }, relay.SuperviseConfig{
 		Chunk: relayChunk,
 		OnRun: func(st relay.Stats, err error) {
-			p.record(metrics.RelayStats(st))
+			p.record(st.Metrics())
 			if err == nil || ctx.Err() != nil {
 				p.lastOK.Store(time.Now().UnixNano())
 				p.lastErr.Store(nil)

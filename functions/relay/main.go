@@ -299,7 +299,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment,
 		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
 	}
-	values := metrics.RelayStats(st)
+	values := st.Metrics()
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
 	timeout := gaugeTimeout

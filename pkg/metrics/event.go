@@ -5,8 +5,6 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // Event is one observation: the metrics a function emitted for one unit of work (a drain,
@@ -36,9 +34,16 @@ type Value struct {
 // Count returns a one-number Value.
 func Count(name string, n int64) Value { return Value{Name: name, Values: []float64{float64(n)}} }
 
-// RelayStats returns the relay counters of st, and PublishLatency in milliseconds when st
-// has samples.
-func RelayStats(st relay.Stats) []Value {
+// RelayCounts is what one relay drain did (relay.Stats.Metrics fills it).
+type RelayCounts struct {
+	Batches, Claimed, Dispatched, Retried, DeadLettered, Released, LeaseLost int
+	DeferredQuota, DeferredDeployment                                        int
+	PublishLatency                                                           []time.Duration
+}
+
+// Relay returns the relay counters of st, and PublishLatency in milliseconds when st has
+// samples.
+func Relay(st RelayCounts) []Value {
 	vs := []Value{
 		Count(Claimed, int64(st.Claimed)),
 		Count(Dispatched, int64(st.Dispatched)),
