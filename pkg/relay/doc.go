@@ -13,7 +13,7 @@
 // An event is never handed to the Publisher while an earlier event with the same partition
 // key is pending (leased, backing off, or not yet due); it waits until that event is
 // dispatched or dead-lettered. The claim enforces this across relays and across the batches
-// of one relay (see outbox.Store.Claim): a key whose head is leased by a batch in flight is
+// of one relay (see outboxstore.Store.Claim): a key whose head is leased by a batch in flight is
 // not claimed again. In fifo mode (Config.Ordering) a batch's events go out in successive
 // Publish calls ("waves": the first event of every key, then the second, ...); when one
 // fails, retryably or permanently, its key's later events are released unsent and wait

@@ -11,13 +11,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
 
 // Relay drains one outbox table through one Publisher. It is safe to run many relays, in
 // one process or many, against the same table.
 type Relay struct {
-	store *outbox.Store
+	store *outboxstore.Store
 	pub   Publisher
 	db    outbox.Querier
 	cfg   Config
@@ -45,7 +46,7 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	if db == nil || pub == nil {
 		return nil, errors.New("relay: database and publisher are required")
 	}
-	r := &Relay{store: outbox.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency}
+	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency}
 	if p, ok := db.(*pgxpool.Pool); ok {
 		// One connection claims while each batch in flight may hold one to be marked: a
 		// batch waiting for a connection would eat into its mark budget.
@@ -90,7 +91,7 @@ type Stats struct {
 	PausedUntil time.Time
 	Duration    time.Duration
 
-	// more: the last claim may have left ready rows behind (see outbox.Claimed).
+	// more: the last claim may have left ready rows behind (see outboxstore.Claimed).
 	more bool
 	// deferred is the first deferral seen, for the drain's one log line.
 	deferred *DeferError
@@ -331,8 +332,8 @@ func minTime(a, b time.Time) time.Time {
 // outcome collects a batch's results for the outcome statements.
 type outcome struct {
 	published []outbox.ID
-	retries   []outbox.Retry
-	dead      []outbox.Failure
+	retries   []outboxstore.Retry
+	dead      []outboxstore.Failure
 	released  []outbox.ID
 }
 
@@ -349,10 +350,10 @@ func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	return st, err
 }
 
-func (r *Relay) claim(ctx context.Context) (outbox.Lease, outbox.Claimed, time.Time, error) {
-	lease, err := outbox.NewLease()
+func (r *Relay) claim(ctx context.Context) (outboxstore.Lease, outboxstore.Claimed, time.Time, error) {
+	lease, err := outboxstore.NewLease()
 	if err != nil {
-		return lease, outbox.Claimed{}, time.Time{}, err
+		return lease, outboxstore.Claimed{}, time.Time{}, err
 	}
 	claimedAt := time.Now()
 	c, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.cfg.Lease, r.now())
@@ -360,7 +361,7 @@ func (r *Relay) claim(ctx context.Context) (outbox.Lease, outbox.Claimed, time.T
 }
 
 // process publishes and marks one claimed batch.
-func (r *Relay) process(ctx context.Context, lease outbox.Lease, c outbox.Claimed, claimedAt time.Time) (Stats, error) {
+func (r *Relay) process(ctx context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) (Stats, error) {
 	st := Stats{Batches: 1, Claimed: c.Len(), more: c.More}
 	// Publishing stops early enough that the outcome statements finish before the lease
 	// ends (so no other relay takes the rows over meanwhile) and before ctx's deadline.
@@ -384,7 +385,7 @@ func (r *Relay) process(ctx context.Context, lease outbox.Lease, c outbox.Claime
 // same-key event failed in this batch is released unsent, so it is never published before
 // that failure is recorded. unblocked reports released events that are claimable again
 // once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
-func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
+func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
 	held := make(map[string]outbox.ID) // key -> smallest id whose failure holds the key
 	for _, f := range c.Undecodable {
 		out.dead = append(out.dead, f)
@@ -478,12 +479,12 @@ func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline tim
 				}
 				stopAll, unblocked = true, true
 			case PermanentFailure:
-				out.dead = append(out.dead, outbox.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
+				out.dead = append(out.dead, outboxstore.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
 				hold[m.PartitionKey], dead[m.PartitionKey] = true, true
 			case Retryable:
 				hold[m.PartitionKey] = true
 				if m.Attempt >= r.cfg.MaxAttempts {
-					out.dead = append(out.dead, outbox.Failure{
+					out.dead = append(out.dead, outboxstore.Failure{
 						ID:           m.ID,
 						PartitionKey: m.PartitionKey,
 						Error:        fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
@@ -492,7 +493,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outbox.Claimed, deadline tim
 					dead[m.PartitionKey] = true
 					continue
 				}
-				out.retries = append(out.retries, outbox.Retry{
+				out.retries = append(out.retries, outboxstore.Retry{
 					ID:    m.ID,
 					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.rand()),
 					Error: errText(res.Err),
@@ -557,7 +558,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 }
 
 // record runs one statement per outcome kind and counts what the lease still held.
-func (r *Relay) record(ctx context.Context, lease outbox.Lease, out outcome, st *Stats) error {
+func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome, st *Stats) error {
 	now := r.now()
 	var errs []error
 	step := func(kind string, want int, n int64, err error, counter *int) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -150,12 +151,12 @@ func claimCase(ctx context.Context, pool *pgxpool.Pool, cfg ClaimConfig, history
 		return c, fmt.Errorf("read table sizes: %w", err)
 	}
 	rec := &recordingQuerier{Querier: pool}
-	store := outbox.NewStore(rec)
+	store := outboxstore.NewStore(rec)
 	lats := make([]time.Duration, 0, cfg.Iterations)
 	rows := 0
 	run := runID("r")
 	for i := range cfg.Iterations {
-		lease, err := outbox.NewLease()
+		lease, err := outboxstore.NewLease()
 		if err != nil {
 			return c, err
 		}
@@ -221,7 +222,7 @@ func explainLast(ctx context.Context, pool *pgxpool.Pool, rec *recordingQuerier)
 	if sql == "" {
 		return "", nil
 	}
-	lease, err := outbox.NewLease()
+	lease, err := outboxstore.NewLease()
 	if err != nil {
 		return "", err
 	}

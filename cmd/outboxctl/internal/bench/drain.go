@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -156,7 +157,9 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 			for _, way := range []string{WayFloor, WayRelay} {
 				var mk func(*pgxpool.Pool) drainer
 				if way == WayFloor {
-					mk = func(pool *pgxpool.Pool) drainer { return &floorDrainer{store: outbox.NewStore(pool), batch: batch} }
+					mk = func(pool *pgxpool.Pool) drainer {
+						return &floorDrainer{store: outboxstore.NewStore(pool), batch: batch}
+					}
 				} else {
 					mk = relayMaker(q, batch)
 				}
@@ -338,7 +341,7 @@ func (d *relayDrainer) drain(ctx context.Context) (drained, error) {
 
 // floorDrainer is the relay's statements without the relay: claim, mark every id, repeat.
 type floorDrainer struct {
-	store *outbox.Store
+	store *outboxstore.Store
 	batch int
 }
 
@@ -346,7 +349,7 @@ func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
 	var out drained
 	ids := make([]outbox.ID, 0, d.batch)
 	for {
-		lease, err := outbox.NewLease()
+		lease, err := outboxstore.NewLease()
 		if err != nil {
 			return out, err
 		}

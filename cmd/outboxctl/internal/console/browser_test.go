@@ -132,7 +132,7 @@ func pipelineDeadLetters(t *testing.T, db *pgtest.DB, good, poison int) []outbox
 }
 
 // TestBrowserFindsAndRedrivesADeadLetter drives headless Chromium through the console: the
-// overview with its chart, a dead letter found by filter, redriven from the page (dry run,
+// overview with its chart, a dead letter found through its failure group and a filter, redriven from the page (dry run,
 // then confirm, with the CSRF flow), and the database shows its event pending again with a
 // new generation.
 func TestBrowserFindsAndRedrivesADeadLetter(t *testing.T) {
@@ -259,18 +259,41 @@ func TestBrowserFindsAndRedrivesADeadLetter(t *testing.T) {
 		}
 	}
 
-	// Dead letters: filter by topic and key; exactly the target letter is listed.
-	do("filter dead letters",
+	// Dead letters: the failure groups list one group (both poison events failed alike);
+	// its link lists its two letters, and the key narrows them to the target.
+	want := letterIDsOf(t, db, []outbox.ID{target})[0]
+	var fp string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT fingerprint FROM dead_letters WHERE id = $1`, want).Scan(&fp); err != nil {
+		t.Fatal(err)
+	}
+	do("failure groups",
 		chromedp.Navigate(ts.URL+"/dead-letters"),
-		chromedp.WaitVisible(chromedp.CSS(`#filters`)),
-		chromedp.SendKeys(chromedp.CSS(`#filters input[name="topic"]`), "order.created"),
-		chromedp.SendKeys(chromedp.CSS(`#filters input[name="key"]`), key),
-		chromedp.Click(chromedp.CSS(`#apply-filter`)),
+		chromedp.WaitVisible(chromedp.CSS(`#tab-groups`)),
+		chromedp.Click(chromedp.CSS(`#tab-groups`)),
+		chromedp.WaitVisible(chromedp.CSS(`#groups`)),
+	)
+	if rows, group := count(`#groups tbody tr`), attr(`#groups tbody tr`, "data-group"); rows != 1 || group != fp {
+		t.Fatalf("groups page: %d groups, first %s; want group %s only", rows, group, fp)
+	}
+	shot("02-failure-groups")
+	do("open the group",
+		chromedp.Click(chromedp.CSS(`#groups a.group-link`)),
+		chromedp.WaitVisible(chromedp.CSS(`#group-`+fp)),
 		chromedp.WaitVisible(chromedp.CSS(`#letters`)),
 	)
-	want := letterIDsOf(t, db, []outbox.ID{target})[0]
+	if rows := count(`#letters tbody tr`); rows != 2 || count(fmt.Sprintf(`#letters tr[data-letter-id="%d"]`, want)) != 1 {
+		t.Fatalf("group %s lists %d letters; want the 2 poison letters, letter %d among them", fp, rows, want)
+	}
+	do("narrow the group by key",
+		chromedp.SendKeys(chromedp.CSS(`#filters input[name="key"]`), key),
+		chromedp.Click(chromedp.CSS(`#apply-filter`)),
+		chromedp.WaitVisible(chromedp.CSS(`#letters tbody tr:only-child`)),
+	)
 	if rows, first := count(`#letters tbody tr`), attr(`#letters tbody tr`, "data-letter-id"); rows != 1 || first != strconv.FormatInt(want, 10) {
-		t.Fatalf("filter by key %s: %d rows, first %s; want letter %d only", key, rows, first, want)
+		t.Fatalf("group %s and key %s: %d rows, first %s; want letter %d only", fp, key, rows, first, want)
+	}
+	if g := attr(`#filters input[name="group"]`, "value"); g != fp {
+		t.Fatalf("the filter form lost the group: %q", g)
 	}
 	shot("02-dead-letters-filtered")
 

@@ -2,11 +2,9 @@ package console
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"html/template"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -55,11 +53,12 @@ type Series struct {
 	DeadLettered []int64
 }
 
-// chartRow kinds (qChart).
+// chartRow kinds (qChartPending, qChartDispatched).
 const (
 	kindPending = iota
 	kindDispatched
 	kindDeadLettered
+	kindOldestPending
 )
 
 // chartRow is one group of qChartPending or qChartDispatched.
@@ -71,7 +70,12 @@ type chartRow struct {
 	MinCreated time.Time
 }
 
-func chartRows(ctx context.Context, db DB, q string, start time.Time, bucket time.Duration) ([]chartRow, error) {
+// querier is what the chart reads through: pgx.Tx, *pgxpool.Pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func chartRows(ctx context.Context, db querier, q string, start time.Time, bucket time.Duration) ([]chartRow, error) {
 	rows, err := db.Query(ctx, q, pgx.QueryExecModeExec, start, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("query chart: %w", err)
@@ -86,34 +90,54 @@ func chartRows(ctx context.Context, db DB, q string, start time.Time, bucket tim
 	return out, nil
 }
 
-// loadSeries reads the window ending at now and rebuilds the three series. Pending at a
-// time t counts every row created by t and not yet dispatched or dead-lettered at t: the
-// rows still pending, plus those that left the backlog inside the window (rows that left it
-// before the window cannot have been pending in it). Events redriven inside the window
-// count as pending since their creation: the history of a redrive is not kept.
-func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Series, error) {
-	n := int(rg.Span / rg.Bucket)
-	start := now.Truncate(rg.Bucket).Add(-time.Duration(n-1) * rg.Bucket)
-	s := Series{Start: start, Now: now, Bucket: rg.Bucket, Pending: make([]int64, n), OldestAge: make([]time.Duration, n),
-		Dispatched: make([]float64, n), DeadLettered: make([]int64, n)}
-	// Both parts at once, on two connections.
-	var (
-		parts [2][]chartRow
-		errs  [2]error
-		wg    sync.WaitGroup
-	)
-	for i, q := range []string{qChartPending, qChartDispatched} {
-		wg.Go(func() { parts[i], errs[i] = chartRows(ctx, db, q, start, rg.Bucket) })
+// bucketValues are one bucket's raw figures: what Series shows, before the per-minute
+// rate and the age (which depend on the bucket's end).
+type bucketValues struct {
+	Pending      int64     // pending at the bucket's end
+	Oldest       time.Time // created_at of the oldest of them; zero when none
+	Dispatched   int64     // dispatched during the bucket
+	DeadLettered int64     // dead-lettered during the bucket (still open)
+}
+
+// readBuckets reads the n buckets from start on (the last one ends at or after now), in
+// the snapshot of db, given the number of rows pending in that snapshot (the report's).
+// Pending at a time t counts every row created by t and not yet dispatched or
+// dead-lettered at t: the rows still pending, plus those that left the backlog since
+// start (rows that left it before cannot have been pending after start). Events redriven
+// since start count as pending since their creation: the history of a redrive is not kept.
+func readBuckets(ctx context.Context, db querier, start time.Time, bucket time.Duration, n int, pendingNow int64) ([]bucketValues, error) {
+	var rows []chartRow
+	for _, q := range []string{qChartPending, qChartDispatched} {
+		part, err := chartRows(ctx, db, q, start, bucket)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, part...)
 	}
-	wg.Wait()
-	if err := errors.Join(errs[:]...); err != nil {
-		return Series{}, err
+	// The rows pending since before start: the pending count less those created since,
+	// all pending through every bucket, the oldest of them the oldest pending row.
+	before := pendingNow
+	var oldest time.Time
+	for _, r := range rows {
+		switch r.Kind {
+		case kindPending:
+			before -= r.Count
+		case kindOldestPending:
+			oldest = r.MinCreated
+		}
 	}
+	if before > 0 && !oldest.IsZero() {
+		rows = append(rows, chartRow{Kind: kindPending, Created: start.Add(-bucket), Count: before, MinCreated: oldest})
+	}
+
+	out := make([]bucketValues, n)
 	diff := make([]int64, n+1)
-	oldest := make([]time.Time, n)
-	// index turns a bucket start into its index: -1 before the window.
-	index := func(t time.Time) int { return max(int(t.Sub(start)/rg.Bucket), -1) }
-	for _, r := range slices.Concat(parts[0], parts[1]) {
+	// index turns a bucket start into its index: -1 before start.
+	index := func(t time.Time) int { return max(int(t.Sub(start)/bucket), -1) }
+	for _, r := range rows {
+		if r.Kind == kindOldestPending {
+			continue
+		}
 		end := n // still pending: pending through the last bucket
 		if r.Done != nil {
 			doneAt := index(*r.Done)
@@ -121,9 +145,9 @@ func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Serie
 			if doneAt >= 0 && doneAt < n {
 				switch r.Kind {
 				case kindDispatched:
-					s.Dispatched[doneAt] += float64(r.Count)
+					out[doneAt].Dispatched += r.Count
 				case kindDeadLettered:
-					s.DeadLettered[doneAt] += r.Count
+					out[doneAt].DeadLettered += r.Count
 				}
 			}
 		}
@@ -134,23 +158,137 @@ func loadSeries(ctx context.Context, db DB, rg chartRange, now time.Time) (Serie
 		diff[from] += r.Count
 		diff[end] -= r.Count
 		for i := from; i < end; i++ {
-			if oldest[i].IsZero() || r.MinCreated.Before(oldest[i]) {
-				oldest[i] = r.MinCreated
+			if out[i].Oldest.IsZero() || r.MinCreated.Before(out[i].Oldest) {
+				out[i].Oldest = r.MinCreated
 			}
 		}
 	}
-	perMinute := rg.Bucket.Minutes()
 	var run int64
 	for i := range n {
 		run += diff[i]
-		s.Pending[i] = run
-		s.Dispatched[i] /= perMinute
-		if !oldest[i].IsZero() {
+		out[i].Pending = run
+	}
+	return out, nil
+}
+
+// loadSeries reads the window of rg ending at now, every bucket from the database.
+func loadSeries(ctx context.Context, db querier, rg chartRange, now time.Time, pendingNow int64) (Series, error) {
+	return (*chartCache)(nil).series(ctx, db, rg, now, pendingNow)
+}
+
+// chartSettle is how long after its end a bucket's figures are taken as final and cached.
+// created_at is the producer transaction's start and dispatched_at the mark statement's,
+// so a bucket still changes while transactions that began in it commit; a producer
+// transaction open longer than this adds rows to a bucket already cached, which show once
+// the entry expires (chartCacheTTL).
+const chartSettle = 2 * time.Minute
+
+// chartCacheTTL bounds how long a cached bucket is used: what changes a finished bucket
+// (a redrive outside this console, a long producer transaction) shows within it.
+const chartCacheTTL = 10 * time.Minute
+
+// chartCache keeps the figures of finished buckets, per bucket width, so a page reads
+// only the buckets since the last cached one: the minutes since the last visit, not the
+// whole window's dispatches and backlog. The nil cache caches nothing.
+type chartCache struct {
+	mu      sync.Mutex
+	buckets map[chartKey]cachedBucket
+}
+
+type chartKey struct {
+	width time.Duration
+	start int64 // bucket start, Unix microseconds
+}
+
+type cachedBucket struct {
+	v      bucketValues
+	stored time.Time
+}
+
+// reset forgets every cached bucket (after a redrive: redriven events count as pending
+// since their creation).
+func (c *chartCache) reset() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.buckets)
+}
+
+// cached returns the values of the contiguous run of cached buckets from start on.
+func (c *chartCache) cached(start time.Time, bucket time.Duration, n int, now time.Time) []bucketValues {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []bucketValues
+	for i := range n {
+		b, ok := c.buckets[chartKey{bucket, start.Add(time.Duration(i) * bucket).UnixMicro()}]
+		if !ok || now.Sub(b.stored) > chartCacheTTL {
+			break
+		}
+		out = append(out, b.v)
+	}
+	return out
+}
+
+// store caches the buckets from start on that ended chartSettle before now, and drops
+// the buckets older than the oldest window can show.
+func (c *chartCache) store(start time.Time, bucket time.Duration, vals []bucketValues, now time.Time) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.buckets == nil {
+		c.buckets = map[chartKey]cachedBucket{}
+	}
+	for i, v := range vals {
+		b := start.Add(time.Duration(i) * bucket)
+		if b.Add(bucket).After(now.Add(-chartSettle)) {
+			break
+		}
+		c.buckets[chartKey{bucket, b.UnixMicro()}] = cachedBucket{v: v, stored: now}
+	}
+	horizon := now.Add(-chartRanges[len(chartRanges)-1].Span - time.Hour).UnixMicro()
+	for k, b := range c.buckets {
+		if k.start < horizon || now.Sub(b.stored) > chartCacheTTL {
+			delete(c.buckets, k)
+		}
+	}
+}
+
+// series returns the window of rg ending at now: the cached buckets, then the rest read
+// from db in one snapshot with pendingNow (the report's pending count, same snapshot).
+func (c *chartCache) series(ctx context.Context, db querier, rg chartRange, now time.Time, pendingNow int64) (Series, error) {
+	n := int(rg.Span / rg.Bucket)
+	start := now.Truncate(rg.Bucket).Add(-time.Duration(n-1) * rg.Bucket)
+	vals := c.cached(start, rg.Bucket, n, now)
+	k := len(vals)
+	if k < n {
+		tailStart := start.Add(time.Duration(k) * rg.Bucket)
+		tail, err := readBuckets(ctx, db, tailStart, rg.Bucket, n-k, pendingNow)
+		if err != nil {
+			return Series{}, err
+		}
+		c.store(tailStart, rg.Bucket, tail, now)
+		vals = append(vals, tail...)
+	}
+	s := Series{Start: start, Now: now, Bucket: rg.Bucket, Pending: make([]int64, n), OldestAge: make([]time.Duration, n),
+		Dispatched: make([]float64, n), DeadLettered: make([]int64, n)}
+	perMinute := rg.Bucket.Minutes()
+	for i, v := range vals {
+		s.Pending[i] = v.Pending
+		s.Dispatched[i] = float64(v.Dispatched) / perMinute
+		s.DeadLettered[i] = v.DeadLettered
+		if !v.Oldest.IsZero() {
 			end := start.Add(time.Duration(i+1) * rg.Bucket)
 			if end.After(now) {
 				end = now
 			}
-			s.OldestAge[i] = max(end.Sub(oldest[i]), 0)
+			s.OldestAge[i] = max(end.Sub(v.Oldest), 0)
 		}
 	}
 	return s, nil

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -32,11 +33,11 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT min(created_at) FROM outbox`).Scan(&t0); err != nil {
 		t.Fatal(err)
 	}
-	store := outbox.NewStore(db.Pool)
+	store := outboxstore.NewStore(db.Pool)
 	// step claims every ready row at `at`, dispatches or dead-letters `done` and releases
 	// the rest (still pending).
 	step := func(done []outbox.ID, at time.Time, dead bool) {
-		lease, _ := outbox.NewLease()
+		lease, _ := outboxstore.NewLease()
 		claimed, err := store.Claim(ctx, lease, 100, time.Hour, &at)
 		msgs := claimed.Messages
 		if err != nil {
@@ -49,9 +50,9 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 			}
 		}
 		if dead {
-			fails := make([]outbox.Failure, len(done))
+			fails := make([]outboxstore.Failure, len(done))
 			for i, id := range done {
-				fails[i] = outbox.Failure{ID: id, Error: "no"}
+				fails[i] = outboxstore.Failure{ID: id, Error: "no"}
 			}
 			_, err = store.DeadLetter(ctx, lease, fails, &at)
 		} else {
@@ -69,7 +70,7 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 	// ids[5:] are still pending.
 
 	now := t0.Add(40 * time.Minute)
-	s, err := loadSeries(ctx, db.Pool, pickRange("1h"), now)
+	s, err := loadSeries(ctx, db.Pool, pickRange("1h"), now, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,5 +176,77 @@ func TestTraceID(t *testing.T) {
 		if got := traceID(tc.h); got != tc.want {
 			t.Errorf("traceID(%v) = %q, want %q", tc.h, got, tc.want)
 		}
+	}
+}
+
+// TestChartCacheReadsOnlyTheBucketsItHasNot: a finished bucket comes from the cache (its
+// rows can be gone from the table and it still shows them), the recent ones are read
+// again (a new dispatch shows), and reset drops the cache.
+func TestChartCacheReadsOnlyTheBucketsItHasNot(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Minute).Add(30 * time.Second)
+	insert := func(n int, created time.Time, dispatched *time.Time) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `
+INSERT INTO outbox (topic, partition_key, payload, created_at, available_at, dispatched_at, attempts)
+SELECT 't', 'k' || g, '{}', $2, $2, $3, 1 FROM generate_series(1, $1::int) g`, n, created, dispatched)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(d time.Duration) *time.Time { t := now.Add(d); return &t }
+	insert(5, now.Add(-50*time.Minute), at(-40*time.Minute)) // history: pending 50 to 40 minutes ago
+	insert(3, now.Add(-30*time.Minute), nil)                 // still pending
+	rg := pickRange("1h")
+	fresh := func() Series {
+		t.Helper()
+		s, err := loadSeries(ctx, db.Pool, rg, now, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	c := &chartCache{}
+	cached := func() Series {
+		t.Helper()
+		s, err := c.series(ctx, db.Pool, rg, now, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := cached()
+	want := fresh()
+	if !slices.Equal(first.Pending, want.Pending) || !slices.Equal(first.Dispatched, want.Dispatched) || !slices.Equal(first.OldestAge, want.OldestAge) {
+		t.Fatalf("cold cache differs from a fresh read:\n%v\n%v", first.Pending, want.Pending)
+	}
+	i40 := int(now.Add(-40*time.Minute).Sub(first.Start) / time.Minute)
+	if first.Pending[i40-1] != 5 || first.Dispatched[i40] != 5 {
+		t.Fatalf("fixture: pending %d before, dispatched %v at 40 minutes ago", first.Pending[i40-1], first.Dispatched[i40])
+	}
+
+	// The history changes behind the cache's back; a dispatch happens in the current bucket.
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM outbox WHERE dispatched_at IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	insert(2, now.Add(-30*time.Second), at(-10*time.Second))
+	second := cached()
+	last := len(second.Pending) - 1
+	if second.Pending[i40-1] != 5 || second.Dispatched[i40] != 5 {
+		t.Fatalf("finished buckets were read again: pending %d, dispatched %v", second.Pending[i40-1], second.Dispatched[i40])
+	}
+	if second.Dispatched[last] != 2 || second.Pending[last] != 3 {
+		t.Fatalf("the current bucket was not read again: dispatched %v, pending %d", second.Dispatched[last], second.Pending[last])
+	}
+	if f := fresh(); f.Dispatched[i40] != 0 {
+		t.Fatalf("a fresh read still shows the deleted history: %v", f.Dispatched[i40])
+	}
+
+	c.reset()
+	third, f := cached(), fresh()
+	if !slices.Equal(third.Pending, f.Pending) || !slices.Equal(third.Dispatched, f.Dispatched) {
+		t.Fatal("after reset the cache still answers")
 	}
 }

@@ -143,6 +143,7 @@ type Server struct {
 	loopback bool   // Listen is loopback: Host headers must be loopback too
 	mux      *http.ServeMux
 	pages    *pages
+	charts   *chartCache
 }
 
 // New returns the console for cfg.
@@ -160,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, key: key, loopback: IsLoopback(host), pages: pg}
+	s := &Server{cfg: cfg, key: key, loopback: IsLoopback(host), pages: pg, charts: &chartCache{}}
 	s.routes()
 	return s, nil
 }
@@ -173,6 +174,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /logout", s.authed(s.logout))
 	m.HandleFunc("GET /{$}", s.authed(s.overview))
 	m.HandleFunc("GET /dead-letters", s.authed(s.letters))
+	m.HandleFunc("GET /dead-letters/groups", s.authed(s.groupsPage))
 	m.HandleFunc("GET /dead-letters/{id}", s.authed(s.letter))
 	m.HandleFunc("POST /dead-letters/redrive", s.authed(s.action(s.redrive)))
 	m.HandleFunc("GET /events", s.authed(s.event))

@@ -3,9 +3,15 @@
 //
 //   - Overview: the figures of outboxctl status (pkg/health, the same code), a server-side
 //     SVG chart of pending events, oldest pending age and dispatches per minute over the
-//     last hours, unresolved dead letters by source and topic, and the xmin horizon warning.
-//   - Dead letters: a filtered, keyset-paginated list, a letter's detail, and redrive of one
-//     letter, a selection or a whole filter, always after a dry-run count. Redrive calls
+//     last hours, unresolved dead letters by source and topic (or by failure group), and the
+//     xmin horizon warning. The report and the chart are read in one snapshot: the chart
+//     takes the report's pending count instead of reading the backlog again, and keeps the
+//     figures of finished buckets in memory (chartCache), so a page reads only the minutes
+//     since the last one.
+//   - Dead letters: a filtered, keyset-paginated list, the failure groups of a filter
+//     (deadletter.Groups, as outboxctl dlq list --group), a letter's detail with its group,
+//     and redrive of one letter, a selection, a whole filter or a failure group, always
+//     after a dry-run count. Redrive calls
 //     deadletter.Plan and deadletter.Redrive, as outboxctl dlq redrive does: one
 //     transaction, the outbox row back to pending with its generation bumped, the letter
 //     resolved.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -138,10 +139,10 @@ func enqueue(t testing.TB, db *pgtest.DB, evs []outbox.Event) []outbox.ID {
 func settle(t testing.TB, db *pgtest.DB, dead bool, errMsg string, at *time.Time) int {
 	t.Helper()
 	ctx := context.Background()
-	store := outbox.NewStore(db.Pool)
+	store := outboxstore.NewStore(db.Pool)
 	total := 0
 	for {
-		lease, err := outbox.NewLease()
+		lease, err := outboxstore.NewLease()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,9 +155,9 @@ func settle(t testing.TB, db *pgtest.DB, dead bool, errMsg string, at *time.Time
 			return total
 		}
 		if dead {
-			fails := make([]outbox.Failure, len(msgs))
+			fails := make([]outboxstore.Failure, len(msgs))
 			for i, m := range msgs {
-				fails[i] = outbox.Failure{ID: m.ID, Error: fmt.Sprintf("%s (event %d)", errMsg, m.ID), StatusCode: 400}
+				fails[i] = outboxstore.Failure{ID: m.ID, Error: fmt.Sprintf("%s (event %d)", errMsg, m.ID), StatusCode: 400}
 			}
 			if _, err := store.DeadLetter(ctx, lease, fails, at); err != nil {
 				t.Fatalf("dead-letter: %v", err)

@@ -16,13 +16,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 )
 
-// letterFilter is the dead-letter filter of the list page and of a redrive by filter.
-// Issue 16's failure group belongs here as one more field, passed on to deadletter.Filter
-// once it has one (and to letterWhere as one more NULL-able parameter).
+// letterFilter is the dead-letter filter of the list pages and of a redrive by filter.
 type letterFilter struct {
 	Topic  string
 	Key    string
 	Source string
+	// Group is a failure group's fingerprint (deadletter.ValidFingerprint), "" for any.
+	Group string
 	// Since (inclusive) and Until (exclusive) bound created_at; zero is unbounded.
 	Since, Until time.Time
 	// SinceText and UntilText are the values as typed, to refill the form.
@@ -37,12 +37,18 @@ func parseFilter(v url.Values, now time.Time) (letterFilter, []string) {
 		Topic:           strings.TrimSpace(v.Get("topic")),
 		Key:             strings.TrimSpace(v.Get("key")),
 		Source:          strings.TrimSpace(v.Get("source")),
+		Group:           strings.TrimSpace(v.Get("group")),
 		SinceText:       strings.TrimSpace(v.Get("since")),
 		UntilText:       strings.TrimSpace(v.Get("until")),
 		IncludeResolved: v.Get("resolved") == "1",
 	}
 	var problems []string
 	var err error
+	if f.Group != "" {
+		if err := deadletter.ValidFingerprint(f.Group); err != nil {
+			problems = append(problems, "group: "+err.Error()+" (a fingerprint from the groups list)")
+		}
+	}
 	if f.Since, err = parseWhen(f.SinceText, now); err != nil {
 		problems = append(problems, "since: "+err.Error())
 	}
@@ -71,7 +77,7 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 
 // empty reports whether no criterion is set.
 func (f letterFilter) empty() bool {
-	return f.Topic == "" && f.Key == "" && f.Source == "" && f.Since.IsZero() && f.Until.IsZero()
+	return f.Topic == "" && f.Key == "" && f.Source == "" && f.Group == "" && f.Since.IsZero() && f.Until.IsZero()
 }
 
 // values renders the filter as query values, for links and hidden form fields.
@@ -85,6 +91,7 @@ func (f letterFilter) values() url.Values {
 	set("topic", f.Topic)
 	set("key", f.Key)
 	set("source", f.Source)
+	set("group", f.Group)
 	set("since", f.SinceText)
 	set("until", f.UntilText)
 	if f.IncludeResolved {
@@ -93,21 +100,22 @@ func (f letterFilter) values() url.Values {
 	return v
 }
 
-// args are letterWhere's parameters $1..$7 for the cursor c.
+// args are letterWhere's parameters $1..$8 for the cursor c.
 func (f letterFilter) args(c cursor) []any {
 	var at *time.Time
 	var id *int64
 	if !c.At.IsZero() {
 		at, id = &c.At, &c.ID
 	}
-	return []any{nullString(f.Topic), nullString(f.Key), nullString(f.Source), nullTime(f.Since), nullTime(f.Until), at, id}
+	return []any{nullString(f.Topic), nullString(f.Key), nullString(f.Source), nullTime(f.Since), nullTime(f.Until),
+		nullString(f.Group), at, id}
 }
 
 // deadletterFilter maps f to deadletter.Filter for Plan and Redrive, the code outboxctl
 // dlq redrive runs. It returns false when f selects by something deadletter.Filter cannot
 // express (the source): such a filter is expanded to letter ids first.
 func (f letterFilter) deadletterFilter() (deadletter.Filter, bool) {
-	df := deadletter.Filter{Topic: f.Topic, PartitionKey: f.Key, Since: f.Since, Until: f.Until}
+	df := deadletter.Filter{Topic: f.Topic, PartitionKey: f.Key, Fingerprint: f.Group, Since: f.Since, Until: f.Until}
 	df.All = f.empty()
 	return df, f.Source == ""
 }
@@ -153,7 +161,10 @@ func parseCursor(s string) (cursor, error) {
 }
 
 type lettersData struct {
-	Filter   letterFilter
+	Filter letterFilter
+	Bar    filterBar
+	// Group is the filter's failure group (nil without one, or when no letter matches).
+	Group    *groupRow
 	Letters  []deadletter.Letter
 	Problems []string
 	// Next and First link the next (older) page and the first page; "" when there is
@@ -180,7 +191,7 @@ func (s *Server) letters(w http.ResponseWriter, r *http.Request) {
 			limit = n
 		}
 	}
-	data := lettersData{Filter: f, Problems: problems, Limit: limit}
+	data := lettersData{Filter: f, Bar: newFilterBar(f, "letters"), Problems: problems, Limit: limit}
 	if len(problems) > 0 {
 		s.render(w, r, http.StatusBadRequest, "letters", "Dead letters", data)
 		return
@@ -193,6 +204,12 @@ func (s *Server) letters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data.Letters = letters
+	if f.Group != "" {
+		if data.Group, err = s.groupOf(ctx, f, f.Group); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	if more {
 		v := f.values()
 		last := letters[len(letters)-1]
@@ -249,6 +266,8 @@ type letterData struct {
 	DedupID      string
 	TraceID      string
 	AllowRedrive bool
+	// Group is the letter's failure group over the open letters; nil when none is open.
+	Group *groupRow
 }
 
 // letter shows one dead letter with everything dlq show prints.
@@ -269,9 +288,14 @@ func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	g, err := s.groupOf(ctx, letterFilter{}, l.Fingerprint)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	s.render(w, r, http.StatusOK, "letter", fmt.Sprintf("Dead letter %d", id), letterData{
 		Letter: l, PayloadText: prettyJSON(l.Payload), HeaderKeys: sortedKeys(l.Headers),
-		TraceID: traceID(l.Headers), AllowRedrive: s.cfg.AllowRedrive,
+		TraceID: traceID(l.Headers), AllowRedrive: s.cfg.AllowRedrive, Group: g,
 	})
 }
 
@@ -282,6 +306,8 @@ type redriveData struct {
 	DryRun  bool
 	Matched int  // letters the selection matched (open or not)
 	Empty   bool // nothing matched at all
+	// Group is the failure group a filter names, as it stands before a redrive.
+	Group *groupRow
 }
 
 // redrive previews (dry run, the default) or performs a redrive of letters named by id or
@@ -323,6 +349,13 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 		}
 		f.IncludeResolved = false
 		d.Hidden = f.values()
+		if f.Group != "" && d.DryRun {
+			var err error
+			if d.Group, err = s.groupOf(ctx, f, f.Group); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+		}
 		var direct bool
 		if df, direct = f.deadletterFilter(); !direct {
 			ids, err := s.letterIDs(ctx, qOpenLetterIDsAll, append(f.args(cursor{}), s.cfg.RedriveCap+1))
@@ -362,7 +395,8 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 	d.Matched = len(res.Redriven) + len(res.AlreadyPending) + len(res.AlreadyResolved) + len(res.OutboxMissing)
 	d.Empty = d.Matched == 0 && len(res.NotFound) == 0
 	if !d.DryRun {
-		s.cfg.Logger.Info("console redrive", "scope", d.Scope, "redriven", len(res.Redriven),
+		s.charts.reset() // redriven events count as pending since their creation
+		s.cfg.Logger.Info("console redrive", "scope", d.Scope, "group", form.Get("group"), "redriven", len(res.Redriven),
 			"already_pending", len(res.AlreadyPending), "already_resolved", len(res.AlreadyResolved),
 			"outbox_missing", len(res.OutboxMissing), "not_found", len(res.NotFound), "remote_addr", r.RemoteAddr)
 	}

@@ -6,23 +6,36 @@ package console
 // statement planned with the actual values), so a NULL filter folds away at plan time and
 // the index conditions stay usable; a cached generic plan could not use them.
 const (
-	// The chart's statements return the rows that were pending at some time in the window,
+	// qSnapshot makes the overview's transaction one read-only snapshot: the chart's
+	// pending history rests on the report's pending count.
+	qSnapshot = `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`
+
+	// The chart's statements return the rows that were pending at some time since $1,
 	// grouped by the bucket they became pending in (cb) and the bucket they stopped being
 	// pending in (db, NULL while still pending), with their count and oldest created_at.
 	// Buckets are date_bin starts (integer arithmetic; extract(epoch) would be numeric,
-	// several times slower per row). None reads the outbox's history, and the two run
-	// concurrently. $1 window start, $2 bucket width. kind: 0 pending, 1 dispatched,
-	// 2 dead-lettered.
+	// several times slower per row). None reads the outbox's history. $1 is the start of
+	// the first bucket not cached (chartCache), $2 the bucket width. kind: 0 pending,
+	// 1 dispatched, 2 dead-lettered, 3 the oldest pending row (count 0).
 	//
-	// qChartPending: rows still pending (outbox_pending_age_idx, partial: the backlog
-	// only), and rows dead-lettered in the window (their open dead letters through
-	// dead_letters_unresolved_idx, then the outbox primary key).
+	// qChartPending: rows still pending that were created since $1 (a range of
+	// outbox_pending_age_idx, partial: the backlog only), the oldest pending row (one probe
+	// of it), and rows dead-lettered since $1 (their open dead letters through
+	// dead_letters_unresolved_idx, then the outbox primary key). The rows pending since
+	// before $1 are not read: they are the report's pending count minus those created
+	// since, read in the same snapshot.
 	qChartPending = `
 SELECT 0 AS kind, date_bin($2::interval, o.created_at, $1::timestamptz) AS cb, NULL::timestamptz AS db,
        count(*), min(o.created_at)
 FROM outbox o
-WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL AND o.created_at >= $1::timestamptz
 GROUP BY 2
+UNION ALL
+(SELECT 3, o.created_at, NULL::timestamptz, 0::bigint, o.created_at
+ FROM outbox o
+ WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+ ORDER BY o.created_at
+ LIMIT 1)
 UNION ALL
 SELECT 2, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dead_lettered_at, $1::timestamptz),
        count(*), min(o.created_at)
@@ -32,8 +45,9 @@ WHERE o.id IN (SELECT d.outbox_id FROM dead_letters d
   AND o.dead_lettered_at >= $1::timestamptz
 GROUP BY 2, 3`
 
-	// qChartDispatched: rows dispatched in the window (outbox_dispatched_idx range from
-	// $1). Its cost follows the dispatches in the window.
+	// qChartDispatched: rows dispatched since $1 (outbox_dispatched_idx range). Its cost
+	// follows the dispatches since $1: the whole window once, then the minutes since the
+	// last cached bucket.
 	qChartDispatched = `
 SELECT 1, date_bin($2::interval, o.created_at, $1::timestamptz), date_bin($2::interval, o.dispatched_at, $1::timestamptz),
        count(*), min(o.created_at)
@@ -42,41 +56,43 @@ WHERE o.dispatched_at >= $1::timestamptz
 GROUP BY 2, 3`
 
 	// letterWhere is the dead-letter filter of the list pages: $1 topic, $2 partition key,
-	// $3 source, $4 since (inclusive), $5 until (exclusive); NULL matches everything. The
-	// keyset cursor is $6 (created_at) and $7 (id) of the last row shown: the next page
-	// starts strictly after it in (created_at DESC, id DESC) order. It is written as
-	// created_at <= $6 AND (...) so that the bound is an index condition.
+	// $3 source, $4 since (inclusive), $5 until (exclusive), $6 failure group (fingerprint);
+	// NULL matches everything. The keyset cursor is $7 (created_at) and $8 (id) of the
+	// last row shown: the next page starts strictly after it in (created_at DESC, id DESC)
+	// order. It is written as created_at <= $7 AND (...) so that the bound is an index
+	// condition. A group of open letters is read on dead_letters_fingerprint_open_idx.
 	letterWhere = `
     ($1::text IS NULL OR d.topic = $1::text)
 AND ($2::text IS NULL OR d.partition_key = $2::text)
 AND ($3::text IS NULL OR d.source = $3::text)
 AND ($4::timestamptz IS NULL OR d.created_at >= $4::timestamptz)
 AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
-AND ($6::timestamptz IS NULL OR (d.created_at <= $6::timestamptz AND (d.created_at < $6::timestamptz OR d.id < $7::bigint)))`
+AND ($6::text IS NULL OR d.fingerprint = $6::text)
+AND ($7::timestamptz IS NULL OR (d.created_at <= $7::timestamptz AND (d.created_at < $7::timestamptz OR d.id < $8::bigint)))`
 
 	// qOpenLetterIDs pages open letters, newest first, on dead_letters_unresolved_idx.
-	// $8 is the page size. The rows themselves are read with deadletter.List by id.
+	// $9 is the page size. The rows themselves are read with deadletter.List by id.
 	qOpenLetterIDs = `
 SELECT d.id FROM dead_letters d
 WHERE d.resolved_at IS NULL AND` + letterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $8`
+LIMIT $9`
 
 	// qAllLetterIDs is qOpenLetterIDs including resolved letters.
 	qAllLetterIDs = `
 SELECT d.id FROM dead_letters d
 WHERE` + letterWhere + `
 ORDER BY d.created_at DESC, d.id DESC
-LIMIT $8`
+LIMIT $9`
 
 	// qOpenLetterIDsAll returns every open letter id matching the filter, for a redrive by
-	// filter that also selects by source (deadletter.Filter has no source): $6 and $7 are
-	// NULL, $8 caps the selection.
+	// filter that also selects by source (deadletter.Filter has no source): $7 and $8 are
+	// NULL, $9 caps the selection.
 	qOpenLetterIDsAll = `
 SELECT d.id FROM dead_letters d
 WHERE d.resolved_at IS NULL AND` + letterWhere + `
 ORDER BY d.id
-LIMIT $8`
+LIMIT $9`
 
 	// qEvent reads one outbox row by primary key.
 	qEvent = `

@@ -1,4 +1,8 @@
-package outbox
+// Package outboxstore runs the relay's statements on the outbox table: claim a batch under
+// a lease, then mark, reschedule, dead-letter or release it, every statement after the
+// claim fenced by the lease token. Producers never need it (package outbox is theirs); the
+// relay engine and the benchmarks that measure its SQL use it.
+package outboxstore
 
 import (
 	"cmp"
@@ -11,17 +15,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
 
 // Store runs the relay's statements on the outbox table. Every statement after Claim is
 // fenced by the claim's lease token: a relay whose lease expired (and whose rows another
 // relay claimed since) changes nothing, and the returned count says so.
 type Store struct {
-	db Querier
+	db outbox.Querier
 }
 
 // NewStore returns a Store over db (a *pgxpool.Pool in practice).
-func NewStore(db Querier) *Store { return &Store{db: db} }
+func NewStore(db outbox.Querier) *Store { return &Store{db: db} }
 
 // Lease identifies one claim. Token is fresh per claim.
 type Lease struct {
@@ -48,8 +54,8 @@ func (l Lease) String() string {
 // Claimed is what one claim leased.
 type Claimed struct {
 	// Messages are the leased rows, sorted by id.
-	Messages []Message
-	// Undecodable are leased rows that cannot become a Message (headers that are not a
+	Messages []outbox.Message
+	// Undecodable are leased rows that cannot become a outbox.Message (headers that are not a
 	// JSON object of string values, written around Enqueue), sorted by id, each with the
 	// reason. The caller dead-letters them under the same lease, so one bad row never
 	// holds the rest of the batch.
@@ -71,8 +77,10 @@ var ErrBadHeaders = errors.New("headers must be a JSON object of string values")
 // one that cannot be decoded is returned in Undecodable, never as an error, because the
 // lease is already taken and an error would leave the whole batch leased.
 func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, now *time.Time) (Claimed, error) {
-	window := ClaimWindow(n)
-	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, window)
+	// The window is how many ready rows the claim looks at. Each costs one index probe (its
+	// key's head); keys that repeat in the window are filled up from their runs, so n rows
+	// suffice (measured: 2n cost a third more per claim for no larger batches).
+	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, n)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -80,7 +88,7 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, 
 	var c Claimed
 	var windowRows int64
 	for rows.Next() {
-		var m Message
+		var m outbox.Message
 		var payload string
 		var headers []byte
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows); err != nil {
@@ -97,9 +105,9 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, 
 	if err := rows.Err(); err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
-	slices.SortFunc(c.Messages, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
-	c.More = c.Len() == n || (c.Len() > 0 && windowRows >= int64(window))
+	c.More = c.Len() == n || (c.Len() > 0 && windowRows >= int64(n))
 	return c, nil
 }
 
@@ -111,13 +119,8 @@ func decodeHeaders(b []byte, h *map[string]string) error {
 	return nil
 }
 
-// ClaimWindow is how many ready rows a claim of n looks at. Each costs one index probe (its
-// key's head); keys that repeat in the window are filled up from their runs, so n rows
-// suffice (measured: 2n cost a third more per claim for no larger batches).
-func ClaimWindow(n int) int { return n }
-
 // MarkDispatched records ids as published. It returns how many rows the lease still held.
-func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []ID, now *time.Time) (int64, error) {
+func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -130,7 +133,7 @@ func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []ID, now *
 
 // Retry is a retryable failure to put back after Delay.
 type Retry struct {
-	ID    ID
+	ID    outbox.ID
 	Delay time.Duration
 	Error string
 }
@@ -140,7 +143,7 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, no
 	if len(retries) == 0 {
 		return 0, nil
 	}
-	ids := make([]ID, len(retries))
+	ids := make([]outbox.ID, len(retries))
 	delays := make([]int64, len(retries))
 	errs := make([]string, len(retries))
 	for i, r := range retries {
@@ -155,7 +158,7 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, no
 
 // Failure is a message to dead-letter, with the error and the HTTP status if known.
 type Failure struct {
-	ID ID
+	ID outbox.ID
 	// PartitionKey is informational (the relay holds the key's later events behind it);
 	// DeadLetter does not use it.
 	PartitionKey string
@@ -168,7 +171,7 @@ func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, no
 	if len(fails) == 0 {
 		return 0, nil
 	}
-	ids := make([]ID, len(fails))
+	ids := make([]outbox.ID, len(fails))
 	errs := make([]string, len(fails))
 	codes := make([]int32, len(fails))
 	for i, f := range fails {
@@ -182,7 +185,7 @@ func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, no
 }
 
 // Release returns claimed rows that were not published, without counting an attempt.
-func (s *Store) Release(ctx context.Context, lease Lease, ids []ID, now *time.Time) (int64, error) {
+func (s *Store) Release(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
