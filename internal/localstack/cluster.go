@@ -116,6 +116,11 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	if err := c.Stop(); err != nil {
 		return err
 	}
+	return c.Start(ctx)
+}
+
+// Start starts a stopped server again on the same port.
+func (c *Cluster) Start(ctx context.Context) error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.Port, c.Dir)
 	if out, err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.Dir, "data"), "-o", opts, "-l", filepath.Join(c.Dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		return fmt.Errorf("pg_ctl start: %w: %s", err, out)

@@ -239,10 +239,17 @@ func testRestartWhileDraining(t *testing.T, c *localstack.Cluster) {
 	restarted := make(chan error, 1)
 	pub.before = func(call int) {
 		if call == 5 {
-			// Restart in the middle of the drain; the publish in flight completes, its mark
-			// meets the stopped server.
-			go func() { restarted <- c.Restart(context.Background()) }()
-			time.Sleep(300 * time.Millisecond)
+			// Stop the server in the middle of the drain (fast: every connection cut) and
+			// start it again only after the mark timeout: the publish in flight completes and
+			// its mark meets the stopped server, whatever else is in flight meanwhile.
+			if err := c.Stop(); err != nil {
+				restarted <- err
+				return
+			}
+			go func() {
+				time.Sleep(3 * time.Second)
+				restarted <- c.Start(context.Background())
+			}()
 		}
 	}
 	r, err := relay.New(pool, pub, relay.Config{BatchSize: 100, MarkTimeout: 2 * time.Second, PublishTimeout: 5 * time.Second, Lease: 30 * time.Second, Logger: quiet()})

@@ -116,8 +116,11 @@ type faultyPublisher struct {
 	hold  time.Duration
 	stop  context.Context
 
-	mu       sync.Mutex
-	rng      *rand.Rand
+	mu  sync.Mutex
+	rng *rand.Rand
+	// armed: the kill was drawn; it strikes at the first publish that finds another
+	// batch of this relay in flight (a trickle of events rarely pipelines).
+	armed    bool
 	inFlight atomic.Int32
 	dead     atomic.Bool
 }
@@ -132,9 +135,13 @@ func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []
 	p.inFlight.Add(1)
 	defer p.inFlight.Add(-1)
 	p.mu.Lock()
-	x, kill := p.rng.Float64(), p.rng.Float64()
+	x := p.rng.Float64()
+	if p.rng.Float64() < p.f.KillInFlight {
+		p.armed = true
+	}
+	kill := p.armed && p.inFlight.Load() >= 2
 	p.mu.Unlock()
-	if kill < p.f.KillInFlight && p.inFlight.Load() >= 2 {
+	if kill {
 		// The other batches in flight die where they stand: on their way in or out of
 		// their own publish (a publish that went out is never marked).
 		p.dead.Store(true)

@@ -65,6 +65,13 @@ func TestChaosFIFO(t *testing.T) {
 	seed := chaosSeed(t)
 	rep := runChaos(t, chaos.Options{Events: chaosEvents(t, 5000), Seed: seed, Relays: 3, Faults: chaos.DefaultFaults()})
 	for kind, n := range rep.Faults {
+		if n == 0 && kind == chaos.FaultKillInFlight {
+			// It needs a relay with two batches in flight, which only a backlog gives: a
+			// run whose relays keep up with the producers (a slow, shared machine under
+			// -race) may have none. The pkg/relay pipelining tests cover it deterministically.
+			t.Logf("fault %s was never injected (seed %d): no relay had two batches in flight", kind, seed)
+			continue
+		}
 		if n == 0 {
 			t.Errorf("fault %s was never injected (seed %d): raise its rate or the event count", kind, seed)
 		}

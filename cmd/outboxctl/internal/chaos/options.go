@@ -77,9 +77,9 @@ type Faults struct {
 	// terminated (pg_terminate_backend) mid-drain.
 	DBKillsPerSecond float64
 
-	// KillInFlight: per publish while at least two batches of the relay are in flight
-	// (drawn on its own, apart from the crash faults), the whole relay "process" dies (see
-	// FaultKillInFlight).
+	// KillInFlight: per publish (drawn on its own, apart from the crash faults), the
+	// relay "process" is doomed: it dies at its first publish that finds another of its
+	// batches in flight (see FaultKillInFlight).
 	KillInFlight float64
 }
 
@@ -91,7 +91,7 @@ func DefaultFaults() Faults {
 		Publish500: 0.03, Publish429: 0.02, PublishReset: 0.02, PublishDropResponse: 0.02,
 		DeliveryDuplicate: 0.03, DeliveryDelay: 0.03, MaxDeliveryDelay: 20 * time.Millisecond,
 		Consumer500Before: 0.02, Consumer500After: 0.02, ConsumerAckLost: 0.02,
-		DBKillsPerSecond: 1, KillInFlight: 0.25,
+		DBKillsPerSecond: 1, KillInFlight: 0.02,
 	}
 }
 
