@@ -41,7 +41,8 @@ type PipelineConfig struct {
 	Handlers webhook.Handlers
 	// Observe is passed to the webhook (webhook.Config.Observe).
 	Observe func(topic, outcome string)
-	// QStash configures the built-in QStash server; ignored when External is set.
+	// QStash configures the built-in QStash server; ignored when External is set. Its Plan
+	// defaults to the publisher's, so the server enforces that plan's limits.
 	QStash qstashtest.Options
 	// External, when set, is used instead of the built-in server.
 	External *ExternalQStash
@@ -108,6 +109,11 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 		opts := cfg.QStash
 		if opts.Logger == nil {
 			opts.Logger = log
+		}
+		if opts.Plan == "" {
+			// No kinder than production: the server enforces the limits of the plan the
+			// publisher is configured for (message size, retries, queues, parallelism).
+			opts.Plan = cfg.Publisher.WithDefaults().Plan
 		}
 		p.QStash = qstashtest.NewServer(opts)
 		p.closers = append(p.closers, p.QStash.Close)

@@ -140,7 +140,8 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 			return &consumerFront{inner: rc, in: h.in, f: f, stop: stopAll, rng: newRand(o.Seed, streamConsumer)}
 		},
 		Publisher: qstash.PublisherConfig{
-			Retries: o.QStashRetries, Ordering: o.Ordering, FIFOQueues: o.FIFOQueues, RequestTimeout: 5 * time.Second,
+			// 12 QStash retries by default: more than the pay-as-you-go cap, so the fixed plan.
+			Retries: o.QStashRetries, Plan: qstash.PlanFixed, Ordering: o.Ordering, FIFOQueues: o.FIFOQueues, RequestTimeout: 5 * time.Second,
 			HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Relays, IdleConnTimeout: 30 * time.Second}},
 		},
 		Logger: log,
