@@ -73,14 +73,17 @@ func (c Claimed) Len() int { return len(c.Messages) + len(c.Undecodable) }
 var ErrBadHeaders = errors.New("headers must be a JSON object of string values")
 
 // Claim leases up to n ready rows for d. now nil means the database clock. Rows are
-// eligible under the per-key FIFO rule documented on qClaim. A row is decoded on its own:
+// eligible under the per-key FIFO rule documented on qClaim. keyRun is the caller's number
+// of batches in flight: a key gets up to keyRun of its events in this batch even when the
+// batch has room for one from every key (qClaim's lim), so the next claims find keys
+// that are not held. A row is decoded on its own:
 // one that cannot be decoded is returned in Undecodable, never as an error, because the
 // lease is already taken and an error would leave the whole batch leased.
-func (s *Store) Claim(ctx context.Context, lease Lease, n int, d time.Duration, now *time.Time) (Claimed, error) {
+func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Duration, now *time.Time) (Claimed, error) {
 	// The window is how many ready rows the claim looks at. Each costs one index probe (its
 	// key's head); keys that repeat in the window are filled up from their runs, so n rows
 	// suffice (measured: 2n cost a third more per claim for no larger batches).
-	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, n)
+	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, n, max(keyRun, 1))
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}

@@ -359,7 +359,7 @@ func (r *Relay) claim(ctx context.Context) (outboxstore.Lease, outboxstore.Claim
 		return lease, outboxstore.Claimed{}, time.Time{}, err
 	}
 	claimedAt := time.Now()
-	c, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.cfg.Lease, r.now())
+	c, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.inFlight, r.cfg.Lease, r.now())
 	return lease, c, claimedAt, err
 }
 

@@ -161,7 +161,7 @@ func claimCase(ctx context.Context, pool *pgxpool.Pool, cfg ClaimConfig, history
 			return c, err
 		}
 		start := time.Now()
-		claimed, err := store.Claim(ctx, lease, cfg.Batch, relay.DefaultLease, nil)
+		claimed, err := store.Claim(ctx, lease, cfg.Batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
 		msgs := claimed.Messages
 		lats = append(lats, time.Since(start))
 		if err != nil {

@@ -354,7 +354,7 @@ func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
 			return out, err
 		}
 		t0 := time.Now()
-		claimed, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultLease, nil)
+		claimed, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
 		msgs, more := claimed.Messages, claimed.More
 		out.claim = append(out.claim, time.Since(t0))
 		if err != nil {
