@@ -102,7 +102,7 @@ fmt: ## gofmt -l (fails if anything is unformatted)
 lint: fmt vet ## gofmt + go vet
 
 .PHONY: bench bench-short
-bench: ## full benchmark on DATABASE_URL (~15 min): docs/bench-results.{json,md} and docs/bench-drain.svg
+bench: ## full benchmark on DATABASE_URL (~30 min): docs/bench-results.{json,md}, docs/bench-drain.svg and docs/bench-drain-rtt.svg
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --out docs/bench-results.json --chart docs/bench-drain.svg > docs/bench-results.md
 

@@ -27,7 +27,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	short := fs.Bool("short", false, "run every scenario at its short size (under two minutes on 2 cores)")
 	size := fs.String("size", "", "scenario size: tiny, short or full (default full; --short means short)")
 	out := fs.String("out", "", "write the results as JSON to this file")
-	chart := fs.String("chart", "", "write an SVG chart of drain throughput by batch size to this file")
+	chart := fs.String("chart", "", "write an SVG chart of drain throughput by batch size to this file, and one by round trip to QStash beside it (name-rtt.svg)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relay, local QStash, webhook) to this file")
 	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
 	fs.Usage = func() {
@@ -104,8 +104,22 @@ func runBench(ctx context.Context, e env, args []string) error {
 		if err := writeFile(*chart, b.Bytes()); err != nil {
 			return err
 		}
+		// The round-trip chart goes beside it: drain.svg -> drain-rtt.svg.
+		b.Reset()
+		if err := bench.WriteRTTSVG(&b, res.Drain, caption); err != nil {
+			return err
+		}
+		if err := writeFile(rttChartPath(*chart), b.Bytes()); err != nil {
+			return err
+		}
 	}
 	return runErr
+}
+
+// rttChartPath names the round-trip chart after the drain chart: d.svg -> d-rtt.svg.
+func rttChartPath(chart string) string {
+	ext := filepath.Ext(chart)
+	return strings.TrimSuffix(chart, ext) + "-rtt" + ext
 }
 
 func writeFile(path string, b []byte) error {

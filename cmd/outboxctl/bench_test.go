@@ -43,9 +43,11 @@ func TestBenchCommand(t *testing.T) {
 	if res.Size != "tiny" || res.Summary["relay_vs_floor"] == nil || res.Summary["claim_p99_ratio_5m_vs_0"] == nil {
 		t.Errorf("results: size %q, summary %v", res.Size, res.Summary)
 	}
-	svg, err := os.ReadFile(chart)
-	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
-		t.Errorf("chart: %v %.40q", err, svg)
+	for _, path := range []string{chart, filepath.Join(dir, "d-rtt.svg")} {
+		svg, err := os.ReadFile(path)
+		if err != nil || !strings.HasPrefix(string(svg), "<svg") {
+			t.Errorf("chart %s: %v %.40q", path, err, svg)
+		}
 	}
 }
 

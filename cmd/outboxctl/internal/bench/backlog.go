@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -27,19 +29,36 @@ type BacklogConfig struct {
 	// MemoryLimitMiB is the template's RelayMemorySize, applied as the Go runtime's soft
 	// memory limit while the scenario runs.
 	MemoryLimitMiB int64 `json:"memory_limit_mib"`
+	// Sweep are other (batch, concurrency) settings, each drained from SweepEvents pending
+	// events the same way before the main run: the measurement behind the template's
+	// defaults.
+	Sweep       []BacklogSetting `json:"sweep,omitempty"`
+	SweepEvents int              `json:"sweep_events,omitempty"`
+}
+
+// BacklogSetting is one relay setting the backlog scenario tries.
+type BacklogSetting struct {
+	Batch       int `json:"batch"`
+	Concurrency int `json:"concurrency"`
 }
 
 // BacklogConfigFor returns the backlog scenario's size.
 func BacklogConfigFor(s Size) BacklogConfig {
 	c := BacklogConfig{Keys: 10_000, RTTMillis: 30, Batch: relay.DefaultBatchSize, Concurrency: relay.DefaultPublishConcurrency,
 		Deadline: 15 * time.Minute, Reserve: 2 * time.Second, MemoryLimitMiB: 256}
+	for _, b := range []int{100, 250, 500, 1000} {
+		for _, n := range []int{2, 4, 8} {
+			c.Sweep = append(c.Sweep, BacklogSetting{Batch: b, Concurrency: n})
+		}
+	}
 	switch s {
 	case Full:
-		c.Events = 1_000_000
+		c.Events, c.SweepEvents = 1_000_000, 100_000
 	case Short:
-		c.Events = 20_000
+		c.Events, c.SweepEvents = 20_000, 20_000
+		c.Sweep = []BacklogSetting{{100, 4}, {500, 4}, {500, 8}}
 	default:
-		c.Events, c.Keys, c.RTTMillis = 2_000, 100, 5
+		c.Events, c.Keys, c.RTTMillis, c.Sweep = 2_000, 100, 5, nil
 	}
 	return c
 }
@@ -62,12 +81,23 @@ type BacklogResult struct {
 	PeakHeapMiB float64 `json:"peak_heap_mib"`
 	LoadSeconds float64 `json:"load_seconds"`
 	Path        string  `json:"path"`
+	// Sweep is one drain of SweepEvents per setting in Config.Sweep.
+	Sweep []BacklogRun `json:"sweep,omitempty"`
 }
 
-// Backlog loads cfg.Events pending events and drains them as one relay Lambda invocation
-// would: the template's batch size and concurrency, a pool of 2+concurrency connections,
-// a context that ends at the 15-minute deadline minus the reserve, the memory size as the
-// runtime's memory limit.
+// BacklogRun is one drain of the settings sweep.
+type BacklogRun struct {
+	BacklogSetting
+	Events       int     `json:"events"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	PublishCalls int     `json:"publish_calls"`
+	PeakHeapMiB  float64 `json:"peak_heap_mib"`
+}
+
+// Backlog drains cfg.SweepEvents pending events once per setting of cfg.Sweep, then loads
+// cfg.Events pending events and drains them as one relay Lambda invocation would with the
+// template's batch size and concurrency.
 func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(string)) (*BacklogResult, error) {
 	res := &BacklogResult{Config: cfg, Events: cfg.Events, RTTMillis: cfg.RTTMillis,
 		Path: "relay (publish mode) -> local QStash over HTTP a modelled round trip away; deliveries held back (publish path only)"}
@@ -76,65 +106,35 @@ func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(s
 		return nil, err
 	}
 	defer admin.Close()
-	t0 := time.Now()
-	if err := Reset(ctx, admin); err != nil {
-		return res, err
-	}
-	if err := LoadRows(ctx, admin, Load{Run: runID("b"), Pending: cfg.Events, Keys: cfg.Keys}); err != nil {
-		return res, err
-	}
-	if err := Analyze(ctx, admin); err != nil {
-		return res, err
-	}
-	res.LoadSeconds = round3(time.Since(t0).Seconds())
-
-	q := startSinkQStash(time.Duration(cfg.RTTMillis) * time.Millisecond)
-	defer q.Close()
-	pool, err := openPool(ctx, url, int32(2+cfg.Concurrency))
-	if err != nil {
-		return res, err
-	}
-	defer pool.Close()
-	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
-	if err != nil {
-		return res, err
-	}
-	rc := relayConfig(cfg.Batch, false)
-	rc.PublishConcurrency = cfg.Concurrency
-	r, err := relay.New(pool, pub, rc)
-	if err != nil {
-		return res, err
-	}
-
-	old := debug.SetMemoryLimit(cfg.MemoryLimitMiB << 20)
-	defer debug.SetMemoryLimit(old)
-	peak, stopSampling := sampleHeap()
-	start := time.Now()
-	ictx, cancel := context.WithDeadline(ctx, start.Add(cfg.Deadline-cfg.Reserve))
-	defer cancel()
-	for ictx.Err() == nil {
-		st, err := r.Drain(ictx)
-		res.Drains++
-		res.Drained += st.Dispatched
-		res.PublishCalls += st.PublishCalls
-		if err != nil {
-			stopSampling()
+	for _, set := range cfg.Sweep {
+		run := BacklogRun{BacklogSetting: set, Events: cfg.SweepEvents}
+		if _, err := loadBacklog(ctx, admin, cfg.SweepEvents, cfg.Keys); err != nil {
 			return res, err
 		}
-		left, err := pendingCount(ctx, admin)
+		d, err := drainBacklog(ctx, admin, url, cfg, set)
 		if err != nil {
-			stopSampling()
 			return res, err
 		}
-		if left == 0 || st.StoppedAtDeadline {
-			break
+		run.Seconds, run.EventsPerSec, run.PublishCalls, run.PeakHeapMiB = d.seconds, rate(d.drained, d.elapsed), d.publishCalls, d.peakHeapMiB
+		res.Sweep = append(res.Sweep, run)
+		if progress != nil {
+			progress(fmt.Sprintf("backlog sweep %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s)",
+				run.Events, cfg.RTTMillis, set.Batch, set.Concurrency, run.Seconds, run.EventsPerSec))
+		}
+		if d.drained != cfg.SweepEvents {
+			return res, fmt.Errorf("backlog sweep batch %d concurrency %d: drained %d of %d events", set.Batch, set.Concurrency, d.drained, cfg.SweepEvents)
 		}
 	}
-	elapsed := time.Since(start)
-	stopSampling()
-	res.PeakHeapMiB = round3(float64(*peak) / (1 << 20))
-	res.Seconds = round3(elapsed.Seconds())
-	res.EventsPerSec = rate(res.Drained, elapsed)
+
+	if res.LoadSeconds, err = loadBacklog(ctx, admin, cfg.Events, cfg.Keys); err != nil {
+		return res, err
+	}
+	d, err := drainBacklog(ctx, admin, url, cfg, BacklogSetting{Batch: cfg.Batch, Concurrency: cfg.Concurrency})
+	res.Drains, res.Drained, res.PublishCalls, res.PeakHeapMiB = d.drains, d.drained, d.publishCalls, d.peakHeapMiB
+	res.Seconds, res.EventsPerSec = d.seconds, rate(d.drained, d.elapsed)
+	if err != nil {
+		return res, err
+	}
 	if progress != nil {
 		progress(fmt.Sprintf("backlog %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s), %d drains, peak heap %.1f MiB",
 			cfg.Events, cfg.RTTMillis, cfg.Batch, cfg.Concurrency, res.Seconds, res.EventsPerSec, res.Drains, res.PeakHeapMiB))
@@ -143,6 +143,81 @@ func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(s
 		return res, fmt.Errorf("backlog: drained %d of %d events within the %v invocation", res.Drained, cfg.Events, cfg.Deadline)
 	}
 	return res, nil
+}
+
+// loadBacklog empties the outbox and loads events pending rows over keys, analysed, and
+// returns the seconds it took.
+func loadBacklog(ctx context.Context, admin *pgxpool.Pool, events, keys int) (float64, error) {
+	t0 := time.Now()
+	if err := Reset(ctx, admin); err != nil {
+		return 0, err
+	}
+	if err := LoadRows(ctx, admin, Load{Run: runID("b"), Pending: events, Keys: keys}); err != nil {
+		return 0, err
+	}
+	if err := Analyze(ctx, admin); err != nil {
+		return 0, err
+	}
+	return round3(time.Since(t0).Seconds()), nil
+}
+
+type backlogDrain struct {
+	drains, drained, publishCalls int
+	elapsed                       time.Duration
+	seconds, peakHeapMiB          float64
+}
+
+// drainBacklog drains the loaded backlog as one relay Lambda invocation would with set's
+// batch size and concurrency: a pool of 2+concurrency connections, a context that ends at
+// the deadline minus the reserve, the memory size as the runtime's memory limit.
+func drainBacklog(ctx context.Context, admin *pgxpool.Pool, url string, cfg BacklogConfig, set BacklogSetting) (backlogDrain, error) {
+	var d backlogDrain
+	q := startSinkQStash(time.Duration(cfg.RTTMillis) * time.Millisecond)
+	defer q.Close()
+	pool, err := openPool(ctx, url, int32(2+set.Concurrency))
+	if err != nil {
+		return d, err
+	}
+	defer pool.Close()
+	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
+	if err != nil {
+		return d, err
+	}
+	rc := relayConfig(set.Batch, false)
+	rc.PublishConcurrency = set.Concurrency
+	r, err := relay.New(pool, pub, rc)
+	if err != nil {
+		return d, err
+	}
+
+	old := debug.SetMemoryLimit(cfg.MemoryLimitMiB << 20)
+	defer debug.SetMemoryLimit(old)
+	peak, stopSampling := sampleHeap()
+	defer stopSampling()
+	start := time.Now()
+	ictx, cancel := context.WithDeadline(ctx, start.Add(cfg.Deadline-cfg.Reserve))
+	defer cancel()
+	for ictx.Err() == nil {
+		st, err := r.Drain(ictx)
+		d.drains++
+		d.drained += st.Dispatched
+		d.publishCalls += st.PublishCalls
+		if err != nil {
+			return d, err
+		}
+		left, err := pendingCount(ctx, admin)
+		if err != nil {
+			return d, err
+		}
+		if left == 0 || st.StoppedAtDeadline {
+			break
+		}
+	}
+	d.elapsed = time.Since(start)
+	stopSampling()
+	d.peakHeapMiB = round3(float64(*peak) / (1 << 20))
+	d.seconds = round3(d.elapsed.Seconds())
+	return d, nil
 }
 
 // sampleHeap records the peak HeapInuse every 250 ms until stop is called.

@@ -92,6 +92,14 @@ func TestDrain(t *testing.T) {
 	if !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), "<polyline") != 3*len(cfg.Relays) {
 		t.Errorf("chart has %d lines, want %d:\n%s", strings.Count(svg.String(), "<polyline"), 3*len(cfg.Relays), svg.String())
 	}
+	svg.Reset()
+	if err := bench.WriteRTTSVG(&svg, res, "test machine"); err != nil {
+		t.Fatal(err)
+	}
+	// relay and baseline by round trip, the floor as a level.
+	if got := strings.Count(svg.String(), "<polyline"); got != 3 || strings.Count(svg.String(), "<circle") != 2*len(cfg.RTTMillis) {
+		t.Errorf("round-trip chart has %d lines and %d points, want 3 and %d:\n%s", got, strings.Count(svg.String(), "<circle"), 2*len(cfg.RTTMillis), svg.String())
+	}
 }
 
 func TestClaim(t *testing.T) {

@@ -343,6 +343,14 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 			b.Events, b.Config.Keys, b.RTTMillis, b.Config.Batch, b.Config.Concurrency, b.Config.Deadline, b.Config.MemoryLimitMiB)
 		p("| drained | seconds | events/s | drains | publish calls | peak heap MiB (relay and local QStash) |\n|---:|---:|---:|---:|---:|---:|\n")
 		p("| %d | %.1f | %.0f | %d | %d | %.1f |\n\n%s.\n\n", b.Drained, b.Seconds, b.EventsPerSec, b.Drains, b.PublishCalls, b.PeakHeapMiB, b.Path)
+		if len(b.Sweep) > 0 {
+			p("Settings sweep (%d events per setting, same keys and round trip; the template's defaults are batch %d, concurrency %d):\n\n", b.Config.SweepEvents, b.Config.Batch, b.Config.Concurrency)
+			p("| batch | PUBLISH_CONCURRENCY | events/s | seconds | publish calls | peak heap MiB |\n|---:|---:|---:|---:|---:|---:|\n")
+			for _, x := range b.Sweep {
+				p("| %d | %d | %.0f | %.1f | %d | %.1f |\n", x.Batch, x.Concurrency, x.EventsPerSec, x.Seconds, x.PublishCalls, x.PeakHeapMiB)
+			}
+			p("\n")
+		}
 	}
 	if len(r.Errors) > 0 {
 		p("## Errors\n\n")
