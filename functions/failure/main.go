@@ -13,78 +13,40 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
-// maxConns: one Lambda environment serves one invoke at a time.
-const maxConns = 2
-
-type config struct {
-	envconfig.ReceiverConfig
-	// creds re-reads the database secret when the server refuses the password (a rotation);
-	// nil with a plain DATABASE_URL.
-	creds *awsenv.Credentials
-	// tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
-	tracer trace.Tracer
-}
+// config is the receiver's environment (receiverfunc.Config).
+type config = receiverfunc.Config
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
 func loadConfig(getenv func(string) string) (config, error) {
-	rc, err := envconfig.ReadFailure(getenv, deadletter.DefaultCallbackMaxBodyBytes)
+	rc, err := readConfig(getenv)
 	return config{ReceiverConfig: rc}, err
 }
 
+func readConfig(getenv func(string) string) (envconfig.ReceiverConfig, error) {
+	return envconfig.ReadFailure(getenv, deadletter.DefaultCallbackMaxBodyBytes)
+}
+
 func main() {
-	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
-	getenv, err := awsenv.Resolve(context.Background(), os.Getenv)
-	if err != nil {
-		slog.New(slog.NewJSONHandler(os.Stdout, nil)).Error("resolve secrets", slog.Any("error", err))
-		os.Exit(1)
-	}
-	cfg, err := loadConfig(getenv)
-	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
-		cfg.creds = awsenv.NewCredentials(read)
-	}
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	if err != nil {
-		logger.Error("load failure-callback config", slog.Any("error", err))
-		os.Exit(1)
-	}
-	// Tracing is on when the OTEL_* variables name an exporter (the ADOT layer's collector).
-	tel, err := telemetry.Setup(context.Background(), getenv, "outbox-failure")
-	if err != nil {
-		logger.Error("set up tracing", slog.Any("error", err))
-		os.Exit(1)
-	}
-	defer tel.Shutdown(context.Background())
-	cfg.tracer = tel.Tracer()
-	h, pool, err := build(context.Background(), cfg, logger)
-	if err != nil {
-		logger.Error("start failure-callback recorder", slog.Any("error", err))
-		os.Exit(1)
-	}
-	defer pool.Close()
-	// Every request first makes sure the pool can connect, re-reading a rotated secret.
-	if err := funcurl.Serve(telemetry.FlushHandler(tel, logger, cfg.creds.Handler(pool, h)), cfg.ListenAddr, funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
-		logger.Error("serve failure callbacks", slog.Any("error", err))
-		os.Exit(1)
-	}
+	receiverfunc.Main("outbox-failure", readConfig, func(ctx context.Context, cfg config, logger *slog.Logger) (http.Handler, *pgxpool.Pool, error) {
+		return build(ctx, cfg, logger)
+	})
 }
 
 // build creates the pool (once per cold start) and the handler.
 func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.CallbackHandler, *pgxpool.Pool, error) {
-	pool, err := newPool(ctx, cfg.DatabaseURL, cfg.creds, logger)
+	pool, err := receiverfunc.NewPool(ctx, cfg, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -99,7 +61,7 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 		FailureURL:   cfg.PublicURL,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
-		Tracer:       cfg.tracer,
+		Tracer:       cfg.Tracer,
 		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger),
 	})
 	if err != nil {
@@ -107,10 +69,6 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 		return nil, nil, err
 	}
 	return h, pool, nil
-}
-
-func newPool(ctx context.Context, dsn string, creds *awsenv.Credentials, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return awsenv.NewPool(ctx, dsn, awsenv.PoolConfig{MaxConns: maxConns, Logger: logger, Credentials: creds})
 }
 
 // outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead

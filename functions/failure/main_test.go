@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -74,13 +75,13 @@ func TestBuildServesRecorder(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, tr := tracingtest.New(t)
-	cfg.tracer = tr
+	cfg.Tracer = tr
 	h, pool, err := build(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if pool.Config().MaxConns != maxConns {
+	if pool.Config().MaxConns != receiverfunc.MaxConns {
 		t.Fatalf("MaxConns %d", pool.Config().MaxConns)
 	}
 	w := httptest.NewRecorder()

@@ -118,6 +118,10 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			return true
 		})
 	}
+	if imports[modulePath+"/internal/receiverfunc"] {
+		// The receivers' shared cold start resolves secrets and sets up tracing for them.
+		imports[modulePath+"/pkg/awsenv"], imports[modulePath+"/pkg/telemetry"] = true, true
+	}
 	if imports[modulePath+"/internal/envconfig"] || imports[modulePath+"/internal/envconfig/relayenv"] {
 		record := func(k string) string { vars[k] = true; return "" }
 		switch filepath.Base(dir) {
