@@ -106,7 +106,7 @@ bench: ## full benchmark on DATABASE_URL (~30 min): docs/bench-results.{json,md}
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --out docs/bench-results.json --chart docs/bench-drain.svg > docs/bench-results.md
 
-bench-short: ## every benchmark scenario at its short size (under two minutes), results in tmp/
+bench-short: ## every benchmark scenario at its short size (a few minutes; CI runs it), results in tmp/
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
 

@@ -6,7 +6,10 @@
 // Up to Config.PublishConcurrency batches are in flight at once: while earlier batches wait
 // for the queue's answer (a network round trip) or are being marked, the next claim runs.
 // Claims are serial (one at a time per relay); each batch has its own lease, publishes and
-// marks on its own, and Drain returns only when every batch it claimed is marked.
+// marks on its own, and Drain returns only when every batch it claimed is marked. Because a
+// key in flight cannot be claimed again (below), a claim gives each key up to
+// PublishConcurrency of its events, so a backlog over few keys still fills every batch in
+// flight instead of two.
 //
 // # Per-key FIFO
 //
