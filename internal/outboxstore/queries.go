@@ -41,7 +41,9 @@ const (
 	// over every pending row here).
 	//
 	// window_rows tells the caller whether the window was full: if not, every ready row was
-	// seen and a short batch means the outbox is drained (or blocked).
+	// seen and a short batch means the outbox is drained (or blocked). run_cut tells it that
+	// some key's run reached lim, so that key may have ready events this batch left out
+	// even though the batch is short (uneven keys: 9 keys, one with 5 events, lim 4).
 	qClaim = `
 WITH win AS MATERIALIZED (
     SELECT o.id, o.partition_key, hd.head_id
@@ -109,7 +111,8 @@ SET lease_token  = $2,
     available_at = coalesce($3::timestamptz, now()) + $4::interval
 WHERE o.id = ANY (ARRAY(SELECT id FROM eligible))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
-          (SELECT count(*) FROM win) AS window_rows`
+          (SELECT count(*) FROM win) AS window_rows,
+          coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut`
 
 	// qMarkDispatched marks the published rows of one lease. QStash's failure callback can
 	// beat this statement (a 489 answered within the publish round trip); its dead letter

@@ -90,11 +90,12 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	defer rows.Close()
 	var c Claimed
 	var windowRows int64
+	var runCut bool
 	for rows.Next() {
 		var m outbox.Message
 		var payload string
 		var headers []byte
-		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows); err != nil {
+		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows, &runCut); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		m.Payload = []byte(payload)
@@ -110,7 +111,7 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	}
 	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
-	c.More = c.Len() == n || (c.Len() > 0 && windowRows >= int64(n))
+	c.More = c.Len() == n || (c.Len() > 0 && (windowRows >= int64(n) || runCut))
 	return c, nil
 }
 

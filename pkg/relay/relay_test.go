@@ -151,6 +151,35 @@ func TestDrainDispatchesEverything(t *testing.T) {
 	}
 }
 
+// A short batch whose keys' runs were cut at the per-key limit is not the end of the
+// outbox: with 9 keys, one of them holding 10 events, a claim of 30 takes 4 of that key's
+// and the drain must claim again for the other 6 rather than return with them pending.
+func TestDrainClaimsAgainAfterACutRun(t *testing.T) {
+	t.Parallel()
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency %d", concurrency), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			// 8 keys with 2 events, then one with 10: 26 rows, fewer than the batch.
+			seed(t, db, 26, func(i int) string {
+				if i < 16 {
+					return fmt.Sprintf("k%d", i%8)
+				}
+				return "long"
+			})
+			pub := &fakePublisher{}
+			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, PublishConcurrency: concurrency}).Drain(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := states(t, db); st.Dispatched != 26 || s.dispatched != 26 {
+				t.Fatalf("one drain dispatched %d (stats %+v), want all 26", s.dispatched, st)
+			}
+			assertKeyOrder(t, pub.records())
+		})
+	}
+}
+
 // The publish succeeds, then the relay dies before marking. After the lease ends another
 // relay publishes the same row again with the same deduplication id, and it ends dispatched
 // once.
