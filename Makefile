@@ -110,6 +110,10 @@ bench-short: ## every benchmark scenario at its short size (a few minutes; CI ru
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
 
+.PHONY: bench-river
+bench-river: ## River v0.51.2 working 200k no-op jobs on DATABASE_URL, its benchmark's fetch settings (the stretch comparison in README)
+	cd cmd/outboxctl/internal/bench/riverpeer && DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) run . --jobs 200000
+
 .PHONY: fuzz
 FUZZTIME ?= 20s
 # Every fuzz target, each for FUZZTIME (go test -fuzz takes one target in one package).
