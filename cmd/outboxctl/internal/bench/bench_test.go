@@ -48,8 +48,14 @@ func TestDrain(t *testing.T) {
 			rtts++
 		}
 	}
-	if want := len(cfg.Relays)*(2*len(cfg.Batches)+1) + 2*rtts; len(res.Runs) != want {
+	// Floor and relay per batch plus the baseline, per relay count; the claim-shape pair;
+	// relay and baseline per round trip.
+	if want := len(cfg.Relays)*(2*len(cfg.Batches)+1) + 2 + 2*rtts; len(res.Runs) != want {
 		t.Fatalf("got %d runs, want %d: %+v", len(res.Runs), want, res.Runs)
+	}
+	if cs := res.ClaimShapes; cs == nil || cs.OneRun.Way != bench.WayFloorOneRun || cs.Runs.Way != bench.WayFloor ||
+		cs.OneRun.Dispatched != cfg.Events || cs.Runs.Dispatched != cfg.Events {
+		t.Errorf("claim shapes %+v: want both floors draining all %d events", cs, cfg.Events)
 	}
 	for _, n := range cfg.Relays {
 		for _, b := range cfg.Batches {

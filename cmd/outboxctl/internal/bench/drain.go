@@ -28,6 +28,11 @@ const (
 	// WayFloor runs the relay's claim and mark statements with no publish at all: the
 	// database's own limit for this schema on this machine.
 	WayFloor = "floor"
+	// WayFloorOneRun is the floor with the claim's serial shape: one event per key per batch
+	// when there are more keys than rows (keyRun 1, as a relay with PublishConcurrency 1
+	// claims), beside WayFloor's runs of up to DefaultPublishConcurrency per key: the
+	// pipelined claim's cost, same events, same run.
+	WayFloorOneRun = "floor_one_run"
 	// WayBaseline is the article's algorithm, literally: claim 50 with its statement, one
 	// HTTP publish per row (all at once), one UPDATE per row afterwards, a pool of 10.
 	WayBaseline = "baseline"
@@ -96,6 +101,17 @@ type DrainRun struct {
 	MarkMillisMean  float64 `json:"mark_ms_mean,omitempty"`
 	// LoadSeconds is the untimed COPY + VACUUM ANALYZE before the drain.
 	LoadSeconds float64 `json:"load_seconds"`
+	// ClaimShape marks the floor run of the claim-shape comparison ("runs"), which the
+	// batch table does not show.
+	ClaimShape string `json:"claim_shape,omitempty"`
+}
+
+// ClaimShapes is the serial floor with the two shapes of the claim, back to back on the
+// same events: one event per key per batch (a relay with PublishConcurrency 1) and runs of
+// up to DefaultPublishConcurrency per key (the pipelined relay's).
+type ClaimShapes struct {
+	OneRun DrainRun `json:"one_run"`
+	Runs   DrainRun `json:"runs"`
 }
 
 // DrainResult is the drain scenario's output.
@@ -104,6 +120,8 @@ type DrainResult struct {
 	// Delivery says what the local QStash did with accepted messages during the drain.
 	Delivery string     `json:"delivery"`
 	Runs     []DrainRun `json:"runs"`
+	// ClaimShapes compares the claim's two shapes (nil when RTTBatch is 0).
+	ClaimShapes *ClaimShapes `json:"claim_shapes,omitempty"`
 }
 
 // Find returns the run of way at batch and relays on loopback (RTT 0), or nil.
@@ -117,11 +135,19 @@ func (r *DrainResult) FindRTT(way string, batch, relays, rttMillis int) *DrainRu
 		return nil
 	}
 	for i := range r.Runs {
-		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays && x.RTTMillis == rttMillis {
+		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays && x.RTTMillis == rttMillis && x.ClaimShape == "" {
 			return x
 		}
 	}
 	return nil
+}
+
+// claimShapes returns the claim-shape comparison, or nil.
+func (r *DrainResult) claimShapes() *ClaimShapes {
+	if r == nil {
+		return nil
+	}
+	return r.ClaimShapes
 }
 
 // Baseline returns the baseline run with relays relays on loopback, or nil.
@@ -158,7 +184,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 				var mk func(*pgxpool.Pool) drainer
 				if way == WayFloor {
 					mk = func(pool *pgxpool.Pool) drainer {
-						return &floorDrainer{store: outboxstore.NewStore(pool), batch: batch}
+						return &floorDrainer{store: outboxstore.NewStore(pool), batch: batch, keyRun: relay.DefaultPublishConcurrency}
 					}
 				} else {
 					mk = relayMaker(q, batch)
@@ -178,6 +204,28 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 			return res, err
 		}
 		res.Runs = append(res.Runs, run)
+		report(progress, run)
+	}
+	// The claim's two shapes side by side, back to back on the same events.
+	if cfg.RTTBatch > 0 {
+		run, err := drainOnce(ctx, admin, url, WayFloorOneRun, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+			return &floorDrainer{store: outboxstore.NewStore(pool), batch: cfg.RTTBatch, keyRun: 1}
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Runs = append(res.Runs, run)
+		report(progress, run)
+		one := run
+		run, err = drainOnce(ctx, admin, url, WayFloor, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
+			return &floorDrainer{store: outboxstore.NewStore(pool), batch: cfg.RTTBatch, keyRun: relay.DefaultPublishConcurrency}
+		})
+		if err != nil {
+			return res, err
+		}
+		run.ClaimShape = "runs"
+		res.Runs = append(res.Runs, run)
+		res.ClaimShapes = &ClaimShapes{OneRun: one, Runs: run}
 		report(progress, run)
 	}
 	// The same events again, a network round trip away.
@@ -341,8 +389,9 @@ func (d *relayDrainer) drain(ctx context.Context) (drained, error) {
 
 // floorDrainer is the relay's statements without the relay: claim, mark every id, repeat.
 type floorDrainer struct {
-	store *outboxstore.Store
-	batch int
+	store  *outboxstore.Store
+	batch  int
+	keyRun int
 }
 
 func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
@@ -354,7 +403,7 @@ func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
 			return out, err
 		}
 		t0 := time.Now()
-		claimed, err := d.store.Claim(ctx, lease, d.batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
+		claimed, err := d.store.Claim(ctx, lease, d.batch, d.keyRun, relay.DefaultLease, nil)
 		msgs, more := claimed.Messages, claimed.More
 		out.claim = append(out.claim, time.Since(t0))
 		if err != nil {

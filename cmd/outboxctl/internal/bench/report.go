@@ -59,6 +59,9 @@ type Summary struct {
 	RelayRTT30EPS        *float64 `json:"relay_rtt30_eps"`
 	RelayRTT30VsRTT0     *float64 `json:"relay_rtt30_vs_rtt0"`
 	RelayVsBaselineRTT30 *float64 `json:"relay_vs_baseline_rtt30"`
+	// The serial floor with the pipelined claim's runs over the floor with one event per key
+	// (same events, back to back): what the runs cost the claim.
+	FloorRunsVsOneRun *float64 `json:"floor_runs_vs_one_run"`
 	// Hot key: one key in fifo mode at RTT 30 ms (one event per round trip by design).
 	HotKeyFIFORTT30EPS *float64 `json:"hot_key_fifo_rtt30_eps"`
 	// Backlog: seconds to drain 1,000,000 events at RTT 30 ms with the Lambda's settings
@@ -101,6 +104,9 @@ func (r *Results) Summarise() {
 		}
 		if relay != nil && base != nil {
 			s.RelayVsBaseline = ptr(ratio(relay.EventsPerSec, base.EventsPerSec))
+		}
+		if cs := d.ClaimShapes; cs != nil {
+			s.FloorRunsVsOneRun = ptr(ratio(cs.Runs.EventsPerSec, cs.OneRun.EventsPerSec))
 		}
 		rtt0, rtt30, base30 := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 0), d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 30), d.BaselineRTT(1, 30)
 		if rtt30 != nil {
@@ -295,6 +301,12 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 			}
 			p("\n")
 		}
+	}
+	if cs := r.Drain.claimShapes(); cs != nil {
+		p("### 1c. The claim's shape (serial floor, batch %d, 1 relay, same events, back to back)\n\n", cs.Runs.Batch)
+		p("| claim | floor ev/s | claim ms | mark ms |\n|---|---:|---:|---:|\n")
+		p("| one event per key per batch (PUBLISH_CONCURRENCY 1) | %.0f | %.2f | %.2f |\n", cs.OneRun.EventsPerSec, cs.OneRun.ClaimMillisMean, cs.OneRun.MarkMillisMean)
+		p("| runs of up to %d per key (the pipelined relay's) | %.0f | %.2f | %.2f |\n\n", relay.DefaultPublishConcurrency, cs.Runs.EventsPerSec, cs.Runs.ClaimMillisMean, cs.Runs.MarkMillisMean)
 	}
 	if c := r.Claim; c != nil {
 		p("## 2. Claim cost vs dispatched history (batch %d, %d claims per case)\n\n", c.Config.Batch, c.Config.Iterations)
