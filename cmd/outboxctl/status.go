@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/humanize"
+
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 )
 
@@ -91,7 +93,7 @@ func printStatus(w io.Writer, r health.Report, st health.Status) {
 	fmt.Fprintf(w, "  pending         %d (ready %d, leased %d, stuck leases %d, flapping %d)\n",
 		q.Pending, q.Ready, q.Leased, q.StuckLeases, q.Flapping)
 	if q.Pending > 0 {
-		fmt.Fprintf(w, "  oldest pending  %s (id %d)\n", secs(q.OldestPendingAgeSeconds), q.OldestPendingID)
+		fmt.Fprintf(w, "  oldest pending  %s (id %d)\n", humanize.Seconds(q.OldestPendingAgeSeconds), q.OldestPendingID)
 	} else {
 		fmt.Fprintf(w, "  oldest pending  -\n")
 	}
@@ -111,12 +113,12 @@ func printStatus(w io.Writer, r health.Report, st health.Status) {
 		fmt.Fprintf(w, "  dead letters    %d unresolved (%s)\n", r.DeadLettersUnresolved, strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(w, "  outbox table    %s (%s table + %s indexes), ~%d rows, %d dead tuples, last autovacuum %s\n",
-		bytesize(r.Outbox.TotalBytes), bytesize(r.Outbox.TableBytes), bytesize(r.Outbox.IndexBytes),
+		humanize.Bytes(r.Outbox.TotalBytes), humanize.Bytes(r.Outbox.TableBytes), humanize.Bytes(r.Outbox.IndexBytes),
 		r.Outbox.RowsEstimate, r.Outbox.DeadTuples, when(r.Outbox.LastAutovacuum))
-	fmt.Fprintf(w, "  processed msgs  ~%d rows (estimate), %s\n", r.ProcessedMessages.RowsEstimate, bytesize(r.ProcessedMessages.TotalBytes))
+	fmt.Fprintf(w, "  processed msgs  ~%d rows (estimate), %s\n", r.ProcessedMessages.RowsEstimate, humanize.Bytes(r.ProcessedMessages.TotalBytes))
 	if h.OpenTransactions > 0 {
 		fmt.Fprintf(w, "  oldest xact     %s (pid %d, %s, application %q); %d open\n",
-			secs(h.OldestTransactionAgeSeconds), h.OldestTransactionPID, h.OldestTransactionState, h.OldestTransactionApp, h.OpenTransactions)
+			humanize.Seconds(h.OldestTransactionAgeSeconds), h.OldestTransactionPID, h.OldestTransactionState, h.OldestTransactionApp, h.OpenTransactions)
 	} else {
 		fmt.Fprintf(w, "  oldest xact     none open\n")
 	}
@@ -184,27 +186,6 @@ func last(xs []int64) int64 {
 		return 0
 	}
 	return xs[len(xs)-1]
-}
-
-func secs(s float64) string {
-	d := time.Duration(s * float64(time.Second))
-	if d < time.Second {
-		return d.Round(time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
-}
-
-func bytesize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func when(t *time.Time) string {

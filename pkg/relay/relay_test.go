@@ -605,16 +605,7 @@ func TestDrainHonoursDeadline(t *testing.T) {
 		}
 	}}
 	cfg := relay.Config{BatchSize: 10, Lease: 5 * time.Second, PublishTimeout: 500 * time.Millisecond, MarkTimeout: 300 * time.Millisecond}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
-	st, err := newRelay(t, db, pub, cfg).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if time.Now().After(deadline) {
-		t.Fatalf("Drain returned %v after its deadline", time.Since(deadline))
-	}
+	st := drainWithin(t, newRelay(t, db, pub, cfg), 2*time.Second)
 	if !st.StoppedAtDeadline || st.Dispatched == 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -698,4 +689,21 @@ func TestRunStopsCleanly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// drainWithin runs one Drain under a context that ends after d and fails the test if Drain
+// returns after that deadline or with an error.
+func drainWithin(t *testing.T, r *relay.Relay, d time.Duration) relay.Stats {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	st, err := r.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Now().After(deadline) {
+		t.Fatalf("Drain returned %v after its deadline", time.Since(deadline))
+	}
+	return st
 }

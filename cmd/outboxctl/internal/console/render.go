@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/humanize"
 )
 
 //go:embed templates/*.html
@@ -37,25 +39,8 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
-	"secs": func(s float64) string {
-		d := time.Duration(s * float64(time.Second))
-		if d < time.Second {
-			return d.Round(time.Millisecond).String()
-		}
-		return d.Round(time.Second).String()
-	},
-	"bytes": func(n int64) string {
-		const unit = 1024
-		if n < unit {
-			return fmt.Sprintf("%d B", n)
-		}
-		div, exp := int64(unit), 0
-		for m := n / unit; m >= unit; m /= unit {
-			div *= unit
-			exp++
-		}
-		return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-	},
+	"secs":  humanize.Seconds,
+	"bytes": humanize.Bytes,
 	"dash": func(s string) string {
 		if s == "" {
 			return "-"
