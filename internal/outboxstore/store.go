@@ -93,12 +93,10 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	var runCut bool
 	for rows.Next() {
 		var m outbox.Message
-		var payload string
 		var headers []byte
-		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows, &runCut); err != nil {
+		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows, &runCut); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
-		m.Payload = []byte(payload)
 		if err := decodeHeaders(headers, &m.Headers); err != nil {
 			c.Undecodable = append(c.Undecodable, Failure{ID: m.ID, PartitionKey: m.PartitionKey,
 				Error: fmt.Sprintf("decode outbox row %d: %v", m.ID, err)})

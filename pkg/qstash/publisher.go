@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -23,7 +24,8 @@ import (
 // It talks to the API with its own small HTTP client instead of qstash-go v1.0.0, because
 // of three gaps in that SDK (qstash-contract.md §11):
 //   - the SDK prefixes every custom header with Upstash-Forward-, so the flow-control,
-//     label and failure-callback headers cannot be sent; batchItem carries them verbatim;
+//     label and failure-callback headers cannot be sent; the batch items carry them verbatim
+//     (appendBatchItem);
 //   - it discards the status code and fails to parse a non-JSON error body; a request
 //     error is an *APIError with the status, QStash's text and the rate-limit headers;
 //   - it turns a failed batch item into a zero value with an empty id; decodeBatch reports
@@ -117,15 +119,6 @@ func QueueName(prefix string, n int, partitionKey string) string {
 	return prefix + "-" + strconv.FormatUint(uint64(h.Sum32())%uint64(n), 10)
 }
 
-// batchItem is one element of a /v2/batch request body. Headers are sent verbatim (the SDK
-// would prefix them), Queue turns the item into an enqueue.
-type batchItem struct {
-	Destination string            `json:"destination"`
-	Headers     map[string]string `json:"headers"`
-	Body        string            `json:"body"`
-	Queue       string            `json:"queue,omitempty"`
-}
-
 // encoded is one message ready to send: its position in the Publish call and its batch
 // item as JSON (so a request's size is known before it is built).
 type encoded struct {
@@ -146,8 +139,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 		s.failedKeys = map[string]bool{}
 	}
 	items := make([]encoded, 0, len(msgs))
+	// Every item is written into one buffer sized for the call, each keeping its own slice.
+	arena := make([]byte, 0, encodedSize(msgs))
 	for i, m := range msgs {
-		data, err := p.encode(i, m)
+		start := len(arena)
+		var err error
+		arena, err = p.encode(arena, i, m)
+		data := arena[start:len(arena):len(arena)]
 		if err != nil {
 			s.results[i].Err = err
 			if s.failedKeys != nil {
@@ -269,46 +267,55 @@ func (s *publishCall) send(ctx context.Context, chunk []encoded) {
 
 // encode builds the batch item of msgs[i], or a permanent error if QStash could only
 // refuse it.
-func (p *Publisher) encode(i int, m outbox.Message) ([]byte, error) {
+func (p *Publisher) encode(dst []byte, i int, m outbox.Message) ([]byte, error) {
 	if n := int64(len(m.Payload)); n > p.cfg.MaxMessageBytes {
-		return nil, &MessageTooLargeError{Index: i, OutboxID: int64(m.ID), Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
+		return dst, &MessageTooLargeError{Index: i, OutboxID: int64(m.ID), Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
 	}
-	h := make(map[string]string, len(m.Headers)+10)
 	for k, v := range m.Headers {
 		if !validHeaderName(k) || !validHeaderValue(v) {
-			return nil, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: header %q is not a valid HTTP header", m.ID, k)}
+			return dst, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: header %q is not a valid HTTP header", m.ID, k)}
 		}
-		h["Upstash-Forward-"+k] = v
 	}
-	h["Content-Type"] = "application/json"
-	// Information only: receivers take the identity from the signed URL.
-	h["Upstash-Forward-X-Outbox-Id"] = m.ID.String()
-	h["Upstash-Forward-X-Outbox-Generation"] = strconv.Itoa(m.Generation)
-	h["Upstash-Deduplication-Id"] = p.DeduplicationID(m)
-	h["Upstash-Label"] = Label(m.Topic)
 	retries := p.cfg.Retries
 	if retries == NoRetries {
 		retries = 0
 	}
-	h["Upstash-Retries"] = strconv.Itoa(retries)
+	own := make([]header, 0, 9)
+	own = append(own,
+		header{"Content-Type", "application/json"},
+		// Information only: receivers take the identity from the signed URL.
+		header{"Upstash-Forward-X-Outbox-Id", m.ID.String()},
+		header{"Upstash-Forward-X-Outbox-Generation", strconv.Itoa(m.Generation)},
+		header{"Upstash-Deduplication-Id", p.DeduplicationID(m)},
+		header{"Upstash-Label", Label(m.Topic)},
+		header{"Upstash-Retries", strconv.Itoa(retries)})
 	if p.cfg.FailureCallbackURL != "" {
-		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
+		own = append(own, header{"Upstash-Failure-Callback", p.cfg.FailureCallbackURL})
 	}
-	it := batchItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
+	queue := ""
 	switch p.cfg.Ordering {
 	case OrderingFIFO:
-		it.Queue = p.QueueName(m.PartitionKey)
+		queue = p.QueueName(m.PartitionKey)
 	default:
 		if p.flow != "" && m.PartitionKey != "" {
-			h["Upstash-Flow-Control-Key"] = FlowControlKey(p.cfg.Name, m.PartitionKey)
-			h["Upstash-Flow-Control-Value"] = p.flow
+			own = append(own, header{"Upstash-Flow-Control-Key", FlowControlKey(p.cfg.Name, m.PartitionKey)},
+				header{"Upstash-Flow-Control-Value", p.flow})
 		}
 	}
-	data, err := json.Marshal(it)
-	if err != nil {
-		return nil, &InvalidMessageError{Index: i, Reason: fmt.Sprintf("outbox message %d: encode: %v", m.ID, err)}
+	return appendBatchItem(dst, p.MessageDestination(m), m.Headers, own, m.Payload, queue), nil
+}
+
+// encodedSize is a generous estimate of msgs' batch items: the payload with room for
+// escapes, the event headers twice over, and the destination and relay headers.
+func encodedSize(msgs []outbox.Message) int {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Payload) + len(m.Payload)/8 + 768
+		for k, v := range m.Headers {
+			n += 2 * (len(k) + len(v) + 24)
+		}
 	}
-	return data, nil
+	return n
 }
 
 // maxResponseBody bounds how much of a batch response is read (about 150 bytes per item).
@@ -324,25 +331,34 @@ func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]publish.Result
 		}
 		return out
 	}
-	size := 1
+	// The body is the items' own slices between brackets and commas, written out by
+	// the transport without being copied into one buffer first.
+	size := int64(1)
 	for _, it := range chunk {
-		size += len(it.data) + 1
+		size += int64(len(it.data)) + 1
 	}
-	body := make([]byte, 0, size)
-	body = append(body, '[')
-	for j, it := range chunk {
-		if j > 0 {
-			body = append(body, ',')
+	body := func() io.ReadCloser {
+		bufs := make(net.Buffers, 0, 2*len(chunk)+1)
+		for j, it := range chunk {
+			sep := []byte(",")
+			if j == 0 {
+				sep = []byte("[")
+			}
+			bufs = append(bufs, sep, it.data)
 		}
-		body = append(body, it.data...)
+		bufs = append(bufs, []byte("]"))
+		return io.NopCloser(&bufs)
 	}
-	body = append(body, ']')
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, body())
 	if err != nil {
 		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
 	}
+	// As for a bytes.Reader body: a known length, and a fresh copy of the body when the
+	// transport resends the request on a kept-alive connection the server had closed.
+	req.ContentLength = size
+	req.GetBody = func() (io.ReadCloser, error) { return body(), nil }
 	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := p.cfg.HTTPClient.Do(req)
@@ -373,6 +389,15 @@ func (p *Publisher) post(ctx context.Context, chunk []encoded) ([]publish.Result
 // former. Anything else fails the affected messages, retryably.
 func (p *Publisher) decodeBatch(data []byte, idx []int) []publish.Result {
 	out := make([]publish.Result, len(idx))
+	// One pass when every element is an object (the usual answer); the general path below
+	// re-reads each element and also takes URL-group arrays.
+	var items []itemResponse
+	if err := json.Unmarshal(data, &items); err == nil && len(items) == len(idx) {
+		for i := range items {
+			out[i] = p.itemResult(items[i:i+1], idx[i])
+		}
+		return out
+	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(data, &elems); err != nil {
 		// The JS SDK accepts a bare object for a one-item batch; so do we.
@@ -418,6 +443,12 @@ func (p *Publisher) decodeItem(el json.RawMessage, index int) publish.Result {
 		}
 		rs = []itemResponse{r}
 	}
+	return p.itemResult(rs, index)
+}
+
+// itemResult is the result of one message from its decoded answer (several for a URL
+// group, all of which must have succeeded).
+func (p *Publisher) itemResult(rs []itemResponse, index int) publish.Result {
 	for _, r := range rs {
 		if r.Error != "" {
 			ie := &ItemError{Index: index, Message: r.Error}

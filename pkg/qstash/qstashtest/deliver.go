@@ -34,6 +34,16 @@ type queue struct {
 
 // schedule registers m as pending and starts it (or queues it). False if closed.
 func (s *Server) schedule(m *message) bool {
+	if s.opts.HoldDeliveries {
+		m.ctx, m.cancel = s.ctx, func() {}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return false
+		}
+		s.messages[m.id] = m
+		return true
+	}
 	ctx, cancel := context.WithCancel(s.ctx)
 	m.ctx, m.cancel = ctx, cancel
 	s.mu.Lock()

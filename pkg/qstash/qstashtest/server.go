@@ -108,6 +108,11 @@ type Options struct {
 	// [0, LatencyJitter). Deliveries are not delayed.
 	Latency       time.Duration
 	LatencyJitter time.Duration
+	// HoldDeliveries keeps every accepted message pending and never attempts it, as if the
+	// account's deliveries were paused: for measuring the publish path alone (a delivery
+	// happens on QStash's machines, not the relay's). A held message costs memory only, no
+	// goroutine; it can still be cancelled, and WaitIdle does not return while any is held.
+	HoldDeliveries bool
 	// MaxInFlight caps delivery attempts in flight at once (QStash's per-plan
 	// "parallelism"); attempts over it wait for a slot. Default: the Plan's parallelism,
 	// or no cap without a Plan. Negative: no cap.

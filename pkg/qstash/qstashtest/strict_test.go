@@ -276,3 +276,37 @@ func TestMaxInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldDeliveries: a held server accepts and keeps messages (published, enqueued,
+// batched) but attempts none, and a held message can still be cancelled.
+func TestHoldDeliveries(t *testing.T) {
+	t.Parallel()
+	dst := newSink(t, nil)
+	srv := newServer(t, qstashtest.Options{HoldDeliveries: true})
+	resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "one")
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("publish: %d %s", resp.StatusCode, b)
+	}
+	var first struct{ MessageID string }
+	if err := json.Unmarshal([]byte(b), &first); err != nil || first.MessageID == "" {
+		t.Fatalf("publish answer %s: %v", b, err)
+	}
+	if resp, b := post(t, srv, http.MethodPost, "/v2/enqueue/q/"+dst.URL, nil, "two"); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("enqueue: %d %s", resp.StatusCode, b)
+	}
+	batch := fmt.Sprintf(`[{"destination":%q,"body":"3"},{"destination":%q,"body":"4"}]`, dst.URL, dst.URL)
+	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch); resp.StatusCode != http.StatusOK {
+		t.Fatalf("batch: %d %s", resp.StatusCode, b)
+	}
+	// An unheld server delivers to this sink within milliseconds (every other test here).
+	time.Sleep(100 * time.Millisecond)
+	if n, p := len(dst.deliveries()), srv.Pending(); n != 0 || p != 4 {
+		t.Fatalf("held server: %d deliveries, %d pending; want 0 and 4", n, p)
+	}
+	if resp, b := post(t, srv, http.MethodDelete, "/v2/messages/"+first.MessageID, nil, ""); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("cancel held message: %d %s", resp.StatusCode, b)
+	}
+	if p := srv.Pending(); p != 3 {
+		t.Fatalf("%d pending after cancelling one of 4", p)
+	}
+}

@@ -3,9 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,8 +23,8 @@ type BacklogConfig struct {
 	// function keeps back from it (functions/relay's deadlineReserve).
 	Deadline time.Duration `json:"deadline_ns"`
 	Reserve  time.Duration `json:"reserve_ns"`
-	// MemoryLimitMiB is the template's RelayMemorySize, applied as the Go runtime's soft
-	// memory limit while the scenario runs.
+	// MemoryLimitMiB is the template's RelayMemorySize, applied as the relay process's soft
+	// memory limit (the relay runs in a child process, the local QStash in this one).
 	MemoryLimitMiB int64 `json:"memory_limit_mib"`
 	// Sweep are other (batch, concurrency) settings, each drained from SweepEvents pending
 	// events the same way before the main run: the measurement behind the template's
@@ -75,10 +72,9 @@ type BacklogResult struct {
 	// that a concurrent tail can cause; the function would linger or run again).
 	Drains       int `json:"drains"`
 	PublishCalls int `json:"publish_calls"`
-	// PeakHeapMiB is the bench process's peak heap in use, sampled every 250 ms: the relay
-	// AND the in-process local QStash (which keeps every accepted message), so an upper
-	// bound of the relay's own.
-	PeakHeapMiB float64 `json:"peak_heap_mib"`
+	// PeakRSSMiB is the relay process's own high-water mark (VmHWM), the local QStash
+	// being in another process.
+	PeakRSSMiB  float64 `json:"relay_peak_rss_mib"`
 	LoadSeconds float64 `json:"load_seconds"`
 	Path        string  `json:"path"`
 	// Sweep is one drain of SweepEvents per setting in Config.Sweep.
@@ -92,13 +88,14 @@ type BacklogRun struct {
 	Seconds      float64 `json:"seconds"`
 	EventsPerSec float64 `json:"events_per_sec"`
 	PublishCalls int     `json:"publish_calls"`
-	PeakHeapMiB  float64 `json:"peak_heap_mib"`
+	PeakRSSMiB   float64 `json:"relay_peak_rss_mib"`
 }
 
 // Backlog drains cfg.SweepEvents pending events once per setting of cfg.Sweep, then loads
 // cfg.Events pending events and drains them as one relay Lambda invocation would with the
-// template's batch size and concurrency.
-func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(string)) (*BacklogResult, error) {
+// template's batch size and concurrency. The relay runs in a child process started by spawn
+// (RunDrainChild), so the Lambda's memory limit applies to it alone.
+func Backlog(ctx context.Context, url string, cfg BacklogConfig, spawn Spawner, progress func(string)) (*BacklogResult, error) {
 	res := &BacklogResult{Config: cfg, Events: cfg.Events, RTTMillis: cfg.RTTMillis,
 		Path: "relay (publish mode) -> local QStash over HTTP a modelled round trip away; deliveries held back (publish path only)"}
 	admin, err := openPool(ctx, url, 2)
@@ -111,33 +108,33 @@ func Backlog(ctx context.Context, url string, cfg BacklogConfig, progress func(s
 		if _, err := loadBacklog(ctx, admin, cfg.SweepEvents, cfg.Keys); err != nil {
 			return res, err
 		}
-		d, err := drainBacklog(ctx, admin, url, cfg, set)
+		d, err := drainBacklog(ctx, url, cfg, set, spawn)
 		if err != nil {
 			return res, err
 		}
-		run.Seconds, run.EventsPerSec, run.PublishCalls, run.PeakHeapMiB = d.seconds, rate(d.drained, d.elapsed), d.publishCalls, d.peakHeapMiB
+		run.Seconds, run.EventsPerSec, run.PublishCalls, run.PeakRSSMiB = d.Seconds, rate(d.Dispatched, secs(d.Seconds)), d.PublishCalls, rssMiB(d)
 		res.Sweep = append(res.Sweep, run)
 		if progress != nil {
 			progress(fmt.Sprintf("backlog sweep %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s)",
 				run.Events, cfg.RTTMillis, set.Batch, set.Concurrency, run.Seconds, run.EventsPerSec))
 		}
-		if d.drained != cfg.SweepEvents {
-			return res, fmt.Errorf("backlog sweep batch %d concurrency %d: drained %d of %d events", set.Batch, set.Concurrency, d.drained, cfg.SweepEvents)
+		if d.Dispatched != cfg.SweepEvents {
+			return res, fmt.Errorf("backlog sweep batch %d concurrency %d: drained %d of %d events", set.Batch, set.Concurrency, d.Dispatched, cfg.SweepEvents)
 		}
 	}
 
 	if res.LoadSeconds, err = loadBacklog(ctx, admin, cfg.Events, cfg.Keys); err != nil {
 		return res, err
 	}
-	d, err := drainBacklog(ctx, admin, url, cfg, BacklogSetting{Batch: cfg.Batch, Concurrency: cfg.Concurrency})
-	res.Drains, res.Drained, res.PublishCalls, res.PeakHeapMiB = d.drains, d.drained, d.publishCalls, d.peakHeapMiB
-	res.Seconds, res.EventsPerSec = d.seconds, rate(d.drained, d.elapsed)
+	d, err := drainBacklog(ctx, url, cfg, BacklogSetting{Batch: cfg.Batch, Concurrency: cfg.Concurrency}, spawn)
 	if err != nil {
 		return res, err
 	}
+	res.Drains, res.Drained, res.PublishCalls, res.PeakRSSMiB = d.Drains, d.Dispatched, d.PublishCalls, rssMiB(d)
+	res.Seconds, res.EventsPerSec = d.Seconds, rate(d.Dispatched, secs(d.Seconds))
 	if progress != nil {
-		progress(fmt.Sprintf("backlog %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s), %d drains, peak heap %.1f MiB",
-			cfg.Events, cfg.RTTMillis, cfg.Batch, cfg.Concurrency, res.Seconds, res.EventsPerSec, res.Drains, res.PeakHeapMiB))
+		progress(fmt.Sprintf("backlog %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s), %d drains, relay peak RSS %.1f MiB",
+			cfg.Events, cfg.RTTMillis, cfg.Batch, cfg.Concurrency, res.Seconds, res.EventsPerSec, res.Drains, res.PeakRSSMiB))
 	}
 	if res.Drained != cfg.Events {
 		return res, fmt.Errorf("backlog: drained %d of %d events within the %v invocation", res.Drained, cfg.Events, cfg.Deadline)
@@ -161,84 +158,18 @@ func loadBacklog(ctx context.Context, admin *pgxpool.Pool, events, keys int) (fl
 	return round3(time.Since(t0).Seconds()), nil
 }
 
-type backlogDrain struct {
-	drains, drained, publishCalls int
-	elapsed                       time.Duration
-	seconds, peakHeapMiB          float64
-}
-
 // drainBacklog drains the loaded backlog as one relay Lambda invocation would with set's
-// batch size and concurrency: a pool of 2+concurrency connections, a context that ends at
-// the deadline minus the reserve, the memory size as the runtime's memory limit.
-func drainBacklog(ctx context.Context, admin *pgxpool.Pool, url string, cfg BacklogConfig, set BacklogSetting) (backlogDrain, error) {
-	var d backlogDrain
+// batch size and concurrency, in a child process: a pool of 2+concurrency connections, a
+// budget of the deadline minus the reserve, the memory size as the runtime's memory limit.
+// The local QStash, a round trip away, stays in this process.
+func drainBacklog(ctx context.Context, url string, cfg BacklogConfig, set BacklogSetting, spawn Spawner) (ChildReport, error) {
 	q := startSinkQStash(time.Duration(cfg.RTTMillis) * time.Millisecond)
 	defer q.Close()
-	pool, err := openPool(ctx, url, int32(2+set.Concurrency))
-	if err != nil {
-		return d, err
-	}
-	defer pool.Close()
-	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
-	if err != nil {
-		return d, err
-	}
-	rc := relayConfig(set.Batch, false)
-	rc.PublishConcurrency = set.Concurrency
-	r, err := relay.New(pool, pub, rc)
-	if err != nil {
-		return d, err
-	}
-
-	old := debug.SetMemoryLimit(cfg.MemoryLimitMiB << 20)
-	defer debug.SetMemoryLimit(old)
-	peak, stopSampling := sampleHeap()
-	defer stopSampling()
-	start := time.Now()
-	ictx, cancel := context.WithDeadline(ctx, start.Add(cfg.Deadline-cfg.Reserve))
-	defer cancel()
-	for ictx.Err() == nil {
-		st, err := r.Drain(ictx)
-		d.drains++
-		d.drained += st.Dispatched
-		d.publishCalls += st.PublishCalls
-		if err != nil {
-			return d, err
-		}
-		left, err := pendingCount(ctx, admin)
-		if err != nil {
-			return d, err
-		}
-		if left == 0 || st.StoppedAtDeadline {
-			break
-		}
-	}
-	d.elapsed = time.Since(start)
-	stopSampling()
-	d.peakHeapMiB = round3(float64(*peak) / (1 << 20))
-	d.seconds = round3(d.elapsed.Seconds())
-	return d, nil
+	rep, _, err := runChild(ctx, spawn, ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: q.SinkURL,
+		Batch: set.Batch, Concurrency: set.Concurrency, Deadline: cfg.Deadline - cfg.Reserve, MemoryLimitMiB: cfg.MemoryLimitMiB})
+	return rep, err
 }
 
-// sampleHeap records the peak HeapInuse every 250 ms until stop is called.
-func sampleHeap() (peak *uint64, stop func()) {
-	peak = new(uint64)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		var ms runtime.MemStats
-		for {
-			runtime.ReadMemStats(&ms)
-			*peak = max(*peak, ms.HeapInuse)
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	var once sync.Once
-	return peak, func() { once.Do(func() { close(done); wg.Wait() }) }
-}
+func rssMiB(r ChildReport) float64 { return round3(float64(r.VmHWMKiB) / 1024) }
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

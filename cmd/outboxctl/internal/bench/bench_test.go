@@ -32,6 +32,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// childSpawner re-executes the test binary as the relay child of the memory and backlog
+// scenarios.
+func childSpawner(ctx context.Context) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	return cmd
+}
+
 func logf(t *testing.T) func(string) { return func(s string) { t.Log(s) } }
 
 func TestDrain(t *testing.T) {
@@ -165,12 +173,7 @@ func TestMemory(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	cfg := bench.MemoryConfigFor(bench.Tiny)
-	spawn := func(ctx context.Context) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=1")
-		return cmd
-	}
-	res, err := bench.Memory(context.Background(), db.URL, cfg, spawn, logf(t))
+	res, err := bench.Memory(context.Background(), db.URL, cfg, childSpawner, logf(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,11 +191,6 @@ func TestMemory(t *testing.T) {
 func TestSummaryAndMarkdown(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	spawn := func(ctx context.Context) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=1")
-		return cmd
-	}
 	// Run makes (and drops) its own bench_ schemas on the server of DATABASE_URL.
 	var schemas []string
 	progress := func(s string) {
@@ -202,7 +200,7 @@ func TestSummaryAndMarkdown(t *testing.T) {
 		}
 	}
 	res, err := bench.Run(context.Background(), pgtest.URL(), bench.Options{
-		Size: bench.Tiny, Scenarios: []string{bench.ScenarioDrain, bench.ScenarioMemory}, Spawn: spawn, Progress: progress,
+		Size: bench.Tiny, Scenarios: []string{bench.ScenarioDrain, bench.ScenarioMemory}, Spawn: childSpawner, Progress: progress,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -283,11 +281,11 @@ func TestBacklog(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	cfg := bench.BacklogConfigFor(bench.Tiny)
-	res, err := bench.Backlog(context.Background(), db.URL, cfg, logf(t))
+	res, err := bench.Backlog(context.Background(), db.URL, cfg, childSpawner, logf(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Drained != cfg.Events || res.EventsPerSec <= 0 || res.PublishCalls < cfg.Events/cfg.Batch || res.PeakHeapMiB <= 0 {
+	if res.Drained != cfg.Events || res.EventsPerSec <= 0 || res.PublishCalls < cfg.Events/cfg.Batch || res.PeakRSSMiB <= 0 {
 		t.Fatalf("backlog %+v", res)
 	}
 }

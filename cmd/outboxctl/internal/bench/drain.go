@@ -175,8 +175,8 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	defer admin.Close()
 	q := startSinkQStash(0)
 	defer q.Close()
-	res := &DrainResult{Config: cfg, Delivery: "deferred: qstashtest (in process) accepts every publish as QStash would, but its delay fault holds each " +
-		"delivery back by a random 0-60 min (it has no switch to turn delivery off), so the drain measures the publish path; the rare early delivery goes to a loopback sink answering 200"}
+	res := &DrainResult{Config: cfg, Delivery: "held: qstashtest (in process) accepts every publish as QStash would and holds the messages (HoldDeliveries), " +
+		"so the drain measures the publish path; delivery runs on QStash's machines, not the relay's"}
 
 	for _, relays := range cfg.Relays {
 		for _, batch := range cfg.Batches {

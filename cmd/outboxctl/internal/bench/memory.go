@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"math"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -43,12 +45,23 @@ type ChildConfig struct {
 	Token       string `json:"token"`
 	Destination string `json:"destination"`
 	Batch       int    `json:"batch"`
+	// Concurrency is PUBLISH_CONCURRENCY (0: the default); the pool has two connections
+	// more, as the Lambda's.
+	Concurrency int `json:"concurrency,omitempty"`
+	// Deadline, when set, makes the child one relay Lambda invocation of that budget: it
+	// drains again after a drain that ended with rows still pending (a short batch at a
+	// concurrent tail), until none is or the budget is spent. Zero: one Drain.
+	Deadline time.Duration `json:"deadline_ns,omitempty"`
+	// MemoryLimitMiB, when set, is the runtime's soft memory limit: the Lambda's memory
+	// size, applied to the relay alone (the local QStash stays in the parent).
+	MemoryLimitMiB int64 `json:"memory_limit_mib,omitempty"`
 }
 
 // ChildReport is what the drain child prints on its stdout (JSON).
 type ChildReport struct {
 	Dispatched   int     `json:"dispatched"`
 	PublishCalls int     `json:"publish_calls"`
+	Drains       int     `json:"drains"`
 	Seconds      float64 `json:"seconds"`
 	// VmHWMKiB is the child's own high-water mark from /proc/self/status at the end.
 	VmHWMKiB int64 `json:"vm_hwm_kib"`
@@ -65,7 +78,12 @@ func RunDrainChild(ctx context.Context, in io.Reader, out io.Writer) error {
 	if err := json.NewDecoder(in).Decode(&cfg); err != nil {
 		return fmt.Errorf("read drain child config: %w", err)
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, 4)
+	if cfg.MemoryLimitMiB > 0 {
+		debug.SetMemoryLimit(cfg.MemoryLimitMiB << 20)
+	}
+	rc := relayConfig(cfg.Batch, false)
+	rc.PublishConcurrency = cfg.Concurrency
+	pool, err := openPool(ctx, cfg.DatabaseURL, int32(2+cmp.Or(cfg.Concurrency, relay.DefaultPublishConcurrency)))
 	if err != nil {
 		return err
 	}
@@ -74,17 +92,66 @@ func RunDrainChild(ctx context.Context, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, pub, relayConfig(cfg.Batch, false))
+	r, err := relay.New(pool, pub, rc)
 	if err != nil {
 		return err
 	}
-	st, err := r.Drain(ctx)
-	if err != nil {
-		return fmt.Errorf("drain: %w", err)
+	start := time.Now()
+	dctx := ctx
+	if cfg.Deadline > 0 {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithDeadline(ctx, start.Add(cfg.Deadline))
+		defer cancel()
 	}
-	rep := ChildReport{Dispatched: st.Dispatched, PublishCalls: st.PublishCalls, Seconds: round3(st.Duration.Seconds())}
+	var rep ChildReport
+	for {
+		st, err := r.Drain(dctx)
+		rep.Drains++
+		rep.Dispatched += st.Dispatched
+		rep.PublishCalls += st.PublishCalls
+		if err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
+		if cfg.Deadline == 0 || st.StoppedAtDeadline || dctx.Err() != nil {
+			break
+		}
+		left, err := pendingCount(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			break
+		}
+	}
+	rep.Seconds = round3(time.Since(start).Seconds())
 	rep.VmHWMKiB = vmHWM()
 	return json.NewEncoder(out).Encode(rep)
+}
+
+// runChild runs the drain child with cfg and returns its report and resource usage.
+func runChild(ctx context.Context, spawn Spawner, cfg ChildConfig) (ChildReport, *syscall.Rusage, error) {
+	var rep ChildReport
+	in, err := json.Marshal(cfg)
+	if err != nil {
+		return rep, nil, err
+	}
+	cmd := spawn(ctx)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return rep, nil, fmt.Errorf("run drain child: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	if err := json.Unmarshal(lastLine(stdout.Bytes()), &rep); err != nil {
+		return rep, nil, fmt.Errorf("read drain child report %q: %w", stdout.String(), err)
+	}
+	if rep.VmHWMKiB == 0 {
+		return rep, nil, errors.New("drain child reported no VmHWM (is /proc mounted?)")
+	}
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return rep, nil, errors.New("drain child: no rusage on this platform")
+	}
+	return rep, ru, nil
 }
 
 func vmHWM() int64 {
@@ -148,29 +215,12 @@ func Memory(ctx context.Context, url string, cfg MemoryConfig, spawn Spawner, pr
 	q := startSinkQStash(0)
 	defer q.Close()
 
-	in, err := json.Marshal(ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: q.SinkURL, Batch: cfg.Batch})
+	rep, ru, err := runChild(ctx, spawn, ChildConfig{DatabaseURL: url, QStashURL: q.URL, Token: q.Token, Destination: q.SinkURL, Batch: cfg.Batch})
 	if err != nil {
 		return nil, err
 	}
-	cmd := spawn(ctx)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("run drain child: %w: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	var rep ChildReport
-	if err := json.Unmarshal(lastLine(stdout.Bytes()), &rep); err != nil {
-		return nil, fmt.Errorf("read drain child report %q: %w", stdout.String(), err)
-	}
-	if rep.VmHWMKiB == 0 {
-		return nil, errors.New("drain child reported no VmHWM (is /proc mounted?)")
-	}
 	if rep.Dispatched != cfg.Events {
 		return nil, fmt.Errorf("drain child dispatched %d of %d events", rep.Dispatched, cfg.Events)
-	}
-	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		return nil, errors.New("drain child: no rusage on this platform")
 	}
 	res := &MemoryResult{
 		Events: cfg.Events, Batch: cfg.Batch,

@@ -43,10 +43,10 @@ func articlePublisher(fifo bool) qstash.PublisherConfig {
 }
 
 // sinkQStash is the local QStash (qstashtest) for scenarios that measure the publish path
-// only. qstashtest has no switch to turn delivery off, so its delay fault holds every
-// delivery back by a random delay of up to an hour: while the drain runs the server only
-// accepts, and Close drops what is still pending. The few deliveries that do start go to a
-// loopback sink that answers 200.
+// only: it holds every accepted message (HoldDeliveries), so while the drain runs the
+// server only accepts, as QStash's API does for a relay whose deliveries happen on QStash's
+// machines; Close drops what is held. The destination is a loopback sink answering 200
+// that nothing reaches.
 type sinkQStash struct {
 	*qstashtest.Server
 	sink *httptest.Server
@@ -54,15 +54,15 @@ type sinkQStash struct {
 	SinkURL string
 }
 
-// startSinkQStash starts qstashtest and a sink that reads each delivery and answers 200.
+// startSinkQStash starts a holding qstashtest and the sink.
 func startSinkQStash(rtt time.Duration) *sinkQStash {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusOK)
 	}))
-	q := startDelivering(rtt)
-	q.SetFaults(qstashtest.Faults{DelayRate: 1, MaxDelay: time.Hour})
-	return &sinkQStash{Server: q, sink: sink, SinkURL: sink.URL}
+	opts := deliveringOptions(rtt)
+	opts.HoldDeliveries = true
+	return &sinkQStash{Server: qstashtest.NewServer(opts), sink: sink, SinkURL: sink.URL}
 }
 
 func (q *sinkQStash) Close() {

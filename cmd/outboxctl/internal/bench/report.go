@@ -353,13 +353,13 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 	if b := r.Backlog; b != nil {
 		p("## 7. Backlog (%d events over %d keys, RTT %d ms, the relay Lambda's settings: batch %d, PUBLISH_CONCURRENCY %d, %v deadline, %d MiB memory limit)\n\n",
 			b.Events, b.Config.Keys, b.RTTMillis, b.Config.Batch, b.Config.Concurrency, b.Config.Deadline, b.Config.MemoryLimitMiB)
-		p("| drained | seconds | events/s | drains | publish calls | peak heap MiB (relay and local QStash) |\n|---:|---:|---:|---:|---:|---:|\n")
-		p("| %d | %.1f | %.0f | %d | %d | %.1f |\n\n%s.\n\n", b.Drained, b.Seconds, b.EventsPerSec, b.Drains, b.PublishCalls, b.PeakHeapMiB, b.Path)
+		p("| drained | seconds | events/s | drains | publish calls | relay peak RSS MiB |\n|---:|---:|---:|---:|---:|---:|\n")
+		p("| %d | %.1f | %.0f | %d | %d | %.1f |\n\n%s.\n\n", b.Drained, b.Seconds, b.EventsPerSec, b.Drains, b.PublishCalls, b.PeakRSSMiB, b.Path)
 		if len(b.Sweep) > 0 {
 			p("Settings sweep (%d events per setting, same keys and round trip; the template's defaults are batch %d, concurrency %d):\n\n", b.Config.SweepEvents, b.Config.Batch, b.Config.Concurrency)
-			p("| batch | PUBLISH_CONCURRENCY | events/s | seconds | publish calls | peak heap MiB |\n|---:|---:|---:|---:|---:|---:|\n")
+			p("| batch | PUBLISH_CONCURRENCY | events/s | seconds | publish calls | relay peak RSS MiB |\n|---:|---:|---:|---:|---:|---:|\n")
 			for _, x := range b.Sweep {
-				p("| %d | %d | %.0f | %.1f | %d | %.1f |\n", x.Batch, x.Concurrency, x.EventsPerSec, x.Seconds, x.PublishCalls, x.PeakHeapMiB)
+				p("| %d | %d | %.0f | %.1f | %d | %.1f |\n", x.Batch, x.Concurrency, x.EventsPerSec, x.Seconds, x.PublishCalls, x.PeakRSSMiB)
 			}
 			p("\n")
 		}

@@ -46,7 +46,7 @@ func ParseScenarios(s string) ([]string, error) {
 type Options struct {
 	Size      Size
 	Scenarios []string
-	// Spawn starts the memory scenario's drain child (required for ScenarioMemory).
+	// Spawn starts the relay child of the memory and backlog scenarios (required for them).
 	Spawn Spawner
 	// Progress receives one line per measurement (nil: silent).
 	Progress func(string)
@@ -116,7 +116,10 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 		}
 		res.Memory, err = Memory(ctx, s.URL, MemoryConfigFor(opts.Size), opts.Spawn, opts.Progress)
 	case ScenarioBacklog:
-		res.Backlog, err = Backlog(ctx, s.URL, BacklogConfigFor(opts.Size), opts.Progress)
+		if opts.Spawn == nil {
+			return fmt.Errorf("backlog scenario needs Options.Spawn")
+		}
+		res.Backlog, err = Backlog(ctx, s.URL, BacklogConfigFor(opts.Size), opts.Spawn, opts.Progress)
 	}
 	return err
 }
