@@ -25,7 +25,7 @@
 //	FLOW_CONTROL_PARALLELISM   optional, publish ordering only
 //	FLOW_CONTROL_RATE          optional, publish ordering only
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
-//	BATCH_SIZE                 default 100 rows per claim
+//	BATCH_SIZE                 default 500 rows per claim
 //	PUBLISH_CONCURRENCY        default 4 batches in flight at once (1: strictly serial)
 //	LEASE                      default 30s
 //	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)

@@ -81,6 +81,28 @@ type BacklogResult struct {
 	Sweep []BacklogRun `json:"sweep,omitempty"`
 }
 
+// Defaults returns the sweep's run at the template's defaults (Config.Batch and
+// Concurrency), or nil.
+func (r *BacklogResult) Defaults() *BacklogRun {
+	for i := range r.Sweep {
+		if x := &r.Sweep[i]; x.Batch == r.Config.Batch && x.Concurrency == r.Config.Concurrency {
+			return x
+		}
+	}
+	return nil
+}
+
+// Fastest returns the sweep's fastest run, or nil.
+func (r *BacklogResult) Fastest() *BacklogRun {
+	var best *BacklogRun
+	for i := range r.Sweep {
+		if x := &r.Sweep[i]; best == nil || x.EventsPerSec > best.EventsPerSec {
+			best = x
+		}
+	}
+	return best
+}
+
 // BacklogRun is one drain of the settings sweep.
 type BacklogRun struct {
 	BacklogSetting

@@ -215,7 +215,8 @@ func TestSummaryAndMarkdown(t *testing.T) {
 	}
 	for _, k := range []string{"relay_vs_floor", "relay_vs_baseline", "relay_eps", "floor_eps", "baseline_eps",
 		"claim_p99_ratio_5m_vs_0", "e2e_p50_ms", "e2e_p99_ms", "webhook_vs_raw", "relay_peak_rss_mib",
-		"relay_rtt30_eps", "relay_rtt30_vs_rtt0", "relay_vs_baseline_rtt30", "backlog_1m_rtt30_seconds", "hot_key_fifo_rtt30_eps"} {
+		"relay_rtt30_eps", "relay_rtt30_vs_rtt0", "relay_vs_baseline_rtt30", "backlog_1m_rtt30_seconds", "hot_key_fifo_rtt30_eps",
+		"backlog_defaults_vs_best", "backlog_relay_peak_rss_mib"} {
 		if _, ok := doc.Summary[k]; !ok {
 			t.Errorf("summary has no %s", k)
 		}
@@ -315,5 +316,34 @@ func TestE2E(t *testing.T) {
 	}
 	if charges != want {
 		t.Errorf("%d billing_charges rows after the poll run, want %d", charges, want)
+	}
+}
+
+// TestBacklogDefaultsVsBest: the summary compares the sweep's run at the template's defaults
+// with its fastest run, and the target says whether the defaults are within 5 % of it.
+func TestBacklogDefaultsVsBest(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		fastest float64
+		met     bool
+	}{{1000, true}, {1040, true}, {1200, false}} {
+		r := &bench.Results{Backlog: &bench.BacklogResult{
+			Config: bench.BacklogConfig{Batch: 500, Concurrency: 4},
+			Sweep: []bench.BacklogRun{
+				{BacklogSetting: bench.BacklogSetting{Batch: 100, Concurrency: 4}, EventsPerSec: 400},
+				{BacklogSetting: bench.BacklogSetting{Batch: 500, Concurrency: 4}, EventsPerSec: 1000},
+				{BacklogSetting: bench.BacklogSetting{Batch: 1000, Concurrency: 8}, EventsPerSec: tc.fastest},
+			},
+		}}
+		r.Summarise()
+		got := r.Summary.BacklogDefaultsVsBest
+		if got == nil || math.Abs(*got-1000/tc.fastest) > 0.01 {
+			t.Fatalf("fastest %v: defaults vs best %v", tc.fastest, got)
+		}
+		for _, tg := range r.Targets {
+			if tg.Name == "backlog_defaults_vs_best" && (tg.Met == nil || *tg.Met != tc.met) {
+				t.Errorf("fastest %v: target met %v, want %v", tc.fastest, tg.Met, tc.met)
+			}
+		}
 	}
 }

@@ -68,6 +68,11 @@ type Summary struct {
 	// (null unless the backlog scenario ran at that size).
 	Backlog1MRTT30Seconds *float64 `json:"backlog_1m_rtt30_seconds"`
 	RelayPeakRSSMiB       *float64 `json:"relay_peak_rss_mib"`
+	// The backlog's settings sweep: the template's defaults (batch, PUBLISH_CONCURRENCY)
+	// over the fastest setting (1 when the defaults are the fastest), and the relay's peak
+	// RSS in the 1M-event run at the defaults.
+	BacklogDefaultsVsBest  *float64 `json:"backlog_defaults_vs_best"`
+	BacklogRelayPeakRSSMiB *float64 `json:"backlog_relay_peak_rss_mib"`
 	// Lambda GB-seconds and QStash HTTP requests per million events, from the memory run.
 	LambdaGBsPerMillion128   *float64 `json:"lambda_gb_s_per_million_128mb"`
 	LambdaGBsPerMillion512   *float64 `json:"lambda_gb_s_per_million_512mb"`
@@ -121,6 +126,12 @@ func (r *Results) Summarise() {
 	}
 	if b := r.Backlog; b != nil && b.Events == 1_000_000 && b.RTTMillis == 30 && b.Drained == b.Events {
 		s.Backlog1MRTT30Seconds = ptr(b.Seconds)
+		s.BacklogRelayPeakRSSMiB = ptr(b.PeakRSSMiB)
+	}
+	if b := r.Backlog; b != nil {
+		if def, best := b.Defaults(), b.Fastest(); def != nil && best != nil {
+			s.BacklogDefaultsVsBest = ptr(ratio(def.EventsPerSec, best.EventsPerSec))
+		}
 	}
 	if v, ok := r.Claim.P99Ratio(); ok {
 		s.ClaimP99Ratio5MVs0 = ptr(v)
@@ -173,6 +184,9 @@ func (r *Results) Summarise() {
 	target("e2e_p99_ms", "< 500 (linger)", s.E2EP99Ms, func(v float64) bool { return v < 500 })
 	target("webhook_vs_raw", ">= 0.6 (concurrency 16)", s.WebhookVsRaw, func(v float64) bool { return v >= 0.6 })
 	target("relay_peak_rss_mib", "< 64 (batch 1000)", s.RelayPeakRSSMiB, func(v float64) bool { return v < 64 })
+	target("backlog_relay_peak_rss_mib", "< 64 (the defaults, 1M backlog)", s.BacklogRelayPeakRSSMiB, func(v float64) bool { return v < 64 })
+	// One sweep run per setting: within 5 % of the fastest is within this machine's noise.
+	target("backlog_defaults_vs_best", ">= 0.95 (the defaults against the sweep's fastest setting)", s.BacklogDefaultsVsBest, func(v float64) bool { return v >= 0.95 })
 	var fifo *float64
 	if s.FIFOOrderViolations != nil {
 		fifo = ptr(float64(*s.FIFOOrderViolations))
