@@ -33,6 +33,7 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 	latency := fs.Duration("latency", 0, "delay every API answer by this much (network round trip to QStash)")
 	jitter := fs.Duration("latency-jitter", 0, "add a random extra delay in [0, this) to every API answer")
 	maxInFlight := fs.Int("max-in-flight", 0, "cap on delivery attempts in flight (QStash's parallelism; default: the plan's, none without --plan; -1: none)")
+	hold := fs.Bool("hold-deliveries", false, "accept and keep every message but deliver none (measure a publisher alone)")
 	verbose := fs.Bool("v", false, "log every delivery attempt to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -68,6 +69,7 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 		Latency:          *latency,
 		LatencyJitter:    *jitter,
 		MaxInFlight:      *maxInFlight,
+		HoldDeliveries:   *hold,
 	}
 	if *verbose {
 		log := slog.New(slog.NewJSONHandler(e.stderr, nil))

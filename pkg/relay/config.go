@@ -24,9 +24,9 @@ const (
 	DefaultBackoffMax     = time.Hour
 	DefaultPollInterval   = time.Second
 	// DefaultPublishConcurrency: batches in flight at once. Measured (README, Performance):
-	// 4 hides a 30 ms round trip behind the claims and marks of the other batches (0.91 of
-	// the rate on loopback); 8 drained a backlog 10-16 % faster in the settings sweep, for
-	// twice the connections and the payloads in memory.
+	// 4 hides a 30 ms round trip behind the claims and marks of the other batches (1.05 of
+	// the rate on loopback); 8 was no faster in the settings sweep (median of three rounds),
+	// for twice the connections and the payloads in memory.
 	DefaultPublishConcurrency = 4
 	// MaxPublishConcurrency bounds PublishConcurrency (each batch in flight may hold a
 	// database connection while it is marked).

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,6 +33,10 @@ type BacklogConfig struct {
 	// defaults.
 	Sweep       []BacklogSetting `json:"sweep,omitempty"`
 	SweepEvents int              `json:"sweep_events,omitempty"`
+	// SweepRounds is how many times the sweep runs every setting, one round after the
+	// other, so a drift of the machine touches every setting alike; a setting's rate is the
+	// median of its rounds (two full runs an hour apart disagreed by 25 % on single rounds).
+	SweepRounds int `json:"sweep_rounds,omitempty"`
 }
 
 // BacklogSetting is one relay setting the backlog scenario tries.
@@ -50,7 +56,7 @@ func BacklogConfigFor(s Size) BacklogConfig {
 	}
 	switch s {
 	case Full:
-		c.Events, c.SweepEvents = 1_000_000, 100_000
+		c.Events, c.SweepEvents, c.SweepRounds = 1_000_000, 100_000, 3
 	case Short:
 		c.Events, c.SweepEvents = 20_000, 20_000
 		c.Sweep = []BacklogSetting{{100, 4}, {500, 4}, {500, 8}}
@@ -106,11 +112,13 @@ func (r *BacklogResult) Fastest() *BacklogRun {
 // BacklogRun is one drain of the settings sweep.
 type BacklogRun struct {
 	BacklogSetting
-	Events       int     `json:"events"`
-	Seconds      float64 `json:"seconds"`
-	EventsPerSec float64 `json:"events_per_sec"`
-	PublishCalls int     `json:"publish_calls"`
-	PeakRSSMiB   float64 `json:"relay_peak_rss_mib"`
+	Events int `json:"events"`
+	// Seconds and EventsPerSec are the median round's; Rounds every round's events/s.
+	Seconds      float64   `json:"seconds"`
+	EventsPerSec float64   `json:"events_per_sec"`
+	Rounds       []float64 `json:"rounds_events_per_sec,omitempty"`
+	PublishCalls int       `json:"publish_calls"`
+	PeakRSSMiB   float64   `json:"relay_peak_rss_mib"`
 }
 
 // Backlog drains cfg.SweepEvents pending events once per setting of cfg.Sweep, then loads
@@ -125,24 +133,30 @@ func Backlog(ctx context.Context, url string, cfg BacklogConfig, spawn Spawner, 
 		return nil, err
 	}
 	defer admin.Close()
-	for _, set := range cfg.Sweep {
-		run := BacklogRun{BacklogSetting: set, Events: cfg.SweepEvents}
-		if _, err := loadBacklog(ctx, admin, cfg.SweepEvents, cfg.Keys); err != nil {
-			return res, err
+	rounds := make([][]BacklogRun, len(cfg.Sweep))
+	for round := range max(cfg.SweepRounds, 1) {
+		for i, set := range cfg.Sweep {
+			run := BacklogRun{BacklogSetting: set, Events: cfg.SweepEvents}
+			if _, err := loadBacklog(ctx, admin, cfg.SweepEvents, cfg.Keys); err != nil {
+				return res, err
+			}
+			d, err := drainBacklog(ctx, url, cfg, set, spawn)
+			if err != nil {
+				return res, err
+			}
+			run.Seconds, run.EventsPerSec, run.PublishCalls, run.PeakRSSMiB = d.Seconds, rate(d.Dispatched, secs(d.Seconds)), d.PublishCalls, rssMiB(d)
+			rounds[i] = append(rounds[i], run)
+			if progress != nil {
+				progress(fmt.Sprintf("backlog sweep round %d: %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s)",
+					round+1, run.Events, cfg.RTTMillis, set.Batch, set.Concurrency, run.Seconds, run.EventsPerSec))
+			}
+			if d.Dispatched != cfg.SweepEvents {
+				return res, fmt.Errorf("backlog sweep batch %d concurrency %d: drained %d of %d events", set.Batch, set.Concurrency, d.Dispatched, cfg.SweepEvents)
+			}
 		}
-		d, err := drainBacklog(ctx, url, cfg, set, spawn)
-		if err != nil {
-			return res, err
-		}
-		run.Seconds, run.EventsPerSec, run.PublishCalls, run.PeakRSSMiB = d.Seconds, rate(d.Dispatched, secs(d.Seconds)), d.PublishCalls, rssMiB(d)
-		res.Sweep = append(res.Sweep, run)
-		if progress != nil {
-			progress(fmt.Sprintf("backlog sweep %d events rtt=%dms batch=%d concurrency=%d: %.1fs (%.0f events/s)",
-				run.Events, cfg.RTTMillis, set.Batch, set.Concurrency, run.Seconds, run.EventsPerSec))
-		}
-		if d.Dispatched != cfg.SweepEvents {
-			return res, fmt.Errorf("backlog sweep batch %d concurrency %d: drained %d of %d events", set.Batch, set.Concurrency, d.Dispatched, cfg.SweepEvents)
-		}
+	}
+	for _, runs := range rounds {
+		res.Sweep = append(res.Sweep, medianRun(runs))
 	}
 
 	if res.LoadSeconds, err = loadBacklog(ctx, admin, cfg.Events, cfg.Keys); err != nil {
@@ -195,3 +209,17 @@ func drainBacklog(ctx context.Context, url string, cfg BacklogConfig, set Backlo
 func rssMiB(r ChildReport) float64 { return round3(float64(r.VmHWMKiB) / 1024) }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// medianRun returns the run with the median rate (the lower middle of an even count), its
+// Rounds holding every run's rate in round order and PeakRSSMiB the highest of them.
+func medianRun(runs []BacklogRun) BacklogRun {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b BacklogRun) int { return cmp.Compare(a.EventsPerSec, b.EventsPerSec) })
+	m := sorted[(len(sorted)-1)/2]
+	m.Rounds = nil
+	for _, r := range runs {
+		m.Rounds = append(m.Rounds, r.EventsPerSec)
+		m.PeakRSSMiB = max(m.PeakRSSMiB, r.PeakRSSMiB)
+	}
+	return m
+}

@@ -347,3 +347,25 @@ func TestBacklogDefaultsVsBest(t *testing.T) {
 		}
 	}
 }
+
+// TestBacklogSweepRounds: a short sweep with two rounds keeps every round's rate and shows
+// the median's.
+func TestBacklogSweepRounds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.BacklogConfigFor(bench.Tiny)
+	cfg.Sweep = []bench.BacklogSetting{{Batch: 50, Concurrency: 2}, {Batch: 500, Concurrency: 4}}
+	cfg.SweepEvents, cfg.SweepRounds = 500, 2
+	res, err := bench.Backlog(context.Background(), db.URL, cfg, childSpawner, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range res.Sweep {
+		if len(x.Rounds) != 2 || x.EventsPerSec != min(x.Rounds[0], x.Rounds[1]) || x.PeakRSSMiB <= 0 {
+			t.Errorf("sweep run %+v: want two rounds and the lower middle of them", x)
+		}
+	}
+	if len(res.Sweep) != 2 {
+		t.Fatalf("%d sweep settings, want 2", len(res.Sweep))
+	}
+}
