@@ -284,8 +284,8 @@ func (p *Publisher) encode(dst []byte, i int, m outbox.Message) ([]byte, error) 
 	own = append(own,
 		header{"Content-Type", "application/json"},
 		// Information only: receivers take the identity from the signed URL.
-		header{"Upstash-Forward-X-Outbox-Id", m.ID.String()},
-		header{"Upstash-Forward-X-Outbox-Generation", strconv.Itoa(m.Generation)},
+		header{forwardPrefix + "X-Outbox-Id", m.ID.String()},
+		header{forwardPrefix + "X-Outbox-Generation", strconv.Itoa(m.Generation)},
 		header{"Upstash-Deduplication-Id", p.DeduplicationID(m)},
 		header{"Upstash-Label", Label(m.Topic)},
 		header{"Upstash-Retries", strconv.Itoa(retries)})

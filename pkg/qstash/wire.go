@@ -11,16 +11,16 @@ import (
 // (BenchmarkBatchItem). appendBatchItem writes the same JSON value in a fixed order;
 // TestBatchItemEncoding checks it against encoding/json.
 
-// ownForwardHeaders are the forwarded headers the relay sets itself; an event header of
-// the same name is not sent (the relay's value wins, as it always has).
-var ownForwardHeaders = map[string]bool{"X-Outbox-Id": true, "X-Outbox-Generation": true}
-
 // header is one header of a batch item, in the order it is written.
 type header struct{ name, value string }
 
+// forwardPrefix makes an event header a header QStash forwards to the destination.
+const forwardPrefix = "Upstash-Forward-"
+
 // appendBatchItem appends one /v2/batch element: destination, the event's own headers
 // (forwarded, sorted by name), then the relay's headers in order, the body, and the queue
-// if any.
+// if any. An event header that would be forwarded under the name of one of the relay's
+// own is not sent: the relay's value wins, as it always has.
 func appendBatchItem(b []byte, destination string, event map[string]string, own []header, body []byte, queue string) []byte {
 	b = append(b, `{"destination":`...)
 	b = appendJSONString(b, destination)
@@ -35,14 +35,17 @@ func appendBatchItem(b []byte, destination string, event map[string]string, own 
 	if len(event) > 0 {
 		names := make([]string, 0, len(event))
 		for k := range event {
-			if !ownForwardHeaders[k] {
+			if !slices.ContainsFunc(own, func(h header) bool {
+				return len(h.name) == len(forwardPrefix)+len(k) && h.name[:len(forwardPrefix)] == forwardPrefix && h.name[len(forwardPrefix):] == k
+			}) {
 				names = append(names, k)
 			}
 		}
 		slices.Sort(names)
 		for _, k := range names {
 			sep()
-			b = append(b, `"Upstash-Forward-`...)
+			b = append(b, '"')
+			b = append(b, forwardPrefix...)
 			b = appendJSONStringBody(b, k)
 			b = append(b, `":`...)
 			b = appendJSONString(b, event[k])

@@ -35,6 +35,8 @@ type queue struct {
 // schedule registers m as pending and starts it (or queues it). False if closed.
 func (s *Server) schedule(m *message) bool {
 	if s.opts.HoldDeliveries {
+		// Pending as any message (an enqueued one in its queue, whose lag counts it), but
+		// never started: pumpQueue starts nothing either.
 		m.ctx, m.cancel = s.ctx, func() {}
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -42,6 +44,10 @@ func (s *Server) schedule(m *message) bool {
 			return false
 		}
 		s.messages[m.id] = m
+		if m.queue != "" {
+			q := s.queueLocked(m.queue)
+			q.items = append(q.items, m)
+		}
 		return true
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
@@ -82,7 +88,7 @@ func (s *Server) queueLocked(name string) *queue {
 func (s *Server) pumpQueue(q *queue) {
 	for {
 		s.mu.Lock()
-		if len(q.items) == 0 || q.active >= q.parallelism || q.paused || s.closed {
+		if len(q.items) == 0 || q.active >= q.parallelism || q.paused || s.closed || s.opts.HoldDeliveries {
 			s.mu.Unlock()
 			return
 		}

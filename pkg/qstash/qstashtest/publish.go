@@ -698,7 +698,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if n := r.ContentLength; n >= 0 && n < limit {
 		buf := make([]byte, n+1) // one spare byte sees a body longer than declared
 		got, err := io.ReadFull(io.LimitReader(r.Body, limit), buf)
-		if err == io.ErrUnexpectedEOF || err == io.EOF {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			err = nil
 		}
 		return buf[:got], err

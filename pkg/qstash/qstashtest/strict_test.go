@@ -278,7 +278,8 @@ func TestMaxInFlight(t *testing.T) {
 }
 
 // TestHoldDeliveries: a held server accepts and keeps messages (published, enqueued,
-// batched) but attempts none, and a held message can still be cancelled.
+// batched) but attempts none, not even from a queue paused and resumed; an enqueued message
+// creates its queue and counts in its lag; a held message can still be cancelled.
 func TestHoldDeliveries(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
@@ -297,6 +298,14 @@ func TestHoldDeliveries(t *testing.T) {
 	batch := fmt.Sprintf(`[{"destination":%q,"body":"3"},{"destination":%q,"body":"4"}]`, dst.URL, dst.URL)
 	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch); resp.StatusCode != http.StatusOK {
 		t.Fatalf("batch: %d %s", resp.StatusCode, b)
+	}
+	for _, action := range []string{"pause", "resume"} {
+		if resp, b := post(t, srv, http.MethodPost, "/v2/queues/q/"+action, nil, ""); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s queue: %d %s", action, resp.StatusCode, b)
+		}
+	}
+	if resp, b := post(t, srv, http.MethodGet, "/v2/queues/q", nil, ""); resp.StatusCode != http.StatusOK || !strings.Contains(b, `"lag":1`) {
+		t.Fatalf("queue of the held message: %d %s, want it listed with lag 1", resp.StatusCode, b)
 	}
 	// An unheld server delivers to this sink within milliseconds (every other test here).
 	time.Sleep(100 * time.Millisecond)

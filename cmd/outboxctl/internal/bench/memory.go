@@ -226,7 +226,7 @@ func Memory(ctx context.Context, url string, cfg MemoryConfig, spawn Spawner, pr
 		Events: cfg.Events, Batch: cfg.Batch,
 		PeakRSSMiB:                  round3(float64(rep.VmHWMKiB) / 1024),
 		RusageMaxRSSMiB:             round3(float64(ru.Maxrss) / 1024), // Linux reports KiB
-		EventsPerSec:                rate(rep.Dispatched, time.Duration(rep.Seconds*float64(time.Second))),
+		EventsPerSec:                rate(rep.Dispatched, secs(rep.Seconds)),
 		CPUSeconds:                  round3(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()),
 		PublishCalls:                rep.PublishCalls,
 		LambdaGBsPerMillion:         map[int]float64{},
