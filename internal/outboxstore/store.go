@@ -88,7 +88,7 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
 	defer rows.Close()
-	var c Claimed
+	c := Claimed{Messages: make([]outbox.Message, 0, n)}
 	var windowRows int64
 	var runCut bool
 	for rows.Next() {
@@ -113,8 +113,14 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	return c, nil
 }
 
-// decodeHeaders decodes a jsonb headers value; null and {} are no headers.
+// decodeHeaders decodes a jsonb headers value; null and {} are no headers. {} (the
+// column's default, as Postgres prints it) skips encoding/json: the claim decodes every
+// row while the next claim waits for it.
 func decodeHeaders(b []byte, h *map[string]string) error {
+	if string(b) == "{}" {
+		*h = nil
+		return nil
+	}
 	if err := json.Unmarshal(b, h); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadHeaders, err)
 	}

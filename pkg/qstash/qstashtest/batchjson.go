@@ -3,6 +3,7 @@ package qstashtest
 import (
 	"encoding/json"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // decodeBatchItems decodes a /v2/batch body. Parsing it with encoding/json cost about
@@ -11,6 +12,12 @@ import (
 // its cores. decodeBatchFast reads the shape publishers send and gives up on anything
 // else, which encoding/json then decodes (or refuses) exactly as before; FuzzBatchDecode
 // holds the two to the same answers.
+//
+// The fast path reads names and values as substrings of the request body, and each
+// message's body into one buffer sized once: a held message keeps its batch's body
+// instead of a dozen small allocations of its own (measured under the drain bench: the
+// server's allocations and the GC work on the messages it holds were its largest cost
+// after decoding).
 func decodeBatchItems(data []byte) ([]batchRequestItem, error) {
 	if items, ok := decodeBatchFast(data); ok {
 		return items, nil
@@ -23,9 +30,11 @@ func decodeBatchItems(data []byte) ([]batchRequestItem, error) {
 // decodeBatchFast decodes an array of objects whose keys are exactly destination, headers,
 // body and queue (each at most once), with string values and a headers object of
 // strings, and strings free of \u escapes and control characters. It reports false for
-// anything else, valid or not.
+// anything else, valid or not. Headers come back as pairs (headerPairs), in the order sent.
 func decodeBatchFast(data []byte) ([]batchRequestItem, bool) {
-	s := scanner{b: data}
+	// The body is read into a buffer of its own that nothing writes to again, so the
+	// strings can share its bytes.
+	s := scanner{b: unsafe.String(unsafe.SliceData(data), len(data))}
 	if !s.consume('[') {
 		return nil, false
 	}
@@ -50,7 +59,7 @@ func decodeBatchFast(data []byte) ([]batchRequestItem, bool) {
 }
 
 type scanner struct {
-	b []byte
+	b string
 	i int
 }
 
@@ -115,7 +124,11 @@ func (s *scanner) item() (batchRequestItem, bool) {
 				return it, false
 			}
 		case 1:
-			if it.Headers, ok = s.headers(); !ok {
+			if it.headerPairs, ok = s.headers(); !ok {
+				return it, false
+			}
+		case 2:
+			if it.body, ok = s.bytes(); !ok {
 				return it, false
 			}
 		default:
@@ -123,11 +136,7 @@ func (s *scanner) item() (batchRequestItem, bool) {
 			if !ok {
 				return it, false
 			}
-			if f == 2 {
-				it.Body = &v
-			} else {
-				it.Queue = &v
-			}
+			it.Queue = &v
 		}
 		if s.consume(',') {
 			continue
@@ -136,81 +145,76 @@ func (s *scanner) item() (batchRequestItem, bool) {
 	}
 }
 
-func (s *scanner) headers() (map[string]string, bool) {
+// headers reads an object of strings as name, value pairs (never nil: {} is empty pairs).
+func (s *scanner) headers() ([]string, bool) {
 	if !s.consume('{') {
 		return nil, false
 	}
-	h := make(map[string]string, 12)
+	pairs := make([]string, 0, 24)
 	if s.consume('}') {
-		return h, true
+		return pairs, true
 	}
 	for {
-		kb, ok := s.strBytes()
+		k, ok := s.str()
 		if !ok || !s.consume(':') {
 			return nil, false
 		}
-		k := internHeader(kb)
 		v, ok := s.str()
 		if !ok {
 			return nil, false
 		}
-		h[k] = v
+		pairs = append(pairs, k, v)
 		if s.consume(',') {
 			continue
 		}
-		return h, s.consume('}')
+		return pairs, s.consume('}')
 	}
 }
 
-// str reads a string. It gives up on \u escapes (encoding/json's handling of surrogates
-// is not worth repeating here), control characters and invalid UTF-8.
+// str reads a string, a substring of the input unless it had escapes.
 func (s *scanner) str() (string, bool) {
-	b, ok := s.strBytes()
-	return string(b), ok
+	raw, escaped, ok := s.raw()
+	if !ok || !escaped {
+		return raw, ok
+	}
+	return string(unescape(raw)), true
 }
 
-// strBytes is str without the copy: the result aliases the input unless it had escapes.
-func (s *scanner) strBytes() ([]byte, bool) {
-	if !s.consume('"') {
+// bytes reads a string into a slice of its own.
+func (s *scanner) bytes() ([]byte, bool) {
+	raw, escaped, ok := s.raw()
+	if !ok {
 		return nil, false
 	}
-	var buf []byte
-	seg, ascii := s.i, true
+	if !escaped {
+		return []byte(raw), true
+	}
+	return unescape(raw), true
+}
+
+// raw reads a string as it was sent, between its quotes, and reports whether it has
+// escapes. It gives up on \u escapes (encoding/json's handling of surrogates is not worth
+// repeating here), control characters and invalid UTF-8.
+func (s *scanner) raw() (raw string, escaped, ok bool) {
+	if !s.consume('"') {
+		return "", false, false
+	}
+	start, ascii := s.i, true
 	for s.i < len(s.b) {
 		c := s.b[s.i]
 		switch {
 		case c == '"':
-			out := s.b[seg:s.i]
-			if buf != nil {
-				out = append(buf, out...)
-			}
+			raw = s.b[start:s.i]
 			s.i++
-			return out, ascii || utf8.Valid(out)
+			return raw, escaped, ascii || utf8.ValidString(raw)
 		case c == '\\':
-			if s.i+1 >= len(s.b) {
-				return nil, false
+			if s.i+1 >= len(s.b) || !simpleEscape(s.b[s.i+1]) {
+				return "", false, false
 			}
-			buf = append(buf, s.b[seg:s.i]...)
-			switch e := s.b[s.i+1]; e {
-			case '"', '\\', '/':
-				buf = append(buf, e)
-			case 'b':
-				buf = append(buf, '\b')
-			case 'f':
-				buf = append(buf, '\f')
-			case 'n':
-				buf = append(buf, '\n')
-			case 'r':
-				buf = append(buf, '\r')
-			case 't':
-				buf = append(buf, '\t')
-			default:
-				return nil, false
-			}
+			escaped = true
 			s.i += 2
-			seg = s.i
 		case c < 0x20:
-			return nil, false
+			return "", false, false
 		default:
 			if c >= utf8.RuneSelf {
 				ascii = false
@@ -218,31 +222,41 @@ func (s *scanner) strBytes() ([]byte, bool) {
 			s.i++
 		}
 	}
-	return nil, false
+	return "", false, false
 }
 
-// internHeader returns the shared copy of the header names every relay message carries,
-// so a held message does not keep its own.
-func internHeader(k []byte) string {
-	switch string(k) {
-	case "Content-Type":
-		return "Content-Type"
-	case "Upstash-Forward-X-Outbox-Id":
-		return "Upstash-Forward-X-Outbox-Id"
-	case "Upstash-Forward-X-Outbox-Generation":
-		return "Upstash-Forward-X-Outbox-Generation"
-	case "Upstash-Deduplication-Id":
-		return "Upstash-Deduplication-Id"
-	case "Upstash-Label":
-		return "Upstash-Label"
-	case "Upstash-Retries":
-		return "Upstash-Retries"
-	case "Upstash-Failure-Callback":
-		return "Upstash-Failure-Callback"
-	case "Upstash-Flow-Control-Key":
-		return "Upstash-Flow-Control-Key"
-	case "Upstash-Flow-Control-Value":
-		return "Upstash-Flow-Control-Value"
+func simpleEscape(e byte) bool {
+	switch e {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return true
 	}
-	return string(k)
+	return false
+}
+
+// unescape decodes raw, whose escapes raw checked, into a buffer sized once.
+func unescape(raw string) []byte {
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch e := raw[i]; e {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		default:
+			out = append(out, e)
+		}
+	}
+	return out
 }

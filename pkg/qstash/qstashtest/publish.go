@@ -72,6 +72,11 @@ type dedupEntry struct {
 	at        time.Time
 }
 
+type dedupRef struct {
+	key string
+	at  time.Time
+}
+
 // publishResponse is one element of a publish or batch answer.
 type publishResponse struct {
 	MessageID    string `json:"messageId,omitempty"`
@@ -248,6 +253,32 @@ type batchRequestItem struct {
 	Headers     map[string]string `json:"headers"`
 	Body        *string           `json:"body"`
 	Queue       *string           `json:"queue"`
+	// headerPairs and body are what decodeBatchFast read in place of Headers and Body:
+	// the headers as name, value, ... (a name sent twice counts once, the last value, as
+	// in Headers), and the body when one was sent (non-nil, perhaps empty).
+	headerPairs []string
+	body        []byte
+}
+
+// header returns the item's headers with canonical names. Every value shares one backing
+// array: one allocation per item instead of one per header.
+func (it *batchRequestItem) header() http.Header {
+	n := len(it.Headers) + len(it.headerPairs)/2
+	h := make(http.Header, n)
+	vals := make([]string, n)
+	i := 0
+	set := func(k, v string) {
+		vals[i] = v
+		h[http.CanonicalHeaderKey(k)] = vals[i : i+1 : i+1]
+		i++
+	}
+	for k, v := range it.Headers {
+		set(k, v)
+	}
+	for j := 0; j+1 < len(it.headerPairs); j += 2 {
+		set(it.headerPairs[j], it.headerPairs[j+1])
+	}
+	return h
 }
 
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request, req *Request) {
@@ -279,11 +310,8 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request, req *Reques
 	ps := make([]parsed, len(items))
 	valid := 0
 	for i, it := range items {
-		h := http.Header{}
-		for k, v := range it.Headers {
-			h.Set(k, v)
-		}
-		var body []byte
+		h := it.header()
+		body := it.body
 		if it.Body != nil {
 			body = []byte(*it.Body)
 		}
@@ -396,8 +424,9 @@ func (s *Server) commit(m *message, dedupKey string) (publishResponse, int, erro
 			s.mu.Unlock()
 			return publishResponse{MessageID: e.messageID, URL: e.url, Deduplicated: true}, http.StatusAccepted, nil
 		}
-		s.dedup[dedupKey] = dedupEntry{messageID: m.id, url: dest, at: now}
 		s.pruneDedupLocked(now)
+		s.dedup[dedupKey] = dedupEntry{messageID: m.id, url: dest, at: now}
+		s.dedupOrder = append(s.dedupOrder, dedupRef{key: dedupKey, at: now})
 	}
 	s.mu.Unlock()
 	if !s.schedule(m) {
@@ -406,15 +435,16 @@ func (s *Server) commit(m *message, dedupKey string) (publishResponse, int, erro
 	return publishResponse{MessageID: m.id, URL: dest}, http.StatusCreated, nil
 }
 
-// pruneDedupLocked drops expired ids once the table has grown, amortised over inserts.
+// pruneDedupLocked forgets the ids whose window has passed, oldest first. An id seen again
+// after its window has a newer entry, which its older place in the order leaves alone.
 func (s *Server) pruneDedupLocked(now time.Time) {
-	if len(s.dedup) < 4096 || len(s.dedup)%1024 != 0 {
-		return
-	}
-	for k, e := range s.dedup {
-		if now.Sub(e.at) >= s.opts.DedupWindow {
-			delete(s.dedup, k)
+	for len(s.dedupOrder) > 0 && now.Sub(s.dedupOrder[0].at) >= s.opts.DedupWindow {
+		ref := s.dedupOrder[0]
+		if e, ok := s.dedup[ref.key]; ok && e.at.Equal(ref.at) {
+			delete(s.dedup, ref.key)
 		}
+		s.dedupOrder[0] = dedupRef{}
+		s.dedupOrder = s.dedupOrder[1:]
 	}
 }
 
@@ -461,8 +491,6 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 		createdAt:  now,
 		queue:      queue,
 		retryDelay: -1,
-		fcHeader:   http.Header{},
-		cbHeader:   http.Header{},
 	}
 	if v := h.Get("Upstash-Method"); v != "" {
 		switch v = strings.ToUpper(v); v {
@@ -559,7 +587,9 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 		m.flowKey, m.flowParallelism, m.flowRate, m.flowPeriod = key, p, rate, period
 	}
 	forwardAll := strings.EqualFold(h.Get("Upstash-Header-Forward"), "true")
-	var fwd []string
+	dedupID := h.Get("Upstash-Deduplication-Id")
+	contentBased := dedupID == "" && strings.EqualFold(h.Get("Upstash-Content-Based-Deduplication"), "true")
+	var fwd []string // the forwarded headers, for content-based deduplication
 	for k, vs := range h {
 		ck := http.CanonicalHeaderKey(k)
 		switch {
@@ -569,10 +599,18 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 				continue
 			}
 			m.header[http.CanonicalHeaderKey(name)] = append([]string(nil), vs...)
-			fwd = append(fwd, ck+":"+strings.Join(vs, ","))
+			if contentBased {
+				fwd = append(fwd, ck+":"+strings.Join(vs, ","))
+			}
 		case strings.HasPrefix(ck, "Upstash-Failure-Callback-Forward-"):
+			if m.fcHeader == nil {
+				m.fcHeader = http.Header{}
+			}
 			m.fcHeader[strings.TrimPrefix(ck, "Upstash-Failure-Callback-Forward-")] = vs
 		case strings.HasPrefix(ck, "Upstash-Callback-Forward-"):
+			if m.cbHeader == nil {
+				m.cbHeader = http.Header{}
+			}
 			m.cbHeader[strings.TrimPrefix(ck, "Upstash-Callback-Forward-")] = vs
 		case ck == "Content-Type":
 			m.header.Set("Content-Type", vs[0])
@@ -581,12 +619,12 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 		}
 	}
 	var dedupKey string
-	if v := h.Get("Upstash-Deduplication-Id"); v != "" {
+	if v := dedupID; v != "" {
 		if strings.Contains(v, ":") {
 			return nil, "", badRequest("DeduplicationId cannot contain ':'")
 		}
 		dedupKey = "id:" + v
-	} else if strings.EqualFold(h.Get("Upstash-Content-Based-Deduplication"), "true") {
+	} else if contentBased {
 		// Content-based: destination, body, Content-Type and the forwarded headers.
 		sort.Strings(fwd)
 		sum := sha256.New()

@@ -233,6 +233,9 @@ type Server struct {
 	inFlight   chan struct{}
 	quotaUsed  int
 	quotaStart time.Time
+	// dedupOrder lists dedup's keys in insertion order, so expired ids are dropped from
+	// its front as new ones arrive, at no cost per remembered id.
+	dedupOrder []dedupRef
 }
 
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as

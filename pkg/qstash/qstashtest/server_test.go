@@ -262,6 +262,10 @@ func TestDeduplication(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Forgetting the expired entry kept the new one: within its window it deduplicates.
+	if s, r := publish(h, "a"); s != 202 || r["deduplicated"] != true {
+		t.Fatalf("publish again within the new window: %d %v", s, r)
+	}
 	waitIdle(t, srv)
 	if n := len(dst.deliveries()); n != 4 {
 		t.Fatalf("%d deliveries, want 4 (id, content x2, id after window)", n)
