@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 func TestParseShortTags(t *testing.T) {
@@ -530,6 +531,18 @@ func defaultOf(t *testing.T, tpl *samtemplate.Template, v any) any {
 		t.Fatalf("%v is not a parameter reference", v)
 	}
 	return tpl.Parameters[r[0]]["Default"]
+}
+
+// TestTemplateRelayDefaultsAreTheLibrarys: the stack deploys the relay with the library's
+// defaults, the setting the backlog benchmark measures as "the template's defaults".
+func TestTemplateRelayDefaultsAreTheLibrarys(t *testing.T) {
+	t.Parallel()
+	tpl := loadTemplate(t)
+	for name, want := range map[string]int{"BatchSize": relay.DefaultBatchSize, "PublishConcurrency": relay.DefaultPublishConcurrency} {
+		if got := toInt(tpl.Parameters[name]["Default"]); got != want {
+			t.Errorf("%s default %d, want the library's %d", name, got, want)
+		}
+	}
 }
 
 func toInt(v any) int {

@@ -25,8 +25,8 @@
 //	FLOW_CONTROL_PARALLELISM   optional, publish ordering only
 //	FLOW_CONTROL_RATE          optional, publish ordering only
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
-//	BATCH_SIZE                 default 500 rows per claim
-//	PUBLISH_CONCURRENCY        default 4 batches in flight at once (1: strictly serial)
+//	BATCH_SIZE                 default 1000 rows per claim
+//	PUBLISH_CONCURRENCY        default 8 batches in flight at once (1: strictly serial)
 //	LEASE                      default 30s
 //	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
 //	MAX_ATTEMPTS               default 12

@@ -65,14 +65,14 @@ type DrainConfig struct {
 // DrainConfigFor returns the drain scenario's size.
 func DrainConfigFor(s Size) DrainConfig {
 	c := DrainConfig{Keys: 1000, Batches: []int{50, 100, 500, 1000}, Relays: []int{1, 2}, BaselineBatch: 50, BaselinePool: 10,
-		RTTMillis: []int{0, 10, 30, 80}, RTTBatch: 500}
+		RTTMillis: []int{0, 10, 30, 80}, RTTBatch: relay.DefaultBatchSize}
 	switch s {
 	case Full:
 		c.Events, c.BaselineEvents = 200_000, 100_000
 	case Short:
 		c.Events, c.BaselineEvents, c.Batches = 20_000, 10_000, []int{50, 500, 1000}
 	default:
-		c.Events, c.BaselineEvents, c.Batches, c.Keys, c.RTTMillis = 2_000, 1_000, []int{50, 500}, 100, []int{0, 10}
+		c.Events, c.BaselineEvents, c.Batches, c.Keys, c.RTTMillis, c.RTTBatch = 2_000, 1_000, []int{50, 500}, 100, []int{0, 10}, 500
 	}
 	return c
 }
