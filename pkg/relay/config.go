@@ -14,8 +14,8 @@ import (
 const (
 	// DefaultBatchSize and DefaultPublishConcurrency are the fastest setting of the backlog
 	// scenario's sweep with a QStash 30 ms away (README, Performance; median of three
-	// rounds): 1000 x 8 drained 1.17x as fast as 500 x 4, at a relay peak RSS of 43 MiB
-	// with ~300-byte payloads. Every batch in flight is held in memory, BatchSize x
+	// rounds): 1000 x 8 drained 1.12-1.17x as fast as 500 x 4 in two full runs, at a relay
+	// peak RSS of 43-44 MiB with ~300-byte payloads. Every batch in flight is held in memory, BatchSize x
 	// PublishConcurrency payloads (8,000): lower BatchSize when payloads are large.
 	DefaultBatchSize      = 1000
 	DefaultLease          = 30 * time.Second
