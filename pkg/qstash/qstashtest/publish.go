@@ -72,11 +72,6 @@ type dedupEntry struct {
 	at        time.Time
 }
 
-type dedupRef struct {
-	key string
-	at  time.Time
-}
-
 // publishResponse is one element of a publish or batch answer.
 type publishResponse struct {
 	MessageID    string `json:"messageId,omitempty"`
@@ -426,7 +421,7 @@ func (s *Server) commit(m *message, dedupKey string) (publishResponse, int, erro
 		}
 		s.pruneDedupLocked(now)
 		s.dedup[dedupKey] = dedupEntry{messageID: m.id, url: dest, at: now}
-		s.dedupOrder = append(s.dedupOrder, dedupRef{key: dedupKey, at: now})
+		s.dedupOrder = append(s.dedupOrder, dedupKey)
 	}
 	s.mu.Unlock()
 	if !s.schedule(m) {
@@ -435,15 +430,12 @@ func (s *Server) commit(m *message, dedupKey string) (publishResponse, int, erro
 	return publishResponse{MessageID: m.id, URL: dest}, http.StatusCreated, nil
 }
 
-// pruneDedupLocked forgets the ids whose window has passed, oldest first. An id seen again
-// after its window has a newer entry, which its older place in the order leaves alone.
+// pruneDedupLocked forgets the ids whose window has passed, oldest first. An id is in
+// dedupOrder once: commit adds it again only after its window, when this has removed it.
 func (s *Server) pruneDedupLocked(now time.Time) {
-	for len(s.dedupOrder) > 0 && now.Sub(s.dedupOrder[0].at) >= s.opts.DedupWindow {
-		ref := s.dedupOrder[0]
-		if e, ok := s.dedup[ref.key]; ok && e.at.Equal(ref.at) {
-			delete(s.dedup, ref.key)
-		}
-		s.dedupOrder[0] = dedupRef{}
+	for len(s.dedupOrder) > 0 && now.Sub(s.dedup[s.dedupOrder[0]].at) >= s.opts.DedupWindow {
+		delete(s.dedup, s.dedupOrder[0])
+		s.dedupOrder[0] = ""
 		s.dedupOrder = s.dedupOrder[1:]
 	}
 }

@@ -235,7 +235,7 @@ type Server struct {
 	quotaStart time.Time
 	// dedupOrder lists dedup's keys in insertion order, so expired ids are dropped from
 	// its front as new ones arrive, at no cost per remembered id.
-	dedupOrder []dedupRef
+	dedupOrder []string
 }
 
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
