@@ -9,7 +9,7 @@
 // Faults and where they are injected:
 //   - relay crash after claim / after publish: the relay's publisher calls runtime.Goexit,
 //     so the goroutine dies with its lease and nothing after the publish runs;
-//   - relay killed with several batches in flight (relays pipeline, PublishConcurrency 4):
+//   - relay killed with several batches in flight (relays pipeline, default PublishConcurrency):
 //     the publisher marks its relay dead and every Publish call of it in flight or still
 //     to come ends in runtime.Goexit, published or not, so none of those batches is marked;
 //   - slow publish: the publish is held past the lease and then sent anyway;
