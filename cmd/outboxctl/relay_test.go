@@ -110,11 +110,14 @@ func countRows(t *testing.T, db *pgtest.DB, where string) int {
 	return n
 }
 
-func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) {
+func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) { enqueueKeys(t, db, n, 0, keys) }
+
+// enqueueKeys enqueues n events in one transaction; event i has key order:(first+i)%keys.
+func enqueueKeys(t *testing.T, db *pgtest.DB, n, first, keys int) {
 	t.Helper()
 	evs := make([]outbox.Event, n)
 	for i := range evs {
-		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", i%keys), Payload: json.RawMessage(`{"ok":true}`)}
+		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", (first+i)%keys), Payload: json.RawMessage(`{"ok":true}`)}
 	}
 	if _, err := outbox.EnqueueBatch(context.Background(), db.Pool, evs); err != nil {
 		t.Fatal(err)
@@ -138,9 +141,13 @@ func TestRelayTwoInstances(t *testing.T) {
 	defer cancel()
 	a, b := startRelay(t, ctx, vars), startRelay(t, ctx, vars)
 
-	const n = 1500
-	for range 3 {
-		enqueueN(t, db, n/3, 500)
+	// Many small transactions, each a notification both relays wake on: a relay whose claim
+	// finds only rows the other holds goes back to waiting, and with a few large ones a
+	// pipelining relay can take the whole load before the other claims anything.
+	const n, chunk = 1500, 50
+	for c := range n / chunk {
+		enqueueKeys(t, db, chunk, c*chunk, 500)
+		time.Sleep(10 * time.Millisecond)
 	}
 	waitFor(t, 60*time.Second, "all events dispatched", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n })
 	if bad := countRows(t, db, "attempts <> 1 OR lease_token IS NOT NULL OR dead_lettered_at IS NOT NULL"); bad != 0 {

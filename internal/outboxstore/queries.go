@@ -44,6 +44,8 @@ const (
 	// seen and a short batch means the outbox is drained (or blocked). run_cut tells it that
 	// some key's run reached lim, so that key may have ready events this batch left out
 	// even though the batch is short (uneven keys: 9 keys, one with 5 events, lim 4).
+	// keys_end is the window position of the last key the batch took rows from: how much of
+	// the window the batch needed, from which the caller sizes the next claim's window.
 	qClaim = `
 WITH win AS MATERIALIZED (
     SELECT o.id, o.partition_key, hd.head_id
@@ -69,11 +71,11 @@ WITH win AS MATERIALIZED (
 ), per_key AS (
     SELECT greatest(ceil($1::numeric / greatest(count(*), 1))::int, $6) AS lim FROM heads
 ), chosen AS (
-    SELECT h.partition_key, h.id, 1::bigint AS rn
+    SELECT h.partition_key, h.id, 1::bigint AS rn, h.ord
     FROM heads h, per_key
     WHERE per_key.lim = 1
     UNION ALL
-    (SELECT h.partition_key, r.id, r.rn
+    (SELECT h.partition_key, r.id, r.rn, h.ord
     FROM (SELECT * FROM heads ORDER BY ord) h
     CROSS JOIN per_key
     CROSS JOIN LATERAL (
@@ -112,7 +114,8 @@ SET lease_token  = $2,
 WHERE o.id = ANY (ARRAY(SELECT id FROM eligible))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
           (SELECT count(*) FROM win) AS window_rows,
-          coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut`
+          coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut,
+          (SELECT coalesce(max(ord), 0) FROM chosen) AS keys_end`
 
 	// qMarkDispatched marks the published rows of one lease. QStash's failure callback can
 	// beat this statement (a 489 answered within the publish round trip); its dead letter

@@ -191,6 +191,9 @@ func loadBacklog(ctx context.Context, admin *pgxpool.Pool, events, keys int) (fl
 	if err := Analyze(ctx, admin); err != nil {
 		return 0, err
 	}
+	if err := checkpoint(ctx, admin); err != nil {
+		return 0, err
+	}
 	return round3(time.Since(t0).Seconds()), nil
 }
 
@@ -210,16 +213,25 @@ func rssMiB(r ChildReport) float64 { return round3(float64(r.VmHWMKiB) / 1024) }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// medianRun returns the run with the median rate (the lower middle of an even count), its
-// Rounds holding every run's rate in round order and PeakRSSMiB the highest of them.
+// medianRun returns the run with the median rate, its Rounds holding every run's rate in
+// round order and PeakRSSMiB the highest of them.
 func medianRun(runs []BacklogRun) BacklogRun {
-	sorted := slices.Clone(runs)
-	slices.SortFunc(sorted, func(a, b BacklogRun) int { return cmp.Compare(a.EventsPerSec, b.EventsPerSec) })
-	m := sorted[(len(sorted)-1)/2]
-	m.Rounds = nil
+	m, rates := median(runs, func(r BacklogRun) float64 { return r.EventsPerSec })
+	m.Rounds = rates
 	for _, r := range runs {
-		m.Rounds = append(m.Rounds, r.EventsPerSec)
 		m.PeakRSSMiB = max(m.PeakRSSMiB, r.PeakRSSMiB)
 	}
 	return m
+}
+
+// median returns the run with the median rate (the lower middle of an even count) and
+// every run's rate in round order.
+func median[R any](runs []R, rate func(R) float64) (R, []float64) {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b R) int { return cmp.Compare(rate(a), rate(b)) })
+	rates := make([]float64, len(runs))
+	for i, r := range runs {
+		rates[i] = rate(r)
+	}
+	return sorted[(len(sorted)-1)/2], rates
 }

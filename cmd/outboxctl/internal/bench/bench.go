@@ -148,6 +148,15 @@ func Analyze(ctx context.Context, db *pgxpool.Pool) error {
 	return nil
 }
 
+// walPosition returns the server's WAL insert position in bytes.
+func walPosition(ctx context.Context, db *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, qWALPosition).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return n, nil
+}
+
 // pendingCount counts rows neither dispatched nor dead-lettered.
 func pendingCount(ctx context.Context, db *pgxpool.Pool) (int64, error) {
 	var n int64

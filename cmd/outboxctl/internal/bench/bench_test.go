@@ -91,12 +91,21 @@ func TestDrain(t *testing.T) {
 		}
 	}
 	for _, rtt := range cfg.RTTMillis {
+		r := res.FindRTT(bench.WayRelay, cfg.RTTBatch, 1, rtt)
+		// The relay's round-trip runs (RTT 0 included) are the median of RTTRounds rounds:
+		// the lower middle of two, so the slower.
+		if r == nil || len(r.Rounds) != cfg.RTTRounds || r.EventsPerSec != min(r.Rounds[0], r.Rounds[1]) {
+			t.Errorf("rtt %d ms: relay %+v, want the median of %d rounds", rtt, r, cfg.RTTRounds)
+		}
+		if r != nil && r.WALBytesPerEvent < 100 {
+			t.Errorf("rtt %d ms: %v WAL bytes per event: a claim and a mark write more than that", rtt, r.WALBytesPerEvent)
+		}
 		if rtt == 0 {
 			continue
 		}
-		r, base := res.FindRTT(bench.WayRelay, cfg.RTTBatch, 1, rtt), res.BaselineRTT(1, rtt)
-		if r == nil || r.Dispatched != cfg.Events || base == nil || base.Dispatched != cfg.BaselineEvents {
-			t.Errorf("rtt %d ms: relay %+v, baseline %+v", rtt, r, base)
+		base := res.BaselineRTT(1, rtt)
+		if r == nil || r.Dispatched != cfg.Events || base == nil || base.Dispatched != cfg.BaselineEvents || len(base.Rounds) != 0 {
+			t.Errorf("rtt %d ms: relay %+v, baseline %+v (one round)", rtt, r, base)
 		}
 	}
 	var svg bytes.Buffer
@@ -128,8 +137,10 @@ func TestClaim(t *testing.T) {
 		t.Fatalf("got %d cases, want %d", len(res.Cases), len(cfg.History)*len(cfg.Pending))
 	}
 	for _, c := range res.Cases {
-		if c.Claim.Samples != cfg.Iterations || c.RowsPerClaim != float64(cfg.Batch) {
-			t.Errorf("history %d pending %d: %d samples of %v rows, want %d of %d", c.History, c.Pending, c.Claim.Samples, c.RowsPerClaim, cfg.Iterations, cfg.Batch)
+		// The claim sizes its window from the one before; a window that turns out too small
+		// leaves a batch a few rows short now and then (it says More), never many.
+		if c.Claim.Samples != cfg.Iterations || c.RowsPerClaim > float64(cfg.Batch) || c.RowsPerClaim < 0.95*float64(cfg.Batch) {
+			t.Errorf("history %d pending %d: %d samples of %v rows, want %d of %d (at least 95 %%)", c.History, c.Pending, c.Claim.Samples, c.RowsPerClaim, cfg.Iterations, cfg.Batch)
 		}
 		if !strings.Contains(c.Plan, "outbox_ready_idx") || c.PlanExecMillis <= 0 {
 			t.Errorf("history %d pending %d: plan does not use outbox_ready_idx or has no execution time:\n%s", c.History, c.Pending, c.Plan)

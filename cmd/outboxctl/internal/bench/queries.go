@@ -7,6 +7,10 @@ const (
 
 	qPendingCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
 
+	// qWALPosition is the server's WAL insert position in bytes: the difference of two is
+	// the WAL written in between, by every session of the server.
+	qWALPosition = `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`
+
 	qDispatchedCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL`
 
 	// qCreatedAt reads the producer-side timestamps of the e2e events.

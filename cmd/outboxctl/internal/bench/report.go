@@ -308,16 +308,18 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		}
 		p("\n")
 		if len(d.Config.RTTMillis) > 1 {
-			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d)\n\n", d.Config.RTTBatch, relay.DefaultPublishConcurrency)
-			p("| RTT ms | relay ev/s | relay / relay at RTT 0 | baseline ev/s | relay/baseline | relay publish ms |\n|---:|---:|---:|---:|---:|---:|\n")
+			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d, median of %d round(s))\n\n",
+				d.Config.RTTBatch, relay.DefaultPublishConcurrency, max(d.Config.RTTRounds, 1))
+			p("Every drain starts right after a `CHECKPOINT`; WAL is what the server wrote during the relay's drain, per event.\n\n")
+			p("| RTT ms | relay ev/s | rounds ev/s | relay / relay at RTT 0 | baseline ev/s | relay/baseline | relay publish ms | WAL bytes/event |\n|---:|---:|---|---:|---:|---:|---:|---:|\n")
 			rtt0 := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, 0)
 			for _, rtt := range d.Config.RTTMillis {
 				rl, base := d.FindRTT(WayRelay, d.Config.RTTBatch, 1, rtt), d.BaselineRTT(1, rtt)
 				if rl == nil || base == nil || rtt0 == nil {
 					continue
 				}
-				p("| %d | %.0f | %.2f | %.0f | %.1f× | %.2f |\n", rtt, rl.EventsPerSec, ratio(rl.EventsPerSec, rtt0.EventsPerSec), base.EventsPerSec,
-					ratio(rl.EventsPerSec, base.EventsPerSec), rl.PublishMillisMean)
+				p("| %d | %.0f | %s | %.2f | %.0f | %.1f× | %.2f | %.0f |\n", rtt, rl.EventsPerSec, roundsList(rl.Rounds), ratio(rl.EventsPerSec, rtt0.EventsPerSec), base.EventsPerSec,
+					ratio(rl.EventsPerSec, base.EventsPerSec), rl.PublishMillisMean, rl.WALBytesPerEvent)
 			}
 			p("\n")
 		}
@@ -380,11 +382,7 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 				b.Config.SweepEvents, max(b.Config.SweepRounds, 1), b.Config.Batch, b.Config.Concurrency)
 			p("| batch | PUBLISH_CONCURRENCY | events/s | every round | seconds | publish calls | relay peak RSS MiB |\n|---:|---:|---:|---|---:|---:|---:|\n")
 			for _, x := range b.Sweep {
-				rounds := make([]string, len(x.Rounds))
-				for i, v := range x.Rounds {
-					rounds[i] = fmt.Sprintf("%.0f", v)
-				}
-				p("| %d | %d | %.0f | %s | %.1f | %d | %.1f |\n", x.Batch, x.Concurrency, x.EventsPerSec, strings.Join(rounds, " / "), x.Seconds, x.PublishCalls, x.PeakRSSMiB)
+				p("| %d | %d | %.0f | %s | %.1f | %d | %.1f |\n", x.Batch, x.Concurrency, x.EventsPerSec, roundsList(x.Rounds), x.Seconds, x.PublishCalls, x.PeakRSSMiB)
 			}
 			p("\n")
 		}
@@ -416,4 +414,16 @@ func fmtMet(m *bool) string {
 	default:
 		return "**no**"
 	}
+}
+
+// roundsList renders every round's events/s in round order ("–" for a single run).
+func roundsList(rates []float64) string {
+	if len(rates) == 0 {
+		return "–"
+	}
+	rounds := make([]string, len(rates))
+	for i, v := range rates {
+		rounds[i] = fmt.Sprintf("%.0f", v)
+	}
+	return strings.Join(rounds, " / ")
 }

@@ -1,0 +1,85 @@
+package outboxstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+// insertReady adds events that became ready one millisecond apart, in id order, after
+// those of earlier calls: event i of the call gets partition key key(i).
+func insertReady(t *testing.T, db *pgtest.DB, n int, key func(i int) string) {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = key(i)
+	}
+	if _, err := db.Pool.Exec(context.Background(), `
+INSERT INTO outbox (topic, partition_key, payload, available_at)
+SELECT 'test.event', k, '{}', now() - interval '1 hour' + (ord + (SELECT count(*) FROM outbox)) * interval '1 millisecond'
+FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord)`, keys); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The window follows the backlog: after a full batch that took its rows from the first
+// keys of the window, the next claim looks at twice that many rows; when that window
+// turns out too small (keys with one event each), the batch is short but says More, and
+// the claim after it looks at the whole batch size again. No event is claimed twice or
+// left behind, and every key's events come out in id order.
+func TestClaimWindowFollowsTheBacklog(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	// 25 keys with 4 events each, then 400 keys with one event each.
+	insertReady(t, db, 100, func(i int) string { return "hot-" + string(rune('a'+i%25)) })
+	insertReady(t, db, 400, func(i int) string { return "one-" + time.Duration(i).String() })
+	s := outboxstore.NewStore(db.Pool)
+
+	type want struct {
+		window, len int
+		more        bool
+	}
+	seen := map[outbox.ID]bool{}
+	last := map[string]outbox.ID{}
+	claim := func(w want) {
+		t.Helper()
+		lease, err := outboxstore.NewLease()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.Claim(ctx, lease, 100, 4, time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Window != w.window || c.Len() != w.len || c.More != w.more {
+			t.Fatalf("claim looked at %d rows and leased %d (more %v), want %+v", c.Window, c.Len(), c.More, w)
+		}
+		for _, m := range c.Messages {
+			if seen[m.ID] {
+				t.Fatalf("event %d claimed twice", m.ID)
+			}
+			if m.ID < last[m.PartitionKey] {
+				t.Fatalf("key %s: event %d after %d", m.PartitionKey, m.ID, last[m.PartitionKey])
+			}
+			seen[m.ID], last[m.PartitionKey] = true, m.ID
+		}
+	}
+	// 25 keys fill the batch with runs of 4: the batch needed 25 rows of the window.
+	claim(want{window: 100, len: 100, more: true})
+	// 50 rows, all keys with one event: short, and the window was full.
+	claim(want{window: 50, len: 50, more: true})
+	// The whole batch size again, which one-event keys need.
+	for range 3 {
+		claim(want{window: 100, len: 100, more: true})
+	}
+	// The last 50 of 500: every ready row was seen.
+	claim(want{window: 100, len: 50, more: false})
+	if len(seen) != 500 {
+		t.Fatalf("claimed %d distinct events, want 500", len(seen))
+	}
+}
