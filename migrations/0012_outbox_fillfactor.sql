@@ -7,7 +7,10 @@
 -- only the changed middle of the row and prunes the old versions when it next visits the
 -- page. Measured on 100,000 events over 1,000 keys (serial claim + mark, batch 1000): WAL
 -- 1,399 bytes per event against 2,566, mark 6.9 ms against 10.7 per batch, and the table
--- 130 MB after the drain against 177 MB (no vacuum in between). The setting only governs
--- pages filled from now on, so it takes no lock that blocks producers or the relay and
--- rewrites nothing.
+-- 130 MB after the drain against 177 MB (no vacuum in between). The cost: dispatched rows
+-- kept for retention fill their pages only half, up to twice the pages of a vacuumed table
+-- at 100 (5M rows loaded as history: 6.7 GB against 3.2 GB); ALTER TABLE outbox SET
+-- (fillfactor = 100) undoes it for pages filled afterwards. The setting only governs pages
+-- filled from now on, so it takes no lock that blocks producers or the relay and rewrites
+-- nothing.
 ALTER TABLE outbox SET (fillfactor = 50);

@@ -26,6 +26,20 @@ FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord)`, keys); err != nil {
 	}
 }
 
+// claimOnce claims up to n rows with runs of keyRun under a fresh one-minute lease.
+func claimOnce(t *testing.T, s *outboxstore.Store, n, keyRun int) outboxstore.Claimed {
+	t.Helper()
+	lease, err := outboxstore.NewLease()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(context.Background(), lease, n, keyRun, time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // The window follows the backlog: after a full batch that took its rows from the first
 // keys of the window, the next claim looks at twice that many rows; when that window
 // turns out too small (keys with one event each), the batch is short but says More, and
@@ -34,7 +48,6 @@ FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord)`, keys); err != nil {
 func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
 	// 25 keys with 4 events each, then 400 keys with one event each.
 	insertReady(t, db, 100, func(i int) string { return "hot-" + string(rune('a'+i%25)) })
 	insertReady(t, db, 400, func(i int) string { return "one-" + time.Duration(i).String() })
@@ -48,14 +61,7 @@ func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 	last := map[string]outbox.ID{}
 	claim := func(w want) {
 		t.Helper()
-		lease, err := outboxstore.NewLease()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := s.Claim(ctx, lease, 100, 4, time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := claimOnce(t, s, 100, 4)
 		if c.Window != w.window || c.Len() != w.len || c.More != w.more {
 			t.Fatalf("claim looked at %d rows and leased %d (more %v), want %+v", c.Window, c.Len(), c.More, w)
 		}
@@ -124,14 +130,7 @@ FROM generate_series(1, 1000) g`); err != nil {
 	s := outboxstore.NewStore(db.Pool)
 	claimed := 0
 	for {
-		lease, err := outboxstore.NewLease()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := s.Claim(ctx, lease, 100, 1, time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := claimOnce(t, s, 100, 1)
 		claimed += c.Len()
 		if !c.More {
 			break
