@@ -127,9 +127,9 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
 	c.More = c.Len() == n || (c.Len() > 0 && (windowRows >= int64(window) || runCut))
-	next := int64(0)
+	next := int64(0) // the batch size
 	if c.Len() == n && 4*keysEnd <= int64(n) {
-		next = max(2*keysEnd, 1)
+		next = 2 * keysEnd
 	}
 	s.window.Store(next)
 	return c, nil
