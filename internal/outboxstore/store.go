@@ -108,18 +108,20 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	c := Claimed{Messages: make([]outbox.Message, 0, n), Window: window}
 	var windowRows, keysEnd int64
 	var runCut bool
+	var headers []byte
 	for rows.Next() {
-		var m outbox.Message
-		var headers []byte
+		// Scanned in place: a local Message would escape to the heap through Scan, once
+		// per row.
+		c.Messages = append(c.Messages, outbox.Message{})
+		m := &c.Messages[len(c.Messages)-1]
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt, &windowRows, &runCut, &keysEnd); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		if err := decodeHeaders(headers, &m.Headers); err != nil {
 			c.Undecodable = append(c.Undecodable, Failure{ID: m.ID, PartitionKey: m.PartitionKey,
 				Error: fmt.Sprintf("decode outbox row %d: %v", m.ID, err)})
-			continue
+			c.Messages = c.Messages[:len(c.Messages)-1]
 		}
-		c.Messages = append(c.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)

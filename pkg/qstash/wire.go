@@ -3,12 +3,13 @@ package qstash
 import (
 	"slices"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // The /v2/batch request body is written by hand rather than by encoding/json: the relay
 // encodes every event it publishes, and a reflected struct with a header map (whose keys
-// encoding/json sorts) took 10.5 µs and 3.6 KB per item against 4.5 µs and 0.75 KB here
-// (BenchmarkBatchItem). appendBatchItem writes the same JSON value in a fixed order;
+// encoding/json sorts) took 4.7 µs and 3.5 KB per item against 1.3 µs and 32 B here
+// (BenchmarkBatchItem, 2026-12-03). appendBatchItem writes the same JSON value in a fixed order;
 // TestBatchItemEncoding checks it against encoding/json.
 
 // header is one header of a batch item, in the order it is written.
@@ -21,9 +22,10 @@ const forwardPrefix = "Upstash-Forward-"
 // (forwarded, sorted by name), then the relay's headers in order, the body, and the queue
 // if any. An event header that would be forwarded under the name of one of the relay's
 // own is not sent: the relay's value wins, as it always has.
-func appendBatchItem(b []byte, destination string, event map[string]string, own []header, body []byte, queue string) []byte {
-	b = append(b, `{"destination":`...)
-	b = appendJSONString(b, destination)
+func appendBatchItem(b []byte, destination []byte, event map[string]string, own []header, body []byte, queue string) []byte {
+	b = append(b, `{"destination":"`...)
+	b = appendJSONStringBody(b, bytesAsString(destination))
+	b = append(b, '"')
 	b = append(b, `,"headers":{`...)
 	first := true
 	sep := func() {
@@ -59,7 +61,7 @@ func appendBatchItem(b []byte, destination string, event map[string]string, own 
 	}
 	b = append(b, `},"body":`...)
 	b = append(b, '"')
-	b = appendJSONStringBody(b, string(body))
+	b = appendJSONStringBody(b, bytesAsString(body))
 	b = append(b, '"')
 	if queue != "" {
 		b = append(b, `,"queue":`...)
@@ -67,6 +69,10 @@ func appendBatchItem(b []byte, destination string, event map[string]string, own 
 	}
 	return append(b, '}')
 }
+
+// bytesAsString views b as a string without copying it (the payload is a batch's largest
+// part): only for a call that reads it and keeps no part of it, while b does not change.
+func bytesAsString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // appendJSONString appends s as a JSON string.
 func appendJSONString(b []byte, s string) []byte {

@@ -70,6 +70,7 @@ func TestBatchItemEncoding(t *testing.T) {
 		return s
 	}
 	text := func(n int) string { return pick(pieces, n) }
+	topics := []string{"orders.created", "orders.created", "billing~paid", "billing.paid"}
 	names := []string{"Traceparent", "X-Tenant", "X-Outbox-Id", "X-Outbox-Generation", "A", "zz-Last"}
 	pubs := []PublisherConfig{
 		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\""},
@@ -81,16 +82,24 @@ func TestBatchItemEncoding(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// One encodeNames for the whole run, as for one Publish call: a name kept from the
+		// previous message must never leak into the next one's item.
+		var cache encodeNames
+		prevKey := ""
 		for i := range 2000 {
-			m := outbox.Message{ID: outbox.ID(i + 1), Topic: "orders.created", PartitionKey: "key-" + text(6),
+			m := outbox.Message{ID: outbox.ID(i + 1), Topic: topics[rng.IntN(len(topics))], PartitionKey: "key-" + text(6),
 				Payload: []byte(text(40)), Generation: rng.IntN(3), Headers: map[string]string{}}
 			if m.PartitionKey == "key-" {
 				m.PartitionKey = ""
 			}
+			if i > 0 && rng.IntN(2) == 0 { // a key's run, as in a claimed batch
+				m.PartitionKey = prevKey
+			}
+			prevKey = m.PartitionKey
 			for range rng.IntN(4) {
 				m.Headers[names[rng.IntN(len(names))]] = pick(valuePieces, 8)
 			}
-			data, err := p.encode(nil, i, m)
+			data, err := p.encode(nil, &cache, i, m)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -211,8 +220,9 @@ func BenchmarkBatchItem(b *testing.B) {
 	b.Run("hand", func(b *testing.B) {
 		b.ReportAllocs()
 		var buf []byte
+		var names encodeNames
 		for range b.N {
-			buf, _ = p.encode(buf[:0], 0, m)
+			buf, _ = p.encode(buf[:0], &names, 0, m)
 		}
 	})
 	b.Run("encoding-json", func(b *testing.B) {

@@ -409,30 +409,38 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 			held[f.PartitionKey] = f.ID
 		}
 	}
-	pending := make([]outbox.Message, 0, len(c.Messages))
-	for _, m := range c.Messages {
-		if h, ok := held[m.PartitionKey]; ok && m.ID > h {
-			out.released = append(out.released, m.ID)
-			unblocked = true
-			continue
+	pending := c.Messages
+	if len(held) > 0 {
+		pending = make([]outbox.Message, 0, len(c.Messages))
+		for _, m := range c.Messages {
+			if h, ok := held[m.PartitionKey]; ok && m.ID > h {
+				out.released = append(out.released, m.ID)
+				unblocked = true
+				continue
+			}
+			pending = append(pending, m)
 		}
-		pending = append(pending, m)
 	}
 
 	// Each key's pending events in id order, keys in order of their first event. A wave
 	// takes the first event of every key still sending (fifo mode); publish mode sends
-	// everything at once.
+	// everything at once, so one run holds it all.
 	type keyRun struct{ ms []outbox.Message }
+	waves := r.cfg.Ordering == OrderingFIFO
 	var runs []*keyRun
-	byKey := make(map[string]*keyRun)
-	for _, m := range pending {
-		kr := byKey[m.PartitionKey]
-		if kr == nil {
-			kr = &keyRun{}
-			byKey[m.PartitionKey] = kr
-			runs = append(runs, kr)
+	if waves {
+		byKey := make(map[string]*keyRun)
+		for _, m := range pending {
+			kr := byKey[m.PartitionKey]
+			if kr == nil {
+				kr = &keyRun{}
+				byKey[m.PartitionKey] = kr
+				runs = append(runs, kr)
+			}
+			kr.ms = append(kr.ms, m)
 		}
-		kr.ms = append(kr.ms, m)
+	} else if len(pending) > 0 {
+		runs = []*keyRun{{ms: pending}}
 	}
 	releaseAll := func() {
 		for _, kr := range runs {
@@ -442,7 +450,6 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 		}
 		runs = nil
 	}
-	waves := r.cfg.Ordering == OrderingFIFO
 	for len(runs) > 0 {
 		if time.Now().Before(r.paused()) {
 			// Another batch was deferred: send nothing more until the pause ends.

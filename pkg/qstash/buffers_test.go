@@ -1,0 +1,83 @@
+package qstash
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+)
+
+// lateTransport answers every request at once and leaves its body unread, as a transport
+// may after an early answer; the test reads the bodies later.
+type lateTransport struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+}
+
+func (t *lateTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.mu.Lock()
+	t.reqs = append(t.reqs, req)
+	t.mu.Unlock()
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}, nil
+}
+
+// A body the transport is still writing after Publish returned keeps its arena: the next
+// call must not encode over bytes on their way to QStash.
+func TestArenaOutlivesAnEarlyAnswer(t *testing.T) {
+	tr := &lateTransport{}
+	p, err := NewPublisher(PublisherConfig{BaseURL: "http://127.0.0.1:1", Token: "t", DestinationBaseURL: "https://hooks.example.com",
+		HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := func(id int, c byte) []outbox.Message {
+		return []outbox.Message{{ID: outbox.ID(id), Topic: "t", PartitionKey: "k", Payload: []byte(strings.Repeat(string(c), 64))}}
+	}
+	first := p.Publish(context.Background(), msg(1, 'a'))
+	for range 20 { // more calls while the first body is unread
+		p.Publish(context.Background(), msg(2, 'b'))
+	}
+	if first[0].Err != nil {
+		t.Fatal(first[0].Err)
+	}
+	for i, req := range tr.reqs {
+		b, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && (!strings.Contains(string(b), strings.Repeat("a", 64)) || !strings.Contains(string(b), "outbox_id=1&")) {
+			t.Fatalf("the first request's body was overwritten after Publish returned: %s", b)
+		}
+	}
+}
+
+func TestArenaBodyReadsNothingAfterClose(t *testing.T) {
+	var stock buffers
+	a := stock.arena(16)
+	a.buf = append(a.buf, "abc"...)
+	b := a.body([][]byte{a.buf})
+	if a.refs.Load() != 2 {
+		t.Fatalf("refs %d with the call and one body", a.refs.Load())
+	}
+	a.release() // the call returns; the body still holds the arena
+	if a.refs.Load() != 1 || len(a.buf) != 3 {
+		t.Fatalf("arena released with a body open: refs %d, %d bytes", a.refs.Load(), len(a.buf))
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Close() // a second Close releases nothing more
+	if a.refs.Load() != 0 {
+		t.Fatalf("refs %d after the last close", a.refs.Load())
+	}
+	if n, err := b.Read(make([]byte, 8)); n != 0 || !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("read after close: %d, %v", n, err)
+	}
+}
