@@ -2,6 +2,7 @@ package qstash
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -41,7 +42,19 @@ func (b *buffers) arena(size int) *arena {
 	return a
 }
 
-func (a *arena) hold() { a.refs.Add(1) }
+// hold takes one more reference, unless the arena is already back in the stock (a
+// transport asking for a body after the call ended; the standard ones never do).
+func (a *arena) hold() bool {
+	for {
+		n := a.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if a.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
 
 // largestKeptArena bounds the arenas the stock keeps (a batch of large payloads is left to
 // the garbage collector rather than held between calls).
@@ -63,10 +76,14 @@ type arenaBody struct {
 	closed bool
 }
 
-func (a *arena) body(parts net.Buffers) io.ReadCloser {
-	a.hold()
-	return &arenaBody{bufs: parts, arena: a}
+func (a *arena) body(parts net.Buffers) (io.ReadCloser, error) {
+	if !a.hold() {
+		return nil, errArenaReleased
+	}
+	return &arenaBody{bufs: parts, arena: a}, nil
 }
+
+var errArenaReleased = errors.New("request body asked for after the publish call returned")
 
 func (b *arenaBody) Read(p []byte) (int, error) {
 	b.mu.Lock()

@@ -1,6 +1,7 @@
 package qstash
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -105,11 +106,8 @@ func (e *APIError) HTTPStatus() int { return e.StatusCode }
 // newAPIError builds an APIError from a response whose body has been read.
 func newAPIError(resp *http.Response, body []byte, now time.Time) *APIError {
 	e := &APIError{StatusCode: resp.StatusCode, at: now}
-	if len(body) > maxErrorBody {
-		e.Body = append([]byte(nil), body[:maxErrorBody]...)
-	} else {
-		e.Body = body
-	}
+	// A copy: the caller may reuse body's buffer.
+	e.Body = bytes.Clone(body[:min(len(body), maxErrorBody)])
 	var j struct {
 		Error string `json:"error"`
 	}

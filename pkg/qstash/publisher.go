@@ -374,7 +374,7 @@ func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publ
 	for _, it := range chunk {
 		size += int64(len(it.data)) + 1
 	}
-	body := func() io.ReadCloser {
+	body := func() (io.ReadCloser, error) {
 		bufs := make(net.Buffers, 0, 2*len(chunk)+1)
 		for j, it := range chunk {
 			sep := []byte(",")
@@ -388,14 +388,19 @@ func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publ
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, body())
+	first, err := body()
 	if err != nil {
+		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, first)
+	if err != nil {
+		first.Close()
 		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
 	}
 	// As for a bytes.Reader body: a known length, and a fresh copy of the body when the
 	// transport resends the request on a kept-alive connection the server had closed.
 	req.ContentLength = size
-	req.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+	req.GetBody = body
 	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := p.cfg.HTTPClient.Do(req)
@@ -406,13 +411,12 @@ func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publ
 	}
 	defer resp.Body.Close()
 	buf, err := p.bufs.readResponse(resp, maxResponseBody)
+	defer p.bufs.putResponse(buf) // whatever is kept of it is copied
 	if err != nil {
-		p.bufs.putResponse(buf)
 		return all(fmt.Errorf("read qstash batch response: %w", err)), nil
 	}
 	data := buf.Bytes()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// The error keeps the body, so its buffer is not reused.
 		e := newAPIError(resp, data, p.now())
 		e.Method, e.URL = req.Method, p.batchURL
 		return nil, e
@@ -421,9 +425,7 @@ func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publ
 	for j, it := range chunk {
 		idx[j] = it.index
 	}
-	res := p.decodeBatch(data, idx) // copies what it keeps
-	p.bufs.putResponse(buf)
-	return res, nil
+	return p.decodeBatch(data, idx), nil
 }
 
 // decodeBatch maps a 2xx /v2/batch body to results. The body is a JSON array in request
