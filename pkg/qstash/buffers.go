@@ -20,26 +20,67 @@ type buffers struct {
 	responses sync.Pool // *bytes.Buffer
 }
 
-// arena holds one Publish call's batch items. The transport may still be writing a
-// request body after the response has arrived (http.RoundTripper closes the body "even
-// after RoundTrip returns"), so the arena is reused only once the call has returned and
-// every body written from it is closed.
+// arena holds one Publish call's batch items, packed into blocks of arenaBlock bytes.
+// Each item is encoded into scratch first and then copied whole into a block, so the
+// arena holds what the items take plus part of one block, where one buffer sized in
+// advance had to allow for escapes it rarely needed (1.4 times the items' size, measured
+// on ~300-byte JSON payloads). With 8 batches of 1,000 in flight that was 4 MB of the
+// relay's heap.
+//
+// The transport may still be writing a request body after the response has arrived
+// (http.RoundTripper closes the body "even after RoundTrip returns"), so the arena is
+// reused only once the call has returned and every body written from it is closed.
 type arena struct {
-	buf   []byte
-	refs  atomic.Int32
-	stock *buffers
+	blocks  [][]byte // blocks[:used] hold items; the rest are kept for reuse
+	used    int
+	scratch []byte
+	refs    atomic.Int32
+	stock   *buffers
 }
 
-// arena returns an empty arena with room for at least size bytes, held once for the
-// Publish call (release it when the call returns).
-func (b *buffers) arena(size int) *arena {
+const arenaBlock = 64 << 10
+
+// arena returns an empty arena held once for the Publish call (release it when the call
+// returns).
+func (b *buffers) arena() *arena {
 	a, _ := b.arenas.Get().(*arena)
-	if a == nil || cap(a.buf) < size {
-		// With room to spare: the next batches' sizes differ a little from this one's.
-		a = &arena{buf: make([]byte, 0, size+size/8), stock: b}
+	if a == nil {
+		a = &arena{stock: b}
 	}
 	a.refs.Store(1)
 	return a
+}
+
+// add copies item into the arena and returns the copy, which no later add can overwrite.
+func (a *arena) add(item []byte) []byte {
+	if a.used > 0 {
+		if b := a.blocks[a.used-1]; cap(b)-len(b) >= len(item) {
+			start := len(b)
+			b = append(b, item...)
+			a.blocks[a.used-1] = b
+			return b[start:len(b):len(b)]
+		}
+	}
+	if a.used == len(a.blocks) {
+		a.blocks = append(a.blocks, nil)
+	}
+	b := a.blocks[a.used]
+	if cap(b) < len(item) {
+		b = make([]byte, 0, max(arenaBlock, len(item)))
+	}
+	b = append(b[:0], item...)
+	a.blocks[a.used] = b
+	a.used++
+	return b[:len(b):len(b)]
+}
+
+// size is the memory the arena holds.
+func (a *arena) size() int {
+	n := cap(a.scratch)
+	for _, b := range a.blocks {
+		n += cap(b)
+	}
+	return n
 }
 
 // hold takes one more reference, unless the arena is already back in the stock (a
@@ -61,8 +102,11 @@ func (a *arena) hold() bool {
 const largestKeptArena = 16 << 20
 
 func (a *arena) release() {
-	if a.refs.Add(-1) == 0 && cap(a.buf) <= largestKeptArena {
-		a.buf = a.buf[:0]
+	if a.refs.Add(-1) == 0 && a.size() <= largestKeptArena {
+		for i := range a.blocks[:a.used] {
+			a.blocks[i] = a.blocks[i][:0]
+		}
+		a.used = 0
 		a.stock.arenas.Put(a)
 	}
 }

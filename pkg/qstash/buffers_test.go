@@ -1,9 +1,11 @@
 package qstash
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,9 +67,9 @@ func TestArenaOutlivesAnEarlyAnswer(t *testing.T) {
 
 func TestArenaBodyReadsNothingAfterClose(t *testing.T) {
 	var stock buffers
-	a := stock.arena(16)
-	a.buf = append(a.buf, "abc"...)
-	b, err := a.body([][]byte{a.buf})
+	a := stock.arena()
+	item := a.add([]byte("abc"))
+	b, err := a.body([][]byte{item})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,8 +77,8 @@ func TestArenaBodyReadsNothingAfterClose(t *testing.T) {
 		t.Fatalf("refs %d with the call and one body", a.refs.Load())
 	}
 	a.release() // the call returns; the body still holds the arena
-	if a.refs.Load() != 1 || len(a.buf) != 3 {
-		t.Fatalf("arena released with a body open: refs %d, %d bytes", a.refs.Load(), len(a.buf))
+	if a.refs.Load() != 1 || a.used != 1 {
+		t.Fatalf("arena released with a body open: refs %d, %d blocks in use", a.refs.Load(), a.used)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -85,7 +87,7 @@ func TestArenaBodyReadsNothingAfterClose(t *testing.T) {
 	if a.refs.Load() != 0 {
 		t.Fatalf("refs %d after the last close", a.refs.Load())
 	}
-	if _, err := a.body([][]byte{a.buf}); !errors.Is(err, errArenaReleased) {
+	if _, err := a.body([][]byte{item}); !errors.Is(err, errArenaReleased) {
 		t.Fatalf("a body from a released arena: %v", err)
 	}
 	if n, err := b.Read(make([]byte, 8)); n != 0 || !errors.Is(err, io.ErrClosedPipe) {
@@ -111,11 +113,41 @@ func TestArenaIsReused(t *testing.T) {
 			t.Fatal(r[0].Err)
 		}
 		if a, _ := p.bufs.arenas.Get().(*arena); a != nil {
-			if a.refs.Load() != 0 || len(a.buf) != 0 {
-				t.Fatalf("an arena in the stock with %d references and %d bytes", a.refs.Load(), len(a.buf))
+			if a.refs.Load() != 0 || a.used != 0 {
+				t.Fatalf("an arena in the stock with %d references and %d blocks in use", a.refs.Load(), a.used)
 			}
 			return
 		}
 	}
 	t.Fatal("no arena came back to the stock in 10 calls")
+}
+
+// Items never overlap, whatever their sizes: small ones share a block, one larger than a
+// block gets its own, and a reused arena's blocks are refilled from the start.
+func TestArenaKeepsItemsApart(t *testing.T) {
+	var stock buffers
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 3 {
+		a := stock.arena()
+		var items [][]byte
+		var want []string
+		for i := range 400 {
+			n := rng.IntN(3000)
+			if i%97 == 0 {
+				n = arenaBlock + rng.IntN(arenaBlock)
+			}
+			item := bytes.Repeat([]byte{byte('a' + i%26)}, n)
+			items = append(items, a.add(item))
+			want = append(want, string(item))
+		}
+		for i := range items {
+			if string(items[i]) != want[i] || cap(items[i]) != len(items[i]) {
+				t.Fatalf("round %d: item %d changed or can grow into its neighbour (len %d cap %d)", round, i, len(items[i]), cap(items[i]))
+			}
+		}
+		if used := a.size(); used > 2*(400*1500+5*2*arenaBlock) {
+			t.Fatalf("round %d: arena holds %d bytes", round, used)
+		}
+		a.release()
+	}
 }

@@ -138,8 +138,8 @@ type encoded struct {
 // earlier same-key message failed in this call is not sent (ErrHeldBack, retryable): it
 // would overtake it in the queue.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
-	// Every item is written into one arena sized for the call, each keeping its own slice.
-	a := p.bufs.arena(encodedSize(msgs))
+	// Every item is written into one arena, each keeping its own slice.
+	a := p.bufs.arena()
 	defer a.release()
 	s := &publishCall{p: p, arena: a, results: make([]publish.Result, len(msgs))}
 	if p.cfg.Ordering == OrderingFIFO {
@@ -148,10 +148,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 	items := make([]encoded, 0, len(msgs))
 	var names encodeNames
 	for i, m := range msgs {
-		start := len(a.buf)
 		var err error
-		a.buf, err = p.encode(a.buf, &names, i, m)
-		data := a.buf[start:len(a.buf):len(a.buf)]
+		a.scratch, err = p.encode(a.scratch[:0], &names, i, m)
 		if err != nil {
 			s.results[i].Err = err
 			if s.failedKeys != nil {
@@ -161,7 +159,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 			}
 			continue
 		}
-		items = append(items, encoded{index: i, key: m.PartitionKey, data: data})
+		items = append(items, encoded{index: i, key: m.PartitionKey, data: a.add(a.scratch)})
 	}
 	var (
 		chunk []encoded
@@ -340,19 +338,6 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 	}
 	names.dest = p.appendMessageDestination(names.dest[:0], m)
 	return appendBatchItem(dst, names.dest, m.Headers, own, m.Payload, queue), nil
-}
-
-// encodedSize is a generous estimate of msgs' batch items: the payload with room for
-// escapes, the event headers twice over, and the destination and relay headers.
-func encodedSize(msgs []outbox.Message) int {
-	n := 0
-	for _, m := range msgs {
-		n += len(m.Payload) + len(m.Payload)/8 + 768
-		for k, v := range m.Headers {
-			n += 2 * (len(k) + len(v) + 24)
-		}
-	}
-	return n
 }
 
 // maxResponseBody bounds how much of a batch response is read (about 150 bytes per item).
