@@ -451,8 +451,8 @@ func (p *Publisher) decodeBatch(data []byte, idx []int) []publish.Result {
 	return out
 }
 
-// itemResponse is what the relay reads of a batch item's answer; QStash also sends the
-// item's url, left undecoded.
+// itemResponse is what the relay reads of a batch item's answer; the item's url, which
+// QStash may send too (docs/qstash-contract.md §11), is left undecoded.
 type itemResponse struct {
 	MessageID    string `json:"messageId"`
 	Deduplicated bool   `json:"deduplicated"`
