@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,9 +62,10 @@ type DrainConfig struct {
 	RTTMillis []int `json:"rtt_ms"`
 	RTTBatch  int   `json:"rtt_batch"`
 	// RTTRounds is how many times the relay drains at RTTBatch with 1 relay at each round
-	// trip (0 included), back to back; the median round is reported. One relay run at a
-	// round trip of 30 ms moved by a third from run to run on the same machine, while the
-	// baseline, bound by the round trip, moved by 6 %, so the baseline runs once.
+	// trip (0 included), the round trips taking turns; the median round is reported. One
+	// relay run at a round trip of 30 ms moved by a third from run to run on the same
+	// machine, while the baseline, bound by the round trip, moved by 6 %, so the baseline
+	// runs once.
 	RTTRounds int `json:"rtt_rounds,omitempty"`
 }
 
@@ -172,9 +174,11 @@ func (r *DrainResult) BaselineRTT(relays, rttMillis int) *DrainRun {
 	return r.FindRTT(WayBaseline, r.Config.BaselineBatch, relays, rttMillis)
 }
 
-// Drain runs the drain scenario on the migrated schema at url: for every relay count and
-// batch size, the floor and then the relay drain the same freshly loaded, analysed table;
-// the baseline drains it once per relay count.
+// Drain runs the drain scenario on the migrated schema at url: first the relay at
+// RTTBatch with 1 relay at every round trip, interleaved (rttRounds); then, for every relay
+// count and batch size, the floor and then the relay drain the same freshly loaded,
+// analysed table, and the baseline drains it once per relay count; then the claim's two
+// shapes; then the baseline at every non-zero round trip.
 func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(string)) (*DrainResult, error) {
 	if cfg.BaselineEvents == 0 {
 		cfg.BaselineEvents = cfg.Events
@@ -184,29 +188,37 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		return nil, err
 	}
 	defer admin.Close()
-	q := startSinkQStash(0)
-	defer q.Close()
-	res := &DrainResult{Config: cfg, Delivery: "held: qstashtest (in process) accepts every publish as QStash would and holds the messages (HoldDeliveries), " +
+	res := &DrainResult{Config: cfg, Delivery: "held: qstashtest (in process, a fresh server per drain) accepts every publish as QStash would and holds the messages (HoldDeliveries), " +
 		"so the drain measures the publish path; delivery runs on QStash's machines, not the relay's"}
 
+	rtts, err := rttRounds(ctx, admin, url, cfg, progress)
+	if err != nil {
+		return res, err
+	}
+	baseline := func(relays, rtt int) error {
+		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, rtt, cfg.BaselineEvents, cfg.Keys, articleMaker(cfg.BaselineBatch))
+		if err != nil {
+			return err
+		}
+		res.Runs = append(res.Runs, run)
+		report(progress, run)
+		return nil
+	}
 	for _, relays := range cfg.Relays {
 		for _, batch := range cfg.Batches {
 			for _, way := range []string{WayFloor, WayRelay} {
-				var mk func(*pgxpool.Pool) drainer
+				if run, ok := rtts[0]; ok && way == WayRelay && relays == 1 && batch == cfg.RTTBatch {
+					res.Runs = append(res.Runs, run)
+					delete(rtts, 0)
+					continue
+				}
+				var mk maker
 				if way == WayFloor {
-					mk = func(pool *pgxpool.Pool) drainer {
-						return &floorDrainer{store: outboxstore.NewStore(pool), batch: batch, keyRun: relay.DefaultPublishConcurrency}
-					}
+					mk = floorMaker(batch, relay.DefaultPublishConcurrency)
 				} else {
-					mk = relayMaker(q, batch)
+					mk = relayMaker(batch)
 				}
-				rounds := 1
-				if way == WayRelay && relays == 1 && batch == cfg.RTTBatch {
-					rounds = cfg.RTTRounds
-				}
-				run, err := drainRounds(ctx, rounds, progress, func() (DrainRun, error) {
-					return drainOnce(ctx, admin, url, way, batch, relays, 0, cfg.Events, cfg.Keys, mk)
-				})
+				run, err := drainOnce(ctx, admin, url, way, batch, relays, 0, cfg.Events, cfg.Keys, mk)
 				if err != nil {
 					return res, err
 				}
@@ -214,93 +226,92 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 				report(progress, run)
 			}
 		}
-		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, 0, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, cfg.BaselineBatch)
-		})
-		if err != nil {
+		if err := baseline(relays, 0); err != nil {
 			return res, err
 		}
-		res.Runs = append(res.Runs, run)
-		report(progress, run)
 	}
 	// The claim's two shapes side by side, back to back on the same events.
 	if cfg.RTTBatch > 0 {
-		run, err := drainOnce(ctx, admin, url, WayFloorOneRun, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return &floorDrainer{store: outboxstore.NewStore(pool), batch: cfg.RTTBatch, keyRun: 1}
-		})
+		one, err := drainOnce(ctx, admin, url, WayFloorOneRun, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, floorMaker(cfg.RTTBatch, 1))
 		if err != nil {
 			return res, err
 		}
-		res.Runs = append(res.Runs, run)
-		report(progress, run)
-		one := run
-		run, err = drainOnce(ctx, admin, url, WayFloor, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return &floorDrainer{store: outboxstore.NewStore(pool), batch: cfg.RTTBatch, keyRun: relay.DefaultPublishConcurrency}
-		})
+		res.Runs = append(res.Runs, one)
+		report(progress, one)
+		runs, err := drainOnce(ctx, admin, url, WayFloor, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, floorMaker(cfg.RTTBatch, relay.DefaultPublishConcurrency))
 		if err != nil {
 			return res, err
 		}
-		run.ClaimShape = "runs"
-		res.Runs = append(res.Runs, run)
-		res.ClaimShapes = &ClaimShapes{OneRun: one, Runs: run}
-		report(progress, run)
+		runs.ClaimShape = "runs"
+		res.Runs = append(res.Runs, runs)
+		res.ClaimShapes = &ClaimShapes{OneRun: one, Runs: runs}
+		report(progress, runs)
 	}
-	// The same events again, a network round trip away.
+	// The relay's round-trip runs, then the baseline at each round trip: it is bound by the
+	// round trip, so one run suffices.
+	if run, ok := rtts[0]; ok {
+		res.Runs = append(res.Runs, run) // RTTBatch is not among Batches
+	}
 	for _, rtt := range cfg.RTTMillis {
 		if rtt == 0 {
 			continue
 		}
-		qr := startSinkQStash(time.Duration(rtt) * time.Millisecond)
-		run, err := drainRounds(ctx, cfg.RTTRounds, progress, func() (DrainRun, error) {
-			return drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(qr, cfg.RTTBatch))
-		})
-		if err != nil {
-			qr.Close()
+		res.Runs = append(res.Runs, rtts[rtt])
+		if err := baseline(1, rtt); err != nil {
 			return res, err
 		}
-		res.Runs = append(res.Runs, run)
-		report(progress, run)
-		run, err = drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, 1, rtt, cfg.BaselineEvents, cfg.Keys, func(pool *pgxpool.Pool) drainer {
-			return newArticleRelay(pool, qr.URL, qr.Token, qr.SinkURL, cfg.BaselineBatch)
-		})
-		qr.Close()
-		if err != nil {
-			return res, err
-		}
-		res.Runs = append(res.Runs, run)
-		report(progress, run)
 	}
 	return res, nil
 }
 
-// drainRounds runs one drain rounds times, back to back, and returns the median round with
-// every round's rate; with one round, that round as it is.
-func drainRounds(ctx context.Context, rounds int, progress func(string), once func() (DrainRun, error)) (DrainRun, error) {
-	if rounds <= 1 {
-		return once()
+// rttRounds drains with the relay at cfg.RTTBatch (1 relay) a round trip of each of
+// cfg.RTTMillis away (0 always included), cfg.RTTRounds times, and returns the median round
+// of each with every round's rate. The round trips take turns (0, 10, 30, 80, 0, 10, ...):
+// run back to back per round trip, the 30 ms rounds landed minutes after the 0 ms ones, and
+// the machine's drift in between went straight into their ratio (0.74 and 0.93 in two runs
+// an hour apart with the same relay).
+func rttRounds(ctx context.Context, admin *pgxpool.Pool, url string, cfg DrainConfig, progress func(string)) (map[int]DrainRun, error) {
+	if cfg.RTTBatch <= 0 {
+		return map[int]DrainRun{}, nil
 	}
-	runs := make([]DrainRun, 0, rounds)
-	for range rounds {
-		run, err := once()
-		if err != nil {
-			return run, err
-		}
-		if progress != nil {
-			progress(fmt.Sprintf("  round %d of %d: %.0f events/s", len(runs)+1, rounds, run.EventsPerSec))
-		}
-		runs = append(runs, run)
-		if ctx.Err() != nil {
-			return run, ctx.Err()
+	order := cfg.RTTMillis
+	if !slices.Contains(order, 0) {
+		order = append([]int{0}, order...)
+	}
+	rounds := max(cfg.RTTRounds, 1)
+	all := make(map[int][]DrainRun, len(order))
+	for round := range rounds {
+		for _, rtt := range order {
+			run, err := drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(cfg.RTTBatch))
+			if err != nil {
+				return nil, err
+			}
+			if progress != nil && rounds > 1 {
+				progress(fmt.Sprintf("  round %d of %d, rtt=%dms: %.0f events/s", round+1, rounds, rtt, run.EventsPerSec))
+			}
+			all[rtt] = append(all[rtt], run)
 		}
 	}
-	m, rates := median(runs, func(r DrainRun) float64 { return r.EventsPerSec })
-	m.Rounds = rates
-	return m, nil
+	out := make(map[int]DrainRun, len(order))
+	for _, rtt := range order {
+		m := all[rtt][0]
+		if rounds > 1 {
+			var rates []float64
+			m, rates = median(all[rtt], func(r DrainRun) float64 { return r.EventsPerSec })
+			m.Rounds = rates
+		}
+		out[rtt] = m
+		report(progress, m)
+	}
+	return out, nil
 }
 
-// relayMaker builds a relay (publish ordering, default concurrency) publishing through q.
-func relayMaker(q *sinkQStash, batch int) func(*pgxpool.Pool) drainer {
-	return func(pool *pgxpool.Pool) drainer {
+// A maker builds one relay's drainer over its pool, publishing through q.
+type maker func(pool *pgxpool.Pool, q *sinkQStash) drainer
+
+// relayMaker builds a relay (publish ordering, default concurrency).
+func relayMaker(batch int) maker {
+	return func(pool *pgxpool.Pool, q *sinkQStash) drainer {
 		pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
 		if err != nil {
 			panic(err) // constant, valid configuration
@@ -310,6 +321,21 @@ func relayMaker(q *sinkQStash, batch int) func(*pgxpool.Pool) drainer {
 			panic(err) // constant, valid configuration
 		}
 		return &relayDrainer{r: r}
+	}
+}
+
+// articleMaker builds the article's relay.
+func articleMaker(batch int) maker {
+	return func(pool *pgxpool.Pool, q *sinkQStash) drainer {
+		return newArticleRelay(pool, q.URL, q.Token, q.SinkURL, batch)
+	}
+}
+
+// floorMaker builds the floor: the relay's claim with runs of up to keyRun per key, and
+// its mark; it publishes nothing.
+func floorMaker(batch, keyRun int) maker {
+	return func(pool *pgxpool.Pool, _ *sinkQStash) drainer {
+		return &floorDrainer{store: outboxstore.NewStore(pool), batch: batch, keyRun: keyRun}
 	}
 }
 
@@ -334,7 +360,7 @@ type drained struct {
 
 // drainOnce loads events, analyses, and times relays drainers (one pool each) until no row
 // is pending.
-func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch, relays, rttMillis, events, keys int, mk func(*pgxpool.Pool) drainer) (DrainRun, error) {
+func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch, relays, rttMillis, events, keys int, mk maker) (DrainRun, error) {
 	run := DrainRun{Way: way, Batch: batch, Relays: relays, RTTMillis: rttMillis, Events: events}
 	t0 := time.Now()
 	if err := Reset(ctx, admin); err != nil {
@@ -362,6 +388,12 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	case WayRelay:
 		poolSize = int32(2 + relay.DefaultPublishConcurrency)
 	}
+	// A local QStash per drain, rttMillis away: one that outlived its drain would hold every
+	// message it accepted (HoldDeliveries), and in one run the 1.6 million held by the
+	// loopback drains slowed the round-trip drains after them (the process's garbage
+	// collector marks them all: a publish at RTT 30 ms took 70 ms instead of 45).
+	q := startSinkQStash(time.Duration(rttMillis) * time.Millisecond)
+	defer q.Close()
 	ds := make([]drainer, relays)
 	for i := range ds {
 		pool, err := openPool(ctx, url, poolSize)
@@ -369,7 +401,7 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 			return run, err
 		}
 		defer pool.Close()
-		ds[i] = mk(pool)
+		ds[i] = mk(pool, q)
 	}
 
 	var publish, claim, mark []time.Duration

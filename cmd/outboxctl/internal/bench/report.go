@@ -290,7 +290,7 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("## 1. Drain throughput (%d events, %d keys, ~300-byte payloads; baseline %d events)\n\n", d.Config.Events, d.Config.Keys, d.Config.BaselineEvents)
 		p("Local QStash delivery: %s. Latencies are per batch (means).", d.Delivery)
 		if d.Config.RTTRounds > 1 {
-			p(" The relay at batch %d with 1 relay is the median of %d rounds (as in 1b); every other run is a single one.", d.Config.RTTBatch, d.Config.RTTRounds)
+			p(" The relay at batch %d with 1 relay is the median of %d rounds, taken in turns with the round trips of 1b; every other run is a single one.", d.Config.RTTBatch, d.Config.RTTRounds)
 		}
 		p("\n\n")
 		p("| relays | batch | floor ev/s | relay ev/s | relay/floor | baseline ev/s (batch %d) | relay/baseline | relay HTTP requests | floor claim ms | floor mark ms | relay publish ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", d.Config.BaselineBatch)
@@ -312,7 +312,7 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		}
 		p("\n")
 		if len(d.Config.RTTMillis) > 1 {
-			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d, median of %d round(s))\n\n",
+			p("### 1b. A QStash a round trip away (the local server's Latency, RTT ± 10%%; relay at batch %d, 1 relay, PUBLISH_CONCURRENCY %d, median of %d round(s), the round trips taking turns)\n\n",
 				d.Config.RTTBatch, relay.DefaultPublishConcurrency, max(d.Config.RTTRounds, 1))
 			p("Every drain starts right after a `CHECKPOINT` (when the bench's role may run one); WAL is what the whole server wrote during the relay's drain, per event.\n\n")
 			p("| RTT ms | relay ev/s | rounds ev/s | relay / relay at RTT 0 | baseline ev/s | relay/baseline | relay publish ms | WAL bytes/event |\n|---:|---:|---|---:|---:|---:|---:|---:|\n")
