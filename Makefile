@@ -111,8 +111,14 @@ bench-short: ## every benchmark scenario at its short size (a few minutes; CI ru
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
 
 .PHONY: bench-river
-bench-river: ## River v0.51.2 working 200k no-op jobs on DATABASE_URL, its benchmark's fetch settings (the stretch comparison in README)
-	cd cmd/outboxctl/internal/bench/riverpeer && DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) run . --jobs 200000
+# Three pairs, taking turns, so the machine's drift reaches both alike.
+bench-river: ## River v0.51.2 working 200k no-op jobs (its benchmark's fetch settings) and the relay draining 200k events at RTT 0, three pairs in turns, on DATABASE_URL (the stretch comparison in README)
+	$(GO) build -o bin/outboxctl ./cmd/outboxctl
+	cd cmd/outboxctl/internal/bench/riverpeer && $(GO) build -o $(CURDIR)/bin/riverpeer .
+	for i in 1 2 3; do \
+		DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/riverpeer --jobs 200000 || exit 1; \
+		DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench relay-drain --events 200000 || exit 1; \
+	done
 
 .PHONY: fuzz
 FUZZTIME ?= 20s

@@ -12,16 +12,21 @@ import (
 	"strings"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // runBench runs the benchmark scenarios against DATABASE_URL, each in a throwaway
 // bench_<random> schema, prints a markdown table on stdout and progress on stderr.
 //
 // "bench drain-child" is internal: the memory scenario re-executes outboxctl with it so the
-// relay's peak RSS is measured in a process of its own.
+// relay's peak RSS is measured in a process of its own. "bench relay-drain" times one drain
+// of the drain scenario's relay.
 func runBench(ctx context.Context, e env, args []string) error {
 	if len(args) > 0 && args[0] == "drain-child" {
 		return bench.RunDrainChild(ctx, os.Stdin, e.stdout)
+	}
+	if len(args) > 0 && args[0] == "relay-drain" {
+		return runRelayDrain(ctx, e, args[1:])
 	}
 	fs := newFlagSet(e, "bench")
 	short := fs.Bool("short", false, "run every scenario at its short size (under two minutes on 2 cores)")
@@ -114,6 +119,41 @@ func runBench(ctx context.Context, e env, args []string) error {
 		}
 	}
 	return runErr
+}
+
+// runRelayDrain times one relay drain (bench.RelayDrain) and prints its rate.
+func runRelayDrain(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "bench relay-drain")
+	events := fs.Int("events", 200_000, "events pending at the start")
+	keys := fs.Int("keys", 1000, "partition keys the events are spread over")
+	batch := fs.Int("batch", relay.DefaultBatchSize, "the relay's batch size (PUBLISH_CONCURRENCY is the default)")
+	rtt := fs.Int("rtt", 0, "round trip to the local QStash in milliseconds")
+	fs.Usage = func() {
+		fmt.Fprintln(e.stderr, "usage: outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]")
+		fmt.Fprintln(e.stderr, "\nTimes one drain of the drain scenario's relay against DATABASE_URL, in a throwaway bench_<random> schema.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	if *events <= 0 || *keys <= 0 || *batch <= 0 || *rtt < 0 {
+		return &exitError{code: 2, err: fmt.Errorf("--events, --keys and --batch must be positive and --rtt not negative (got %d, %d, %d, %d)", *events, *keys, *batch, *rtt)}
+	}
+	url, err := databaseURL(e)
+	if err != nil {
+		return err
+	}
+	run, err := bench.RelayDrain(ctx, url, *events, *keys, *batch, *rtt)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "outbox-relay: %d events over %d keys drained in %.2f s: %.0f events/s (batch %d, PUBLISH_CONCURRENCY %d, rtt %d ms, %d publish requests)\n",
+		run.Dispatched, *keys, run.Seconds, run.EventsPerSec, run.Batch, relay.DefaultPublishConcurrency, run.RTTMillis, run.PublishRequests)
+	return nil
 }
 
 // rttChartPath names the round-trip chart after the drain chart: d.svg -> d-rtt.svg.

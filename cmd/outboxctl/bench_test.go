@@ -51,12 +51,29 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
+// TestBenchRelayDrain times one small relay drain, the run `make bench-river` compares
+// River with.
+func TestBenchRelayDrain(t *testing.T) {
+	t.Parallel()
+	_ = pgtest.New(t) // fails under CI when Postgres is unreachable
+	code, stdout, stderr := runCLI(t, pgtest.URL(), "bench", "relay-drain", "--events", "3000", "--keys", "50", "--batch", "500", "--rtt", "5")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if !strings.HasPrefix(stdout, "outbox-relay: 3000 events over 50 keys drained in ") || !strings.Contains(stdout, "batch 500") || !strings.Contains(stdout, "rtt 5 ms") {
+		t.Errorf("stdout %q", stdout)
+	}
+}
+
 func TestBenchArgumentErrors(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"bench", "--scenarios", "drain,nope"},
 		{"bench", "--size", "huge"},
 		{"bench", "extra"},
+		{"bench", "relay-drain", "--events", "0"},
+		{"bench", "relay-drain", "--rtt", "-1"},
+		{"bench", "relay-drain", "extra"},
 	} {
 		code, _, stderr := runCLI(t, "postgres://unused", args...)
 		if code != 2 || stderr == "" {

@@ -123,3 +123,29 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 	}
 	return err
 }
+
+// RelayDrain runs the drain scenario's relay once, in a schema of its own on baseURL's
+// server (created, migrated, dropped): events pending over keys, loaded and analysed, then
+// drained by one relay at batch with the default PUBLISH_CONCURRENCY through a local QStash
+// rttMillis away. It is the run that other queues are compared with, one drain at a time
+// (`make bench-river` alternates it with River).
+func RelayDrain(ctx context.Context, baseURL string, events, keys, batch, rttMillis int) (run DrainRun, err error) {
+	if events <= 0 || keys <= 0 || batch <= 0 || rttMillis < 0 {
+		return run, fmt.Errorf("relay drain: events %d, keys %d and batch %d must be positive and the round trip %d ms not negative", events, keys, batch, rttMillis)
+	}
+	s, err := postgres.CreateSchema(ctx, baseURL, "bench", true, nil)
+	if err != nil {
+		return run, err
+	}
+	defer func() {
+		if derr := s.Drop(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	admin, err := openPool(ctx, s.URL, 4)
+	if err != nil {
+		return run, err
+	}
+	defer admin.Close()
+	return drainOnce(ctx, admin, s.URL, WayRelay, batch, 1, rttMillis, events, keys, relayMaker(batch))
+}
