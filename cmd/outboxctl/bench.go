@@ -40,12 +40,8 @@ func runBench(ctx context.Context, e env, args []string) error {
 		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	sz := bench.Full
 	if *short {
@@ -133,12 +129,8 @@ func runRelayDrain(ctx context.Context, e env, args []string) error {
 		fmt.Fprintln(e.stderr, "\nTimes one drain of the drain scenario's relay against DATABASE_URL, in a throwaway bench_<random> schema.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	if *events <= 0 || *keys <= 0 || *batch <= 0 || *rtt < 0 {
 		return &exitError{code: 2, err: fmt.Errorf("--events, --keys and --batch must be positive and --rtt not negative (got %d, %d, %d, %d)", *events, *keys, *batch, *rtt)}

@@ -38,12 +38,8 @@ func runChaos(ctx context.Context, e env, args []string) error {
 		fmt.Fprintln(e.stderr, chaosUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	fl.Apply()
 	base, err := databaseURL(e)

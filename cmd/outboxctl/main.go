@@ -97,6 +97,18 @@ func usage(w io.Writer) {
 }
 
 // newFlagSet returns a flag set that writes its usage to e.stderr and returns errors.
+// parseFlags parses args into fs and refuses positional arguments: exit 2 with the usage.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	return nil
+}
+
 func newFlagSet(e env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)

@@ -49,12 +49,8 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:9090", "loopback address for /healthz and /metrics (port 0 picks one)")
 	retentionEvery := fs.Duration("retention-interval", 24*time.Hour, "run retention this often (0: never)")
 	gaugeEvery := fs.Duration("gauge-interval", 15*time.Second, "refresh the backlog gauges this often")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	if err := checkLoopback(*listen); err != nil {
 		return &exitError{code: 2, err: err}

@@ -46,12 +46,8 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	fs.Int64Var(&th.MaxFlapping, "max-flapping", 0, fmt.Sprintf("degraded above this many pending events with more than %d attempts", health.FlappingAttempts))
 	fs.DurationVar(&th.MaxTransactionAge, "max-transaction-age", health.DefaultMaxTransactionAge, "degraded when a transaction has been open longer")
 	fs.Int64Var(&th.MaxXminAge, "max-xmin-age", health.DefaultMaxXminAge, "degraded when the xmin horizon is older, in transaction ids")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {

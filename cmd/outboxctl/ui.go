@@ -24,12 +24,8 @@ func runUI(ctx context.Context, e env, args []string) error {
 	allow := fs.Bool("allow-redrive", false, "enable redrive (otherwise the console is read-only)")
 	token := fs.String("token", "", "bearer token every request must carry (default $"+console.TokenEnv+"); required off loopback")
 	verbose := fs.Bool("v", false, "log every action as JSON to stderr (redrives and logins are always logged)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	tok := *token
 	if tok == "" {
