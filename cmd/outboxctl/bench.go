@@ -37,6 +37,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
+		fmt.Fprintln(e.stderr, "       outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]   (one relay drain; -h for more)")
 		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
 		fs.PrintDefaults()
 	}

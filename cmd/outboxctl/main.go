@@ -96,7 +96,6 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun outboxctl <command> -h for the command's flags.")
 }
 
-// newFlagSet returns a flag set that writes its usage to e.stderr and returns errors.
 // parseFlags parses args into fs and refuses positional arguments: exit 2 with the usage.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
@@ -109,6 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// newFlagSet returns a flag set that writes its usage to e.stderr and returns errors.
 func newFlagSet(e env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)

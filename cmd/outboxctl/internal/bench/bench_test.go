@@ -42,6 +42,49 @@ func childSpawner(ctx context.Context) *exec.Cmd {
 
 func logf(t *testing.T) func(string) { return func(s string) { t.Log(s) } }
 
+// The relay's round trips take turns, round by round, and its RTT 0 run is kept even when
+// the batch table has no place for it (RTTBatch not among Batches; RTTMillis without 0).
+func TestDrainRoundTripsTakeTurns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.DrainConfig{Events: 600, Keys: 20, Batches: []int{50}, Relays: []int{1}, BaselineBatch: 50, BaselinePool: 10,
+		BaselineEvents: 200, RTTMillis: []int{5}, RTTBatch: 100, RTTRounds: 2}
+	var lines []string
+	res, err := bench.Drain(context.Background(), db.URL, cfg, func(s string) { lines = append(lines, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Floor, relay and baseline at batch 50; the claim-shape pair; the relay at RTT 0 and
+	// 5 ms; the baseline at 5 ms.
+	if len(res.Runs) != 8 {
+		t.Fatalf("got %d runs, want 8: %+v", len(res.Runs), res.Runs)
+	}
+	for _, rtt := range []int{0, 5} {
+		n := 0
+		for _, r := range res.Runs {
+			if r.Way == bench.WayRelay && r.Batch == cfg.RTTBatch && r.RTTMillis == rtt {
+				n++
+				if len(r.Rounds) != 2 || r.Dispatched != cfg.Events {
+					t.Errorf("rtt %d ms: %+v, want every event and two rounds", rtt, r)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("rtt %d ms: %d relay runs at batch %d, want 1", rtt, n, cfg.RTTBatch)
+		}
+	}
+	var order []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "  round ") {
+			order = append(order, l[:strings.Index(l, ":")])
+		}
+	}
+	want := []string{"  round 1 of 2, rtt=0ms", "  round 1 of 2, rtt=5ms", "  round 2 of 2, rtt=0ms", "  round 2 of 2, rtt=5ms"}
+	if strings.Join(order, "|") != strings.Join(want, "|") {
+		t.Errorf("rounds in the order %q, want %q", order, want)
+	}
+}
+
 func TestDrain(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

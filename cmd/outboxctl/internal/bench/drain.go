@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,11 +175,13 @@ func (r *DrainResult) BaselineRTT(relays, rttMillis int) *DrainRun {
 	return r.FindRTT(WayBaseline, r.Config.BaselineBatch, relays, rttMillis)
 }
 
-// Drain runs the drain scenario on the migrated schema at url: first the relay at
-// RTTBatch with 1 relay at every round trip, interleaved (rttRounds); then, for every relay
-// count and batch size, the floor and then the relay drain the same freshly loaded,
+// Drain runs the drain scenario on the migrated schema at url. First the relay at RTTBatch
+// with 1 relay drains at every round trip, the round trips taking turns (rttRounds); its
+// median at RTT 0 is also the batch table's relay run at RTTBatch with 1 relay. Then, for
+// every relay count and batch size, the floor and the relay drain the same freshly loaded,
 // analysed table, and the baseline drains it once per relay count; then the claim's two
-// shapes; then the baseline at every non-zero round trip.
+// shapes; then the baseline once at every non-zero round trip. A failed drain ends the
+// scenario with the runs finished so far.
 func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(string)) (*DrainResult, error) {
 	if cfg.BaselineEvents == 0 {
 		cfg.BaselineEvents = cfg.Events
@@ -191,9 +194,14 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	res := &DrainResult{Config: cfg, Delivery: "held: qstashtest (in process, a fresh server per drain) accepts every publish as QStash would and holds the messages (HoldDeliveries), " +
 		"so the drain measures the publish path; delivery runs on QStash's machines, not the relay's"}
 
-	rtts, err := rttRounds(ctx, admin, url, cfg, progress)
+	rttRuns, err := rttRounds(ctx, admin, url, cfg, progress)
 	if err != nil {
+		res.Runs = append(res.Runs, rttRuns...)
 		return res, err
+	}
+	rtts := make(map[int]DrainRun, len(rttRuns))
+	for _, run := range rttRuns {
+		rtts[run.RTTMillis] = run
 	}
 	baseline := func(relays, rtt int) error {
 		run, err := drainOnce(ctx, admin, url, WayBaseline, cfg.BaselineBatch, relays, rtt, cfg.BaselineEvents, cfg.Keys, articleMaker(cfg.BaselineBatch))
@@ -203,6 +211,16 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		res.Runs = append(res.Runs, run)
 		report(progress, run)
 		return nil
+	}
+	// The round-trip runs not yet in res.Runs (RTT 0 goes into the batch table when it can).
+	rest := func() []DrainRun {
+		var out []DrainRun
+		for _, run := range rttRuns {
+			if _, ok := rtts[run.RTTMillis]; ok {
+				out = append(out, run)
+			}
+		}
+		return out
 	}
 	for _, relays := range cfg.Relays {
 		for _, batch := range cfg.Batches {
@@ -220,6 +238,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 				}
 				run, err := drainOnce(ctx, admin, url, way, batch, relays, 0, cfg.Events, cfg.Keys, mk)
 				if err != nil {
+					res.Runs = append(res.Runs, rest()...)
 					return res, err
 				}
 				res.Runs = append(res.Runs, run)
@@ -227,6 +246,7 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 			}
 		}
 		if err := baseline(relays, 0); err != nil {
+			res.Runs = append(res.Runs, rest()...)
 			return res, err
 		}
 	}
@@ -234,12 +254,14 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 	if cfg.RTTBatch > 0 {
 		one, err := drainOnce(ctx, admin, url, WayFloorOneRun, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, floorMaker(cfg.RTTBatch, 1))
 		if err != nil {
+			res.Runs = append(res.Runs, rest()...)
 			return res, err
 		}
 		res.Runs = append(res.Runs, one)
 		report(progress, one)
 		runs, err := drainOnce(ctx, admin, url, WayFloor, cfg.RTTBatch, 1, 0, cfg.Events, cfg.Keys, floorMaker(cfg.RTTBatch, relay.DefaultPublishConcurrency))
 		if err != nil {
+			res.Runs = append(res.Runs, rest()...)
 			return res, err
 		}
 		runs.ClaimShape = "runs"
@@ -247,17 +269,15 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 		res.ClaimShapes = &ClaimShapes{OneRun: one, Runs: runs}
 		report(progress, runs)
 	}
-	// The relay's round-trip runs, then the baseline at each round trip: it is bound by the
-	// round trip, so one run suffices.
-	if run, ok := rtts[0]; ok {
-		res.Runs = append(res.Runs, run) // RTTBatch is not among Batches
-	}
-	for _, rtt := range cfg.RTTMillis {
-		if rtt == 0 {
+	// The relay's round-trip runs (RTT 0 too when the batch table did not take it: RTTBatch
+	// not among Batches, or no 1 among Relays), then the baseline at each non-zero round
+	// trip, drained once: it is bound by the round trip.
+	res.Runs = append(res.Runs, rest()...)
+	for _, run := range rttRuns {
+		if run.RTTMillis == 0 {
 			continue
 		}
-		res.Runs = append(res.Runs, rtts[rtt])
-		if err := baseline(1, rtt); err != nil {
+		if err := baseline(1, run.RTTMillis); err != nil {
 			return res, err
 		}
 	}
@@ -265,26 +285,45 @@ func Drain(ctx context.Context, url string, cfg DrainConfig, progress func(strin
 }
 
 // rttRounds drains with the relay at cfg.RTTBatch (1 relay) a round trip of each of
-// cfg.RTTMillis away (0 always included), cfg.RTTRounds times, and returns the median round
-// of each with every round's rate. The round trips take turns (0, 10, 30, 80, 0, 10, ...):
-// run back to back per round trip, the 30 ms rounds landed minutes after the 0 ms ones, and
-// the machine's drift in between went straight into their ratio (0.74 and 0.93 in two runs
-// an hour apart with the same relay).
-func rttRounds(ctx context.Context, admin *pgxpool.Pool, url string, cfg DrainConfig, progress func(string)) (map[int]DrainRun, error) {
+// cfg.RTTMillis away (0 always included, each once), cfg.RTTRounds times, and returns the
+// median round of each with every round's rate, in that order. The round trips take turns
+// (0, 10, 30, 80, 0, 10, ...): run back to back per round trip, the 30 ms rounds landed
+// minutes after the 0 ms ones, and the machine's drift in between went straight into their
+// ratio (0.93 and 0.74 in two runs an hour apart with nearly the same relay). On an error it
+// returns the medians of the rounds that finished.
+func rttRounds(ctx context.Context, admin *pgxpool.Pool, url string, cfg DrainConfig, progress func(string)) ([]DrainRun, error) {
 	if cfg.RTTBatch <= 0 {
-		return map[int]DrainRun{}, nil
+		return nil, nil
 	}
-	order := cfg.RTTMillis
-	if !slices.Contains(order, 0) {
-		order = append([]int{0}, order...)
+	order := []int{0}
+	for _, rtt := range cfg.RTTMillis {
+		if !slices.Contains(order, rtt) {
+			order = append(order, rtt)
+		}
 	}
 	rounds := max(cfg.RTTRounds, 1)
 	all := make(map[int][]DrainRun, len(order))
+	medians := func() []DrainRun {
+		var out []DrainRun
+		for _, rtt := range order {
+			if len(all[rtt]) == 0 {
+				continue
+			}
+			m := all[rtt][0]
+			if rounds > 1 {
+				var rates []float64
+				m, rates = median(all[rtt], func(r DrainRun) float64 { return r.EventsPerSec })
+				m.Rounds = rates
+			}
+			out = append(out, m)
+		}
+		return out
+	}
 	for round := range rounds {
 		for _, rtt := range order {
 			run, err := drainOnce(ctx, admin, url, WayRelay, cfg.RTTBatch, 1, rtt, cfg.Events, cfg.Keys, relayMaker(cfg.RTTBatch))
 			if err != nil {
-				return nil, err
+				return medians(), err
 			}
 			if progress != nil && rounds > 1 {
 				progress(fmt.Sprintf("  round %d of %d, rtt=%dms: %.0f events/s", round+1, rounds, rtt, run.EventsPerSec))
@@ -292,15 +331,8 @@ func rttRounds(ctx context.Context, admin *pgxpool.Pool, url string, cfg DrainCo
 			all[rtt] = append(all[rtt], run)
 		}
 	}
-	out := make(map[int]DrainRun, len(order))
-	for _, rtt := range order {
-		m := all[rtt][0]
-		if rounds > 1 {
-			var rates []float64
-			m, rates = median(all[rtt], func(r DrainRun) float64 { return r.EventsPerSec })
-			m.Rounds = rates
-		}
-		out[rtt] = m
+	out := medians()
+	for _, m := range out {
 		report(progress, m)
 	}
 	return out, nil
@@ -388,12 +420,17 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	case WayRelay:
 		poolSize = int32(2 + relay.DefaultPublishConcurrency)
 	}
-	// A local QStash per drain, rttMillis away: one that outlived its drain would hold every
-	// message it accepted (HoldDeliveries), and in one run the 1.6 million held by the
-	// loopback drains slowed the round-trip drains after them (the process's garbage
-	// collector marks them all: a publish at RTT 30 ms took 70 ms instead of 45).
-	q := startSinkQStash(time.Duration(rttMillis) * time.Millisecond)
-	defer q.Close()
+	// A local QStash of its own per drain, rttMillis away. Every load restarts the ids, and
+	// the relay's deduplication id is derived from the id, so a server that had taken an
+	// earlier drain (within its 10-minute window) answered most publishes as duplicates
+	// without storing them: a cheaper path than a real QStash takes for new messages. It
+	// would also keep holding every message it stored (HoldDeliveries) for the process's
+	// garbage collector to mark.
+	var q *sinkQStash
+	if way == WayRelay || way == WayBaseline {
+		q = startSinkQStash(time.Duration(rttMillis) * time.Millisecond)
+		defer q.Close()
+	}
 	ds := make([]drainer, relays)
 	for i := range ds {
 		pool, err := openPool(ctx, url, poolSize)
@@ -404,6 +441,9 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 		ds[i] = mk(pool, q)
 	}
 
+	// The previous drain's garbage (its server's held messages among it) is collected
+	// here, not during this drain's timing.
+	runtime.GC()
 	var publish, claim, mark []time.Duration
 	wal0, err := walPosition(ctx, admin)
 	if err != nil {
@@ -464,6 +504,10 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	}
 	if run.Dispatched != events {
 		return run, fmt.Errorf("drain %s batch %d relays %d: dispatched %d of %d events", way, batch, relays, run.Dispatched, events)
+	}
+	// Every event must have cost the local QStash a new message, as it would a real one.
+	if q != nil && q.Pending() != events {
+		return run, fmt.Errorf("drain %s batch %d relays %d: the local QStash holds %d messages for %d events", way, batch, relays, q.Pending(), events)
 	}
 	return run, nil
 }

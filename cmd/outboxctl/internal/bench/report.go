@@ -289,7 +289,7 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 	if d := r.Drain; d != nil {
 		p("## 1. Drain throughput (%d events, %d keys, ~300-byte payloads; baseline %d events)\n\n", d.Config.Events, d.Config.Keys, d.Config.BaselineEvents)
 		p("Local QStash delivery: %s. Latencies are per batch (means).", d.Delivery)
-		if d.Config.RTTRounds > 1 {
+		if d.Config.RTTRounds > 1 && len(d.Config.RTTMillis) > 1 {
 			p(" The relay at batch %d with 1 relay is the median of %d rounds, taken in turns with the round trips of 1b; every other run is a single one.", d.Config.RTTBatch, d.Config.RTTRounds)
 		}
 		p("\n\n")
