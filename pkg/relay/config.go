@@ -14,11 +14,12 @@ import (
 const (
 	// DefaultBatchSize and DefaultPublishConcurrency are the fastest setting of the backlog
 	// scenario's sweep with a QStash 30 ms away (README, Performance; median of three
-	// rounds): 1000 x 8 drained 1.08-1.18x as fast as 500 x 4 in seven full runs (tied with
-	// 1000 x 4 in the last six). Every batch in flight is held in memory, BatchSize x
+	// rounds): 1000 x 8 drained 1.08-1.18x as fast as 500 x 4 in eight full runs (tied with
+	// 1000 x 4 in the last seven). Every batch in flight is held in memory, BatchSize x
 	// PublishConcurrency payloads (8,000): with ~300-byte payloads the relay peaked at
-	// 43-49 MiB RSS over 100,000 events and 60.7 MiB over the 1M backlog in the last full
-	// run, under the README's 64 MiB target. Lower BatchSize when payloads are large.
+	// 43-49 MiB RSS over 100,000 events and 55.9-60.7 MiB over the 1M backlog in the last
+	// two full runs, under the README's 64 MiB target. Lower BatchSize when payloads are
+	// large.
 	DefaultBatchSize      = 1000
 	DefaultLease          = 30 * time.Second
 	DefaultPublishTimeout = 10 * time.Second
