@@ -121,7 +121,8 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 	}}, nil
 }
 
-// The callback's rows of the status table; the receive step adds 401, 489 and 500.
+// The callback's rows of the status table; the receive step adds 401, 489 body_too_large
+// and 500.
 var (
 	replyRecorded   = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
 	replySuperseded = receive.Reply{Status: http.StatusOK, Code: "superseded", Outcome: OutcomeSuperseded}
