@@ -73,8 +73,9 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 
 // outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead
 // letter counts as DeliveryDeadLetters (the "any delivery dead letter" alarm); a refused
-// callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks
-// and transient failures (QStash retries them) are not counted.
+// callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks,
+// transient failures (QStash retries them) and superseded ones (a late callback about a
+// generation its event has left behind: recorded resolved, nothing to do) are not counted.
 var outcomeMetric = map[string]string{
 	deadletter.OutcomeRecorded:     metrics.DeliveryDeadLetters,
 	deadletter.OutcomeUnauthorized: metrics.RejectedCallbacks,

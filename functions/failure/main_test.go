@@ -114,8 +114,9 @@ func TestObserverCountsNewDeadLettersAndRejections(t *testing.T) {
 	obs := observer(metrics.NewEMF(&buf, metrics.EMFConfig{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	obs(deadletter.OutcomeDuplicate)
 	obs(deadletter.OutcomeTransient)
+	obs(deadletter.OutcomeSuperseded)
 	if buf.Len() != 0 {
-		t.Fatalf("duplicates or retried callbacks counted: %q", buf.String())
+		t.Fatalf("duplicates, retried or superseded callbacks counted: %q", buf.String())
 	}
 	for _, outcome := range []string{deadletter.OutcomeUnauthorized, deadletter.OutcomeMalformed, deadletter.OutcomeTooLarge} {
 		buf.Reset()

@@ -24,8 +24,11 @@ const DefaultCallbackMaxBodyBytes = 4 << 20
 
 // Outcomes passed to CallbackConfig.Observe.
 const (
-	OutcomeRecorded     = "recorded"
-	OutcomeDuplicate    = "duplicate"
+	OutcomeRecorded  = "recorded"
+	OutcomeDuplicate = "duplicate"
+	// OutcomeSuperseded: a late callback about a generation its event has left behind
+	// (redriven since), recorded resolved as superseded: history, not a new dead letter.
+	OutcomeSuperseded   = "superseded"
 	OutcomeMalformed    = "malformed"
 	OutcomeUnauthorized = receive.OutcomeUnauthorized
 	OutcomeTooLarge     = receive.OutcomeTooLarge
@@ -63,9 +66,10 @@ type CallbackConfig struct {
 
 // CallbackHandler records QStash failure callbacks as dead letters. Any path, POST only:
 //
-//	recorded or duplicate   200
+//	recorded, superseded    200
+//	or duplicate
 //	malformed body          400, nothing written
-//	body over the limit     413 + Upstash-NonRetryable-Error: true
+//	body over the limit     489 + Upstash-NonRetryable-Error: true, nothing written
 //	bad or missing sig      401, nothing written
 //	database failure        500 (QStash retries the callback)
 //
@@ -117,12 +121,14 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 	}}, nil
 }
 
-// The callback's rows of the status table; the receive step adds 401, 413 and 500.
+// The callback's rows of the status table; the receive step adds 401, 489 body_too_large
+// and 500.
 var (
-	replyRecorded  = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
-	replyDuplicate = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
-	replyMalformed = receive.Reply{Status: http.StatusBadRequest, Code: "malformed_callback", Outcome: OutcomeMalformed}
-	replyTransient = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
+	replyRecorded   = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
+	replySuperseded = receive.Reply{Status: http.StatusOK, Code: "superseded", Outcome: OutcomeSuperseded}
+	replyDuplicate  = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
+	replyMalformed  = receive.Reply{Status: http.StatusBadRequest, Code: "malformed_callback", Outcome: OutcomeMalformed}
+	replyTransient  = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
 )
 
 // ServeHTTP verifies, decodes and records one failure callback.
@@ -165,13 +171,18 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec, err := Record(ctx, h.cfg.Pool, f)
 	if err == nil && a.Span != nil {
-		a.Span.SetAttributes(DeadLetterIDKey.Int64(rec.LetterID), attribute.Bool("outbox.dead_letter.created", rec.Created))
+		a.Span.SetAttributes(DeadLetterIDKey.Int64(rec.LetterID), attribute.Bool("outbox.dead_letter.created", rec.Created),
+			attribute.Bool("outbox.dead_letter.superseded", rec.Superseded))
 	}
 	switch {
 	case err != nil:
 		a.Reply(replyTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
 	case !rec.Created:
 		a.Reply(replyDuplicate, slog.LevelInfo, "failure callback already recorded", slog.Int64("dead_letter_id", rec.LetterID))
+	case rec.Superseded:
+		// The event was redriven since: this failure is history, nothing for an operator.
+		a.Reply(replySuperseded, slog.LevelInfo, "failure callback superseded: its event was redriven since",
+			slog.Int64("dead_letter_id", rec.LetterID), slog.Int("destination_status", f.Status), slog.Int("retried", f.Retried))
 	default:
 		// A dead letter is an operator's problem: warn, so it shows in error dashboards.
 		a.Reply(replyRecorded, slog.LevelWarn, "delivery dead-lettered",

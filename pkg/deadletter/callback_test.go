@@ -17,17 +17,24 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 const failureURL = "https://hooks.example.com/failure"
 
-func newCallbackHandler(t testing.TB, db *pgtest.DB, edit func(*deadletter.CallbackConfig)) *deadletter.CallbackHandler {
+// verifier checks signatures made with the dev keys (the local QStash server's default).
+func verifier(t testing.TB) *qstash.Verifier {
 	t.Helper()
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := deadletter.CallbackConfig{Pool: db.Pool, Verifier: v, FailureURL: failureURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return v
+}
+
+func newCallbackHandler(t testing.TB, db *pgtest.DB, edit func(*deadletter.CallbackConfig)) *deadletter.CallbackHandler {
+	t.Helper()
+	cfg := deadletter.CallbackConfig{Pool: db.Pool, Verifier: verifier(t), FailureURL: failureURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -147,13 +154,17 @@ func TestCallbackRejectsBadInputWithoutWriting(t *testing.T) {
 		{"not JSON", signedCallback(t, failureURL, []byte(`{"status":`)), http.StatusBadRequest},
 		{"no source message id", signedCallback(t, failureURL, []byte(`{"status":500,"sourceBody":""}`)), http.StatusBadRequest},
 		{"bad base64", signedCallback(t, failureURL, []byte(`{"sourceMessageId":"m","sourceBody":"%%%"}`)), http.StatusBadRequest},
-		{"too large", signedCallback(t, failureURL, bytes.Repeat([]byte(" "), 4096)), http.StatusRequestEntityTooLarge},
+		{"too large", signedCallback(t, failureURL, bytes.Repeat([]byte(" "), 4096)), receive.StatusNonRetryable},
 		{"wrong method", httptest.NewRequest(http.MethodGet, "/failure", nil), http.StatusMethodNotAllowed},
 	}
 	for _, c := range cases {
 		w := serveCallback(h, c.req)
 		if w.Code != c.status {
 			t.Errorf("%s: status %d, want %d", c.name, w.Code, c.status)
+		}
+		// Only an oversized body is permanent for QStash (489 + the header: no retries).
+		if nonRetryable := w.Header().Get(receive.HeaderNonRetryable) == "true"; nonRetryable != (c.name == "too large") {
+			t.Errorf("%s: %s = %q", c.name, receive.HeaderNonRetryable, w.Header().Get(receive.HeaderNonRetryable))
 		}
 	}
 	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 0 {

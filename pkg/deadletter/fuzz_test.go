@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 // FuzzFailureCallback drives the recorder's request path with arbitrary bodies, signed or
@@ -49,8 +50,8 @@ func FuzzFailureCallback(f *testing.F) {
 				t.Fatalf("unsigned: status %d, letters %d -> %d", w.Code, before, after)
 			}
 		case len(body) > 4<<20:
-			if w.Code != http.StatusRequestEntityTooLarge {
-				t.Fatalf("oversized: status %d", w.Code)
+			if w.Code != receive.StatusNonRetryable || w.Header().Get(receive.HeaderNonRetryable) != "true" || after != before {
+				t.Fatalf("oversized: status %d, header %v, letters %d -> %d", w.Code, w.Header(), before, after)
 			}
 		case decodeErr != nil:
 			if w.Code != http.StatusBadRequest || after != before {

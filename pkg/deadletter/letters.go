@@ -26,8 +26,15 @@ const (
 	SourceDelivery = "delivery" // QStash gave up delivering (failure callback)
 )
 
-// ResolutionRedriven is the resolution Redrive writes.
-const ResolutionRedriven = "redriven"
+// Resolutions of a letter.
+const (
+	// ResolutionRedriven: Redrive reset the letter's outbox row to pending.
+	ResolutionRedriven = "redriven"
+	// ResolutionSuperseded: the letter is about an event generation its outbox row has left
+	// behind (the event was redriven since): it is history, not work. Record and Sync store
+	// such a letter resolved; Redrive resolves one found open and leaves its row alone.
+	ResolutionSuperseded = "superseded"
+)
 
 // Letter is one dead_letters row.
 type Letter struct {
@@ -205,6 +212,11 @@ type RedriveResult struct {
 	AlreadyPending []Redriven `json:"already_pending"`
 	// AlreadyResolved letters (named by id) were resolved before: nothing was done.
 	AlreadyResolved []int64 `json:"already_resolved"`
+	// Superseded letters are about an event generation their outbox row has left behind
+	// (the event was redriven since): they were resolved as superseded and their row left
+	// alone, whatever its state (a newer generation may have been delivered). Generation
+	// is the row's current generation.
+	Superseded []Redriven `json:"superseded"`
 	// OutboxMissing letters have no outbox row any more (deleted by retention, or never
 	// known): they stay open; redeliver them by hand from their payload.
 	OutboxMissing []int64 `json:"outbox_missing"`
@@ -244,7 +256,8 @@ func Plan(ctx context.Context, db Querier, f Filter) (RedriveResult, error) {
 // (attempts 0, available now, lease cleared, last_error cleared, generation+1 so the
 // QStash deduplication id changes), all in one transaction of four statements however
 // many letters match. Letters already resolved, letters whose outbox row is gone, and
-// unknown ids are reported in the result, not treated as errors. The consumer still
+// unknown ids are reported in the result, not treated as errors. A letter about a
+// generation its row has left behind never resets the row: it is resolved as superseded. The consumer still
 // dedupes on the outbox id, so an event that was in fact processed is not applied twice.
 // With Traced, the redrive is a span linked to every redriven event's producer span.
 func Redrive(ctx context.Context, db Beginner, f Filter, opts ...RedriveOption) (RedriveResult, error) {
@@ -272,6 +285,7 @@ func Redrive(ctx context.Context, db Beginner, f Filter, opts ...RedriveOption) 
 		attribute.Int("outbox.dead_letter.redriven", len(res.Redriven)),
 		attribute.Int("outbox.dead_letter.already_pending", len(res.AlreadyPending)),
 		attribute.Int("outbox.dead_letter.already_resolved", len(res.AlreadyResolved)),
+		attribute.Int("outbox.dead_letter.superseded", len(res.Superseded)),
 		attribute.Int("outbox.dead_letter.outbox_missing", len(res.OutboxMissing)),
 		attribute.Int("outbox.dead_letter.not_found", len(res.NotFound)))
 	return res, nil
@@ -299,15 +313,15 @@ func redrive(ctx context.Context, db Beginner, f Filter, span trace.Span) (Redri
 		if err != nil {
 			return fmt.Errorf("select dead letters: %w", err)
 		}
-		var finished []int64 // outbox ids to reset
+		var finished resets
 		res, finished, err = classify(rows, f.IDs)
 		if err != nil {
 			return fmt.Errorf("select dead letters: %w", err)
 		}
-		if len(res.Redriven) == 0 && len(res.AlreadyPending) == 0 {
+		if len(res.Redriven) == 0 && len(res.AlreadyPending) == 0 && len(res.Superseded) == 0 {
 			return nil
 		}
-		rows, err = tx.Query(ctx, qResetOutbox, finished)
+		rows, err = tx.Query(ctx, qResetOutbox, finished.outboxIDs, finished.generations)
 		if err != nil {
 			return fmt.Errorf("reset outbox rows: %w", err)
 		}
@@ -330,11 +344,15 @@ func redrive(ctx context.Context, db Beginner, f Filter, span trace.Span) (Redri
 		}
 		res.Redriven, res.AlreadyPending = redriven, pending
 
-		ids := make([]int64, 0, len(redriven)+len(pending))
+		var ids []int64
+		var resolutions []string
 		for _, r := range append(redriven, pending...) {
-			ids = append(ids, r.LetterID)
+			ids, resolutions = append(ids, r.LetterID), append(resolutions, ResolutionRedriven)
 		}
-		if _, err := tx.Exec(ctx, qResolve, ids, ResolutionRedriven); err != nil {
+		for _, r := range res.Superseded {
+			ids, resolutions = append(ids, r.LetterID), append(resolutions, ResolutionSuperseded)
+		}
+		if _, err := tx.Exec(ctx, qResolve, ids, resolutions); err != nil {
 			return fmt.Errorf("resolve dead letters: %w", err)
 		}
 		if span != nil && len(redriven) > 0 {
@@ -374,40 +392,51 @@ func linkProducers(ctx context.Context, tx pgx.Tx, span trace.Span, redriven []R
 	return nil
 }
 
+// resets are the outbox rows a redrive resets, each with the generation of the letter
+// that asked for it (qResetOutbox's arguments).
+type resets struct {
+	outboxIDs   []int64
+	generations []int32
+}
+
 // classify sorts the rows of qSelectForRedrive into a result; the Generation fields are
-// left 0. It also returns the outbox ids of the finished rows to reset.
-func classify(rows pgx.Rows, requested []int64) (RedriveResult, []int64, error) {
+// left 0, except the superseded letters' (their row's current generation). It also returns
+// the finished rows to reset.
+func classify(rows pgx.Rows, requested []int64) (RedriveResult, resets, error) {
 	var (
-		res      RedriveResult
-		finished []int64
-		queued   = map[int64]bool{}
-		seen     = map[int64]bool{}
-		id       int64
-		outboxID *int64
-		resolved bool
-		exists   bool
-		pending  bool
+		res                  RedriveResult
+		finished             resets
+		queued               = map[int64]bool{}
+		seen                 = map[int64]bool{}
+		id                   int64
+		outboxID             *int64
+		resolved, exists     bool
+		superseded, pending  bool
+		letterGen, outboxGen int32
 	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &outboxID, &resolved, &exists, &pending}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&id, &outboxID, &resolved, &exists, &superseded, &pending, &letterGen, &outboxGen}, func() error {
 		seen[id] = true
 		switch {
 		case resolved:
 			res.AlreadyResolved = append(res.AlreadyResolved, id)
 		case !exists:
 			res.OutboxMissing = append(res.OutboxMissing, id)
+		case superseded:
+			res.Superseded = append(res.Superseded, Redriven{LetterID: id, OutboxID: *outboxID, Generation: int(outboxGen)})
 		case pending:
 			res.AlreadyPending = append(res.AlreadyPending, Redriven{LetterID: id, OutboxID: *outboxID})
 		default:
 			res.Redriven = append(res.Redriven, Redriven{LetterID: id, OutboxID: *outboxID})
 			if !queued[*outboxID] {
 				queued[*outboxID] = true
-				finished = append(finished, *outboxID)
+				finished.outboxIDs = append(finished.outboxIDs, *outboxID)
+				finished.generations = append(finished.generations, letterGen)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return RedriveResult{}, nil, err
+		return RedriveResult{}, resets{}, err
 	}
 	for _, want := range requested {
 		if !seen[want] {

@@ -18,6 +18,19 @@ AND ($5::timestamptz IS NULL OR d.created_at < $5::timestamptz)
 AND ($6::bool OR d.resolved_at IS NULL)
 AND ($7::text IS NULL OR d.fingerprint = $7::text)`
 
+// The one rule for a letter that is history, not work: it is about an event generation its
+// outbox row has left behind (the event was redriven since, so a newer generation is being
+// or was delivered). Recording (callback and DLQ sync) stores such a letter resolved as
+// superseded, and Redrive resolves one recorded open before this rule as superseded instead
+// of resetting its row: resetting would put a newer, possibly delivered, generation back to
+// pending. Every statement using it names the letter (or DLQ entry) e and its outbox row o;
+// an unknown letter generation (NULL) or a missing row (NULL) is never superseded.
+const (
+	supersededIf         = `e.generation < o.generation`
+	supersededResolvedAt = `CASE WHEN ` + supersededIf + ` THEN now() END`
+	supersededResolution = `CASE WHEN ` + supersededIf + ` THEN '` + ResolutionSuperseded + `' END`
+)
+
 const (
 	// qList returns matching letters newest first; $8 is the limit.
 	qList = `SELECT` + letterColumns + `
@@ -48,37 +61,48 @@ ORDER BY g.n DESC, g.last_seen DESC, g.fingerprint
 LIMIT $8`
 
 	// qSelectForRedrive classifies the matching letters: resolved or not, and the state of
-	// their outbox row (gone, pending, or finished: dispatched or dead-lettered). qLockSuffix locks
-	// the letters (Redrive) or not (Plan), so two concurrent redrives do not both reset a row.
+	// their outbox row (gone, superseded: at a newer generation than the letter's, pending,
+	// or finished: dispatched or dead-lettered), with the letter's and the row's generation.
+	// qLockSuffix locks the letters (Redrive) or not (Plan), so two concurrent redrives do not
+	// both reset a row. e is the letter again, under the name supersededIf reads.
 	qSelectForRedrive = `
 SELECT d.id, d.outbox_id, d.resolved_at IS NOT NULL,
        o.id IS NOT NULL,
-       o.id IS NOT NULL AND o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+       coalesce(` + supersededIf + `, false),
+       o.id IS NOT NULL AND o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL,
+       d.generation, coalesce(o.generation, 0)
 FROM dead_letters d
+CROSS JOIN LATERAL (SELECT d.generation) AS e(generation)
 LEFT JOIN outbox o ON o.id = d.outbox_id
 WHERE` + filterWhere + `
 ORDER BY d.id`
 	qLockSuffix = `
 FOR UPDATE OF d`
 
-	// qResetOutbox puts finished outbox rows back to pending with a new generation, so
+	// qResetOutbox puts finished outbox rows ($1) back to pending with a new generation, so
 	// their QStash deduplication id changes (QStash would drop a reused one). Rows already
-	// pending (being relayed) are left alone: resetting would void the live lease.
+	// pending (being relayed) are left alone: resetting would void the live lease. So is a
+	// row that has left the letter's generation ($2) behind, checked again here because the
+	// classifying select does not lock the rows: a concurrent redrive may have moved it on.
 	qResetOutbox = `
-UPDATE outbox
+UPDATE outbox o
 SET dispatched_at = NULL, dead_lettered_at = NULL, attempts = 0, available_at = now(),
-    lease_token = NULL, locked_until = NULL, last_error = NULL, generation = generation + 1
-WHERE id = ANY($1::bigint[]) AND (dispatched_at IS NOT NULL OR dead_lettered_at IS NOT NULL)
-RETURNING id, generation`
+    lease_token = NULL, locked_until = NULL, last_error = NULL, generation = o.generation + 1
+FROM unnest($1::bigint[], $2::int[]) AS e(outbox_id, generation)
+WHERE o.id = e.outbox_id AND (o.dispatched_at IS NOT NULL OR o.dead_lettered_at IS NOT NULL)
+  AND NOT (` + supersededIf + `)
+RETURNING o.id, o.generation`
 
 	// qLetterHeaders reads the headers (with the producer's traceparent) of redriven
 	// letters; a traced Redrive links their producer spans.
 	qLetterHeaders = `SELECT headers::text FROM dead_letters WHERE id = ANY($1::bigint[]) ORDER BY id`
 
+	// qResolve resolves letters $1, each with its resolution in $2.
 	qResolve = `
-UPDATE dead_letters
-SET resolved_at = now(), resolution = $2
-WHERE id = ANY($1::bigint[]) AND resolved_at IS NULL`
+UPDATE dead_letters d
+SET resolved_at = now(), resolution = r.resolution
+FROM unnest($1::bigint[], $2::text[]) AS r(id, resolution)
+WHERE d.id = r.id AND d.resolved_at IS NULL`
 
 	// qRecordDelivery records one QStash failure callback and marks its outbox row, in one
 	// statement (so atomically). ON CONFLICT without a target makes the insert a no-op (no
@@ -90,9 +114,11 @@ WHERE id = ANY($1::bigint[]) AND resolved_at IS NULL`
 	// back to the one in the destination URL when the row is gone. The payload is the
 	// delivered body, falling back to the row's payload when that is not JSON.
 	// The letter is about generation $10 (from the signed destination URL), else the row's
-	// current one. The outbox row is marked only if this callback is about its current
-	// generation and it is not already dead-lettered, so a late callback for a delivery that
-	// was redriven since does not stop the redriven event.
+	// current one. A letter about a generation the row has left behind (a late callback for
+	// a delivery that was redriven since) is recorded resolved as superseded, as DLQ sync
+	// records it. The outbox row is marked only if this callback is about its current
+	// generation and it is not already dead-lettered, so such a callback does not stop the
+	// redriven event.
 	// row locks the outbox row before the insert touches an index, the order the relay's
 	// dead-letter statement takes them in (row, then letter): in the opposite order the two
 	// deadlock when they race for the same event.
@@ -104,22 +130,26 @@ WITH locked AS (
     FOR UPDATE
 ), ins AS (
     INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, headers, error, attempts,
-                              status_code, qstash_message_id, qstash_dlq_id, response_body, generation)
+                              status_code, qstash_message_id, qstash_dlq_id, response_body, generation,
+                              resolved_at, resolution)
     SELECT 'delivery', $1::bigint, coalesce(o.topic, $2::text), o.partition_key,
            coalesce($3::jsonb, o.payload), coalesce(o.headers, '{}'::jsonb), $4::text, $5::int,
-           $6::int, $7::text, nullif($8::text, ''), $9::text, coalesce($10::int, o.generation, 0)
-    FROM (SELECT 1) AS one
+           $6::int, $7::text, nullif($8::text, ''), $9::text, coalesce(e.generation, o.generation, 0),
+           ` + supersededResolvedAt + `,
+           ` + supersededResolution + `
+    FROM (SELECT $10::int AS generation) AS e
     LEFT JOIN locked o ON true
     ON CONFLICT DO NOTHING
-    RETURNING id, outbox_id, generation
+    RETURNING id, outbox_id, generation, resolved_at IS NOT NULL AS superseded
 ), mark AS (
     UPDATE outbox o
     SET dead_lettered_at = now(), last_error = $4::text
     FROM ins
-    WHERE o.id = ins.outbox_id AND o.dead_lettered_at IS NULL AND o.generation = ins.generation
+    WHERE o.id = ins.outbox_id AND NOT ins.superseded AND o.dead_lettered_at IS NULL
+      AND o.generation = ins.generation
     RETURNING o.id
 )
-SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0 FROM ins`
+SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FROM ins`
 
 	// qExistingLetter finds the letter that made qRecordDelivery a no-op: the one recorded
 	// for this QStash message ($1), else the open letter of the event generation ($2, $3;
@@ -144,7 +174,7 @@ LIMIT 1`
 	// syncs of the same page take turns instead of deadlocking. ON CONFLICT without a
 	// target makes an entry recorded before (by QStash message id, or any other unique
 	// key) a no-op. An entry about a generation the row has left (redriven since) is
-	// recorded resolved as superseded. Per entry it returns: created, superseded, and
+	// recorded resolved as superseded (supersededIf), as the failure callback records it. Per entry it returns: created, superseded, and
 	// whether dead_letters holds it (created now, or visible from before: a letter of the
 	// same QStash message, or of the same event generation).
 	qRecordSynced = `
@@ -168,8 +198,8 @@ WITH e AS (
            coalesce(e.payload::jsonb, o.payload), coalesce(o.headers, '{}'::jsonb), e.error, e.attempts,
            e.status_code, e.message_id, nullif(e.dlq_id, ''), e.response_body, coalesce(e.failed_at, now()),
            coalesce(e.generation, o.generation, 0),
-           CASE WHEN e.generation < o.generation THEN now() END,
-           CASE WHEN e.generation < o.generation THEN 'superseded' END
+           ` + supersededResolvedAt + `,
+           ` + supersededResolution + `
     FROM e
     LEFT JOIN locked o ON o.id = e.outbox_id
     ON CONFLICT DO NOTHING

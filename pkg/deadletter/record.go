@@ -78,12 +78,18 @@ type Recorded struct {
 	OutboxID int64
 	// OutboxMarked is true when the outbox row's dead_lettered_at was set now.
 	OutboxMarked bool
+	// Superseded is true when the new letter is about a generation its outbox row has left
+	// behind (the event was redriven since): it was recorded resolved (ResolutionSuperseded)
+	// and the row was left alone.
+	Superseded bool
 }
 
 // Record stores f as one dead letter (source "delivery") and marks its outbox row
 // dead-lettered with the error, in one statement. It is idempotent per QStash message id,
 // and adds nothing when the event generation already has an open letter (the relay gave up
 // on it too): then it changes nothing and returns Created false with that letter's id.
+// A failure of a generation the row has left behind (redriven since) is recorded resolved
+// as superseded, as Sync records it, and its row is left alone (Superseded true).
 func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error) {
 	// Text columns reject NUL and invalid UTF-8; a hostile or odd id must not turn into
 	// a database error that QStash would retry forever.
@@ -108,7 +114,7 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 	err := db.QueryRow(ctx, qRecordDelivery,
 		outboxID, nullString(topicFromURL(f.URL)), payload, errText, f.Retried, nullInt(f.Status),
 		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.Generation,
-	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked)
+	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked, &r.Superseded)
 	if isDataError(err) && payload != nil {
 		// The body was JSON to encoding/json but not to jsonb (e.g. a \u0000 escape): keep
 		// the letter with the outbox row's payload rather than losing it.

@@ -18,10 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// ResolutionSuperseded is the resolution of a letter Sync records for an event generation
-// the outbox row has left behind (it was redriven since): it is history, not work.
-const ResolutionSuperseded = "superseded"
-
 // Identity of an outbox message published before it moved into the destination URL
 // (qstash.ParseIdentity): forwarded headers.
 const (

@@ -23,6 +23,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 // DefaultMaxBodyBytes is Lambda's own limit on a synchronous invocation payload (6 MB).
@@ -39,9 +40,10 @@ var (
 
 // Config tunes New. Zero fields take the defaults.
 type Config struct {
-	// MaxBodyBytes caps the decoded request body; larger bodies are answered 413 with
-	// Upstash-NonRetryable-Error: true (every Function URL here is a QStash receiver, and
-	// a body that does not fit never will) and the handler is not called. Default
+	// MaxBodyBytes caps the decoded request body; larger bodies are answered as the
+	// receivers answer them, 489 with Upstash-NonRetryable-Error: true (receive.ReplyTooLarge:
+	// every Function URL here is a QStash receiver, a body that does not fit never will, and
+	// QStash retries, and bills, any other status), and the handler is not called. Default
 	// DefaultMaxBodyBytes. Set it to the handler's own limit to skip decoding what the
 	// handler would reject anyway.
 	MaxBodyBytes int64
@@ -59,7 +61,7 @@ func Handler(h http.Handler) Func { return New(h, Config{}) }
 
 // New returns a Lambda handler serving h. It never returns an error to the runtime (that
 // would become a 502 without the handler's status): malformed events get 400, oversized
-// bodies 413, handler panics 500.
+// bodies 489 (non-retryable), handler panics 500.
 func New(h http.Handler, cfg Config) Func {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -72,8 +74,11 @@ func New(h http.Handler, cfg Config) Func {
 		r, err := NewRequest(ctx, ev, cfg.MaxBodyBytes)
 		switch {
 		case errors.Is(err, ErrBodyTooLarge):
-			log.Warn("function url body too large", slog.Int64("limit_bytes", cfg.MaxBodyBytes))
-			return plain(http.StatusRequestEntityTooLarge, `{"error":"body_too_large"}`, "Upstash-NonRetryable-Error", "true"), nil
+			log.Warn("function url body too large", slog.Int64("limit_bytes", cfg.MaxBodyBytes),
+				slog.Int("status", receive.ReplyTooLarge.Status), slog.String("outcome", receive.ReplyTooLarge.Outcome))
+			w := NewResponseWriter()
+			receive.ReplyTooLarge.Write(w)
+			return w.Response(), nil
 		case err != nil:
 			log.Warn("function url event rejected", slog.Any("error", err))
 			return plain(http.StatusBadRequest, `{"error":"bad_request"}`), nil
@@ -227,10 +232,6 @@ func (w *ResponseWriter) Response() events.LambdaFunctionURLResponse {
 	return resp
 }
 
-func plain(status int, body string, kv ...string) events.LambdaFunctionURLResponse {
-	h := map[string]string{"Content-Type": "application/json"}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h[kv[i]] = kv[i+1]
-	}
-	return events.LambdaFunctionURLResponse{StatusCode: status, Headers: h, Body: body + "\n"}
+func plain(status int, body string) events.LambdaFunctionURLResponse {
+	return events.LambdaFunctionURLResponse{StatusCode: status, Headers: map[string]string{"Content-Type": "application/json"}, Body: body + "\n"}
 }

@@ -14,10 +14,12 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
 	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -37,6 +39,17 @@ func event(method, rawPath, query, body string, b64 bool, headers map[string]str
 			HTTP:       events.LambdaFunctionURLRequestContextHTTPDescription{Method: method, Path: rawPath, SourceIP: "203.0.113.9"},
 		},
 	}
+}
+
+// headerValue reads a response header whatever the case of its name (HTTP names are
+// case-insensitive; the adapter writes them canonical, Upstash-Nonretryable-Error).
+func headerValue(resp events.LambdaFunctionURLResponse, name string) string {
+	for k, v := range resp.Headers {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return ""
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -175,7 +188,7 @@ func TestHandlerResponse(t *testing.T) {
 
 	before := calls
 	resp, err = fn(ctx, event("POST", "/", "", "12345", false, nil))
-	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || resp.Headers["Upstash-NonRetryable-Error"] != "true" {
+	if err != nil || resp.StatusCode != receive.StatusNonRetryable || headerValue(resp, receive.HeaderNonRetryable) != "true" || resp.Body != `{"error":"body_too_large"}`+"\n" {
 		t.Fatalf("too large: %+v %v", resp, err)
 	}
 	resp, err = fn(ctx, event("POST", "/", "", "%%%", true, nil))
@@ -187,11 +200,10 @@ func TestHandlerResponse(t *testing.T) {
 	}
 }
 
-// TestWebhookThroughAdapter runs a signed Function URL event through the adapter and the
-// real webhook handler: the signed URL comes from requestContext.domainName, and a
-// signature made for a client-supplied Host is refused.
-func TestWebhookThroughAdapter(t *testing.T) {
-	t.Parallel()
+// receiverSetup gives a receiver its migrated schema (with the example's tables) and a
+// verifier of the dev keys.
+func receiverSetup(t *testing.T) (*pgtest.DB, *qstash.Verifier) {
+	t.Helper()
 	db := pgtest.New(t)
 	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
@@ -200,6 +212,15 @@ func TestWebhookThroughAdapter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return db, v
+}
+
+// TestWebhookThroughAdapter runs a signed Function URL event through the adapter and the
+// real webhook handler: the signed URL comes from requestContext.domainName, and a
+// signature made for a client-supplied Host is refused.
+func TestWebhookThroughAdapter(t *testing.T) {
+	t.Parallel()
+	db, v := receiverSetup(t)
 	h, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, Handlers: webhook.Handlers{"order.created": orders.OrderCreated}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -241,5 +262,57 @@ func TestNewLocalServerSetsEveryTimeout(t *testing.T) {
 	s := funcurl.NewLocalServer("127.0.0.1:0", http.NotFoundHandler())
 	if s.ReadHeaderTimeout == 0 || s.ReadTimeout == 0 || s.WriteTimeout == 0 || s.IdleTimeout == 0 {
 		t.Fatalf("a timeout is unset: %+v", s)
+	}
+}
+
+// TestOversizedBodyThroughAdapter: a signed body over the limit, sent to either QStash
+// receiver (webhook, failure callback) through the Function URL adapter, is answered 489 +
+// Upstash-NonRetryable-Error: true (QStash's only "do not retry"; it retries and bills a
+// 413) with the code body_too_large, and nothing is written. Both when the adapter's limit
+// is the handler's (as receiverfunc wires it: the adapter answers) and when it is larger
+// (the handler answers).
+func TestOversizedBodyThroughAdapter(t *testing.T) {
+	t.Parallel()
+	db, v := receiverSetup(t)
+	const limit = 1024
+	wh, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, MaxBodyBytes: limit, Logger: quiet(),
+		Handlers: webhook.Handlers{"order.created": orders.OrderCreated}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: db.Pool, Verifier: v, MaxBodyBytes: limit, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("x", 2*limit)
+	for _, c := range []struct {
+		name, path, query, body string
+		h                       http.Handler
+	}{
+		{"webhook", "/events/order.created", "outbox_id=5&generation=0", `{"order_id":"o-big","amount_cents":1,"currency":"EUR","pad":"` + pad + `"}`, wh},
+		{"failure callback", "/failure", "", `{"status":500,"sourceMessageId":"msg-big","url":"https://` + domain +
+			`/events/order.created?outbox_id=5&generation=0","body":"` + base64.StdEncoding.EncodeToString([]byte(pad)) + `"}`, cb},
+	} {
+		for _, adapterLimit := range []int64{limit, 4 * limit} {
+			target := "https://" + domain + c.path
+			if c.query != "" {
+				target += "?" + c.query
+			}
+			sig, err := qstash.Sign(qstash.DevCurrentSigningKey, target, []byte(c.body), time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fn := funcurl.New(c.h, funcurl.Config{MaxBodyBytes: adapterLimit, Logger: quiet()})
+			resp, err := fn(context.Background(), event("POST", c.path, c.query, c.body, false, map[string]string{"upstash-signature": sig}))
+			if err != nil || resp.StatusCode != receive.StatusNonRetryable || headerValue(resp, receive.HeaderNonRetryable) != "true" ||
+				strings.TrimSpace(resp.Body) != `{"error":"body_too_large"}` {
+				t.Fatalf("%s, adapter limit %d: %+v %v; want 489, %s: true, body_too_large", c.name, adapterLimit, resp, err, receive.HeaderNonRetryable)
+			}
+		}
+	}
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM processed_messages) +
+		(SELECT count(*) FROM billing_charges)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("oversized bodies wrote %d rows (%v)", n, err)
 	}
 }

@@ -10,9 +10,10 @@
 //	signature missing, invalid, expired,    401 unauthorized (nothing written)
 //	  or headers that contradict the
 //	  signed identity
-//	body over the limit                     413 + Upstash-NonRetryable-Error: true
-//	permanent (the receiver's own rows)     489 + Upstash-NonRetryable-Error: true
-//	                                            (QStash stops retrying)
+//	body over the limit, or permanent       489 + Upstash-NonRetryable-Error: true
+//	  (the receiver's own rows)                 (QStash stops retrying; it documents no
+//	                                            other status as non-retryable, so a
+//	                                            413 would be retried and billed)
 //	body unreadable, configuration error,   500 (QStash retries)
 //	  database down
 package receive

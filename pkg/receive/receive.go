@@ -36,8 +36,11 @@ const (
 	HeaderOutboxGeneration = "X-Outbox-Generation"
 )
 
-// StatusNonRetryable is QStash's "do not retry" status. It counts only together with
-// HeaderNonRetryable: "true"; Reply.Write sets both.
+// StatusNonRetryable is QStash's "do not retry" status, and the only one: QStash documents
+// 489 together with HeaderNonRetryable: "true" as "mark the message failed now, skip the
+// remaining retries" (docs features/retry.mdx "Non-Retryable Error"; docs/qstash-contract.md
+// point 12). Any other error status, 413 included, is retried, and every retry is billed.
+// Reply.Write sets the header with it.
 const StatusNonRetryable = 489
 
 // Outcomes of the receive step. Receivers add their own; these three are shared.
@@ -45,7 +48,8 @@ const (
 	// OutcomeUnauthorized: the signature is missing or wrong, or a header contradicts
 	// the signed identity. Nothing was written.
 	OutcomeUnauthorized = "unauthorized"
-	// OutcomeTooLarge: the body is over the limit (answered non-retryable).
+	// OutcomeTooLarge: the body is over the limit (answered 489, non-retryable: a body
+	// that does not fit now never will).
 	OutcomeTooLarge = "too_large"
 	// OutcomeTransient: QStash should retry (unreadable body, configuration, database).
 	OutcomeTransient = "transient"
@@ -62,16 +66,16 @@ type Reply struct {
 // Replies of the receive step itself.
 var (
 	ReplyUnauthorized = Reply{http.StatusUnauthorized, "unauthorized", OutcomeUnauthorized}
-	ReplyTooLarge     = Reply{http.StatusRequestEntityTooLarge, "body_too_large", OutcomeTooLarge}
+	ReplyTooLarge     = Reply{StatusNonRetryable, "body_too_large", OutcomeTooLarge}
 	ReplyUnreadable   = Reply{http.StatusInternalServerError, "transient_error", OutcomeTransient}
 	ReplyConfig       = Reply{http.StatusInternalServerError, "configuration_error", OutcomeTransient}
 )
 
 // Write answers rep as JSON: {"outcome": code} for 2xx, {"error": code} otherwise. A 489
-// or 413 carries Upstash-NonRetryable-Error: true, so QStash gives up at once instead of
-// retrying what cannot change.
+// carries Upstash-NonRetryable-Error: true, so QStash gives up at once instead of retrying
+// what cannot change.
 func (rep Reply) Write(w http.ResponseWriter) {
-	if rep.Status == StatusNonRetryable || rep.Status == http.StatusRequestEntityTooLarge {
+	if rep.Status == StatusNonRetryable {
 		w.Header().Set(HeaderNonRetryable, "true")
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -120,7 +124,8 @@ func (a *Answer) Reply(rep Reply, level slog.Level, msg string, attrs ...any) {
 type Receiver struct {
 	// Verifier checks Upstash-Signature.
 	Verifier *qstash.Verifier
-	// MaxBodyBytes caps the body; a larger one gets 413 and is not read whole.
+	// MaxBodyBytes caps the body; a larger one gets 489 (non-retryable) and is not read
+	// whole.
 	MaxBodyBytes int64
 	// BaseURL is the scheme and host QStash delivers to (e.g. https://hooks.example.com):
 	// the signed URL is BaseURL + the request's escaped path and query.
@@ -142,7 +147,7 @@ type Request struct {
 	URL *url.URL
 }
 
-// Receive reads and verifies r. When it returns false it has answered already (413, 401
+// Receive reads and verifies r. When it returns false it has answered already (489, 401
 // or 500) and the caller must return. With neither URL nor BaseURL set, the trusted origin
 // a transport adapter put in the context (pkg/origin, set by pkg/funcurl) is the base; the
 // client's Host header is never used.

@@ -76,6 +76,9 @@ func TestHeaders(t *testing.T) {
 
 func TestReplyWrite(t *testing.T) {
 	t.Parallel()
+	if receive.ReplyTooLarge.Status != receive.StatusNonRetryable {
+		t.Fatalf("an oversized body is answered %d; QStash retries (and bills) anything but 489 + %s", receive.ReplyTooLarge.Status, receive.HeaderNonRetryable)
+	}
 	for _, c := range []struct {
 		rep          receive.Reply
 		body         string
@@ -84,6 +87,8 @@ func TestReplyWrite(t *testing.T) {
 		{receive.Reply{Status: 200, Code: "processed"}, `{"outcome":"processed"}` + "\n", false},
 		{receive.Reply{Status: receive.StatusNonRetryable, Code: "rejected"}, `{"error":"rejected"}` + "\n", true},
 		{receive.ReplyTooLarge, `{"error":"body_too_large"}` + "\n", true},
+		// QStash documents no other non-retryable status: a 413 would be retried anyway.
+		{receive.Reply{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large"}, `{"error":"body_too_large"}` + "\n", false},
 		{receive.ReplyUnauthorized, `{"error":"unauthorized"}` + "\n", false},
 		{receive.ReplyConfig, `{"error":"configuration_error"}` + "\n", false},
 	} {

@@ -7,7 +7,8 @@
 //	permanent (malformed JSON, unknown    489 + Upstash-NonRetryable-Error: true
 //	  topic, payload conflict, handler      (QStash stops retrying; the failure
 //	  error marked with Permanent)          callback records a dead letter)
-//	body over MaxBodyBytes                413 + Upstash-NonRetryable-Error: true
+//	body over MaxBodyBytes                489 + Upstash-NonRetryable-Error: true,
+//	                                        code body_too_large, nothing written
 //	bad or missing signature, or          401, generic body, nothing written
 //	  X-Outbox-Id / X-Outbox-Generation
 //	  contradicting the signed URL

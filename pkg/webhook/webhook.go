@@ -48,7 +48,7 @@ const (
 	// OutcomeUnauthorized: a bad signature, or forwarded X-Outbox-* headers that contradict
 	// the signed identity. Nothing was written.
 	OutcomeUnauthorized = receive.OutcomeUnauthorized
-	// OutcomeTooLarge: the body is over MaxBodyBytes (413, non-retryable).
+	// OutcomeTooLarge: the body is over MaxBodyBytes (489, non-retryable).
 	OutcomeTooLarge = receive.OutcomeTooLarge
 )
 
@@ -92,7 +92,8 @@ type Config struct {
 	Consumer string
 	// Handlers routes topics. At least one; each topic must be a valid outbox topic.
 	Handlers Handlers
-	// MaxBodyBytes caps the request body; larger bodies get 413 and are not read whole.
+	// MaxBodyBytes caps the request body; larger bodies get 489 (non-retryable) and are
+	// not read whole.
 	// Default DefaultMaxBodyBytes (1 MiB, QStash's smallest message limit).
 	MaxBodyBytes int64
 	// PublicBaseURL is the scheme and host the relay publishes to (PUBLIC_BASE_URL, e.g.
@@ -211,7 +212,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// The webhook's rows of the status table; the receive step adds 401, 413 and 500.
+// The webhook's rows of the status table; the receive step adds 401, 489 body_too_large
+// and 500.
 var (
 	replyProcessed    = receive.Reply{Status: http.StatusOK, Code: "processed", Outcome: OutcomeProcessed}
 	replyDuplicate    = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}

@@ -143,7 +143,7 @@ func TestSecurityMatrix(t *testing.T) {
 			big := append([]byte(`{"order_id":"o","amount_cents":1,"currency":"EUR","pad":"`), bytes.Repeat([]byte("x"), 2048)...)
 			big = append(big, `"}`...)
 			return delivery(t, orderPath, "1", big)
-		}, http.StatusRequestEntityTooLarge},
+		}, webhook.StatusNonRetryable},
 		{"body over the limit, chunked", func(t *testing.T) *http.Request {
 			big := append([]byte(`{"order_id":"o","amount_cents":1,"currency":"EUR","pad":"`), bytes.Repeat([]byte("x"), 2048)...)
 			big = append(big, `"}`...)
@@ -151,7 +151,7 @@ func TestSecurityMatrix(t *testing.T) {
 			r.ContentLength = -1
 			r.Body = io.NopCloser(bytes.NewReader(big))
 			return r
-		}, http.StatusRequestEntityTooLarge},
+		}, webhook.StatusNonRetryable},
 		{"wrong method", func(t *testing.T) *http.Request {
 			r := delivery(t, orderPath, "1", body)
 			r.Method = http.MethodPut
@@ -207,8 +207,13 @@ func TestSecurityMatrix(t *testing.T) {
 				t.Fatalf("status %d, want %d (body %s)", w.Code, c.status, w.Body)
 			}
 			nonRetryable := w.Header().Get(webhook.HeaderNonRetryable) == "true"
-			if want := c.status == webhook.StatusNonRetryable || c.status == http.StatusRequestEntityTooLarge; nonRetryable != want {
+			if want := c.status == webhook.StatusNonRetryable; nonRetryable != want {
 				t.Fatalf("%s header present = %v, want %v", webhook.HeaderNonRetryable, nonRetryable, want)
+			}
+			// QStash documents only 489 + the header as "do not retry": an oversized body
+			// gets that, never a 413 it would retry and bill.
+			if strings.HasPrefix(c.name, "body over the limit") && strings.TrimSpace(w.Body.String()) != `{"error":"body_too_large"}` {
+				t.Fatalf("oversized body answered %q", w.Body)
 			}
 			if c.status == http.StatusUnauthorized && strings.TrimSpace(w.Body.String()) != `{"error":"unauthorized"}` {
 				t.Fatalf("401 body %q is not the generic one", w.Body)
