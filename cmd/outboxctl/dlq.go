@@ -369,14 +369,18 @@ func printRedrive(w io.Writer, res deadletter.RedriveResult) {
 	for _, id := range res.AlreadyResolved {
 		fmt.Fprintf(w, "letter %d: already resolved, nothing to do\n", id)
 	}
+	for _, r := range res.Superseded {
+		fmt.Fprintf(w, "letter %d: about a generation its outbox row %d has left behind (now generation %d); resolved as superseded, row left as is\n",
+			r.LetterID, r.OutboxID, r.Generation)
+	}
 	for _, id := range res.OutboxMissing {
 		fmt.Fprintf(w, "letter %d: its outbox row no longer exists (deleted by retention?); left open, redeliver its payload by hand (outboxctl dlq show %d)\n", id, id)
 	}
 	for _, id := range res.NotFound {
 		fmt.Fprintf(w, "letter %d: not found\n", id)
 	}
-	fmt.Fprintf(w, "%s %d letter(s); %d already resolved, %d already pending, %d without outbox row, %d not found\n",
-		verb, len(res.Redriven), len(res.AlreadyResolved), len(res.AlreadyPending), len(res.OutboxMissing), len(res.NotFound))
+	fmt.Fprintf(w, "%s %d letter(s); %d already resolved, %d already pending, %d superseded, %d without outbox row, %d not found\n",
+		verb, len(res.Redriven), len(res.AlreadyResolved), len(res.AlreadyPending), len(res.Superseded), len(res.OutboxMissing), len(res.NotFound))
 }
 
 func writeJSON(w io.Writer, v any) error {

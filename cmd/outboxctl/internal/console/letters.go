@@ -392,13 +392,13 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res := d.Result
-	d.Matched = len(res.Redriven) + len(res.AlreadyPending) + len(res.AlreadyResolved) + len(res.OutboxMissing)
+	d.Matched = len(res.Redriven) + len(res.AlreadyPending) + len(res.AlreadyResolved) + len(res.Superseded) + len(res.OutboxMissing)
 	d.Empty = d.Matched == 0 && len(res.NotFound) == 0
 	if !d.DryRun {
 		s.charts.reset() // redriven events count as pending since their creation
 		s.cfg.Logger.Info("console redrive", "scope", d.Scope, "group", form.Get("group"), "redriven", len(res.Redriven),
 			"already_pending", len(res.AlreadyPending), "already_resolved", len(res.AlreadyResolved),
-			"outbox_missing", len(res.OutboxMissing), "not_found", len(res.NotFound), "remote_addr", r.RemoteAddr)
+			"superseded", len(res.Superseded), "outbox_missing", len(res.OutboxMissing), "not_found", len(res.NotFound), "remote_addr", r.RemoteAddr)
 	}
 	s.render(w, r, http.StatusOK, "redrive", "Redrive", d)
 }
