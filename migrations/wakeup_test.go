@@ -2,9 +2,11 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -84,8 +86,8 @@ func TestWakeUpUpgrade(t *testing.T) {
 		t.Fatalf("%d rows after the upgrade, want 2", n)
 	}
 	// The escape hatch in 0014's comment.
-	exec(t, db.Pool, `CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-	    BEGIN PERFORM pg_notify('outbox', ''); RETURN NULL; END; $$`)
+	exec(t, db.Pool, `DROP TRIGGER outbox_notify_insert ON outbox`)
+	exec(t, db.Pool, `CREATE TRIGGER outbox_notify_insert AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()`)
 	if !insertNotifies(t, db.Pool) {
 		t.Fatal("the restored trigger sent no NOTIFY")
 	}
@@ -105,5 +107,40 @@ func TestNotifyOnlyWhileARelaySleeps(t *testing.T) {
 	sleep(t, db.Pool)
 	if !insertNotifies(t, db.Pool) {
 		t.Fatal("an insert sent no NOTIFY while a relay sleeps")
+	}
+}
+
+// TestWakeUpMigrationYieldsToProducers: 0014 replaces the trigger, which needs a lock that
+// waits for open producer transactions. Behind one it gives up after its lock_timeout
+// instead of queueing every later producer behind it, changes nothing, and succeeds once
+// the producer has committed.
+func TestWakeUpMigrationYieldsToProducers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	migrateTo(t, db.Pool, 12)
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = postgres.Migrate(ctx, db.Pool, nil)
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("migrate behind an open producer: %v, want a lock timeout (55P03)", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !insertNotifies(t, db.Pool) {
+		t.Fatal("the failed migration changed the trigger")
+	}
+	if _, err := postgres.Migrate(ctx, db.Pool, nil); err != nil {
+		t.Fatalf("migrate once the producer committed: %v", err)
+	}
+	if insertNotifies(t, db.Pool) {
+		t.Fatal("after 0014 an insert sent a NOTIFY although no relay sleeps")
 	}
 }
