@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,4 +160,36 @@ func sleepers(t *testing.T, db *pgtest.DB) []int32 {
 		t.Fatal(err)
 	}
 	return pids
+}
+
+// A sleeping relay that producers keep busy wakes for good: it polls and lets go of the
+// sleeper lock, so their inserts stop sending NOTIFY. When they stop, it sleeps again.
+func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	published := lingerInBackground(t, db)
+	go func() {
+		for range published { // the fake publisher must never block
+		}
+	}()
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil && ctx.Err() == nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 0 })
+	stop()
+	wg.Wait()
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
 }
