@@ -131,14 +131,14 @@ func Producer(ctx context.Context, schemaURL string, cfg ProducerConfig, progres
 	for _, clients := range cfg.Clients {
 		for round := 1; round <= cfg.Rounds; round++ {
 			for _, arm := range producerArms {
-				rate, n, err := producerRun(ctx, admin, schemaURL, pgbench, script, setups[arm], arm, clients, cfg.Duration)
+				rate, st, err := producerRun(ctx, admin, schemaURL, pgbench, script, setups[arm], arm, clients, cfg.Duration)
 				if err != nil {
 					return res, fmt.Errorf("producer %s at %d clients: %w", arm, clients, err)
 				}
 				runs[key(arm, clients)] = append(runs[key(arm, clients)], rate)
-				dispatched[key(arm, clients)] += n
+				dispatched[key(arm, clients)] += st.Dispatched
 				if progress != nil {
-					progress(fmt.Sprintf("producer %-20s clients=%-3d round %d: %8.0f commits/s (relay published %d)", arm, clients, round, rate, n))
+					progress(fmt.Sprintf("producer %-20s clients=%-3d round %d: %8.0f commits/s (relay: %s)", arm, clients, round, rate, st.LogValue()))
 				}
 			}
 		}
@@ -161,40 +161,40 @@ func Producer(ctx context.Context, schemaURL string, cfg ProducerConfig, progres
 }
 
 // producerRun runs one arm once on an emptied outbox and returns its commits per second
-// and how many events the relay published meanwhile.
-func producerRun(ctx context.Context, admin *pgxpool.Pool, schemaURL, pgbench, script, setup, arm string, clients int, d time.Duration) (float64, int, error) {
+// and what the relay did meanwhile.
+func producerRun(ctx context.Context, admin *pgxpool.Pool, schemaURL, pgbench, script, setup, arm string, clients int, d time.Duration) (float64, relay.Stats, error) {
+	var st relay.Stats
 	if err := Reset(ctx, admin); err != nil {
-		return 0, 0, err
+		return 0, st, err
 	}
 	// Every arm starts from 0014's trigger, enabled.
 	if _, err := admin.Exec(ctx, qNotifyEveryInsert); err != nil {
-		return 0, 0, fmt.Errorf("set the trigger up: %w", err)
+		return 0, st, fmt.Errorf("set the trigger up: %w", err)
 	}
 	if _, err := admin.Exec(ctx, setup); err != nil {
-		return 0, 0, fmt.Errorf("set the trigger up: %w", err)
+		return 0, st, fmt.Errorf("set the trigger up: %w", err)
 	}
 	if err := checkpoint(ctx, admin); err != nil {
-		return 0, 0, err
+		return 0, st, err
 	}
 
 	q := startSinkQStash(0)
 	defer q.Close()
 	pool, err := openPool(ctx, schemaURL, int32(relay.DefaultPublishConcurrency+2))
 	if err != nil {
-		return 0, 0, err
+		return 0, st, err
 	}
 	defer pool.Close()
 	pub, err := newPublisher(q.URL, q.Token, q.SinkURL, false)
 	if err != nil {
-		return 0, 0, err
+		return 0, st, err
 	}
 	r, err := relay.New(pool, pub, relayConfig(relay.DefaultBatchSize, false))
 	if err != nil {
-		return 0, 0, err
+		return 0, st, err
 	}
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var st relay.Stats
 	var relayErr error
 	done := make(chan struct{})
 	go func() {
@@ -213,7 +213,7 @@ func producerRun(ctx context.Context, admin *pgxpool.Pool, schemaURL, pgbench, s
 	if err == nil && relayErr != nil {
 		err = fmt.Errorf("relay run: %w", relayErr)
 	}
-	return rate, st.Dispatched, err
+	return rate, st, err
 }
 
 // qNotifyEveryInsert restores 0001's trigger, as migration 0014's comment tells operators.
