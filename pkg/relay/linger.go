@@ -44,11 +44,12 @@ func (r *Relay) Run(stop context.Context) (Stats, error) {
 // producers are committing faster than it goes round. An empty poll is one claim that
 // finds nothing (an index probe).
 //
-// Measured at 800 events/s in 100 commits a second (e2e bench, throwaway cluster with the
-// defaults, shared 2-core machine): releasing the lock after every wake-up and sleeping
-// after 7 ms of polls, the relay seldom slept (an empty claim took a millisecond or more)
-// and events waited for the next poll: p50 7.4 / 8.0 ms against 5.3 / 5.5 ms with the
-// NOTIFY on every insert.
+// Measured at 800 events/s in 100 commits a second (e2e bench, 20 s, throwaway cluster
+// with the defaults, shared 2-core machine, in turns with the NOTIFY on every insert):
+// these values p50 / p99 5.1 / 34.0 and 4.4 / 39.1 ms, the NOTIFY on every insert 5.2 /
+// 25.3 and 4.8 / 28.6. Releasing the lock at every wake-up and sleeping after 7 ms of
+// polls, the relay seldom slept (an empty claim took a millisecond or more, so the next
+// commit came first) and events waited for the next poll: 8.0 / 71.8 and 7.4 / 30.6 ms.
 const (
 	fastPoll   = time.Millisecond
 	sleepAfter = 2 * time.Millisecond
