@@ -38,7 +38,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
 		fmt.Fprintln(e.stderr, "       outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]   (one relay drain; -h for more)")
-		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
+		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL (unset: a throwaway cluster with PostgreSQL's defaults) in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -59,9 +59,15 @@ func runBench(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	url, err := databaseURL(e)
-	if err != nil {
-		return err
+	url, cluster := e.getenv("DATABASE_URL"), ""
+	if url == "" {
+		u, stop, err := bench.StartThrowawayCluster(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = stop() }()
+		url, cluster = u, bench.ThrowawayCluster
+		fmt.Fprintf(e.stderr, "bench: DATABASE_URL is unset: running on a throwaway cluster with PostgreSQL's defaults (autovacuum on) at %s\n", u)
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -79,7 +85,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("find outboxctl executable for the drain child: %w", err)
 	}
 	res, runErr := bench.Run(ctx, url, bench.Options{
-		Size: sz, Scenarios: names,
+		Size: sz, Scenarios: names, Cluster: cluster,
 		Spawn:    func(ctx context.Context) *exec.Cmd { return exec.CommandContext(ctx, self, "bench", "drain-child") },
 		Progress: func(s string) { fmt.Fprintln(e.stderr, s) },
 	})

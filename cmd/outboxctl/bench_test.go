@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -79,5 +81,27 @@ func TestBenchArgumentErrors(t *testing.T) {
 		if code != 2 || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and a message", args, code, stderr)
 		}
+	}
+}
+
+// Without DATABASE_URL the bench runs on a throwaway cluster with PostgreSQL's defaults and
+// says so, on stderr and in the report (autovacuum on, unlike the CI machines' server).
+func TestBenchThrowawayCluster(t *testing.T) {
+	t.Parallel()
+	if _, err := localstack.FindPostgresBin(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	code, stdout, stderr := runCLIEnv(t, map[string]string{}, "bench", "--size", "tiny", "--scenarios", "claim")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stderr, "DATABASE_URL is unset: running on a throwaway cluster") {
+		t.Errorf("stderr does not name the cluster:\n%s", stderr)
+	}
+	if !strings.Contains(stdout, "autovacuum=on) on "+bench.ThrowawayCluster) {
+		t.Errorf("report does not name the cluster and its autovacuum:\n%s", stdout)
 	}
 }

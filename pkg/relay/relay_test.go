@@ -617,49 +617,6 @@ func TestDrainHonoursDeadline(t *testing.T) {
 	}
 }
 
-// Linger wakes on NOTIFY: with a 1-minute poll interval, an event enqueued while it waits
-// is still published at once.
-func TestLingerWakesOnNotify(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	published := make(chan outbox.ID, 10)
-	pub := &fakePublisher{after: func(msgs []outbox.Message) {
-		for _, m := range msgs {
-			published <- m.ID
-		}
-	}}
-	r := newRelay(t, db, pub, relay.Config{PollInterval: time.Minute})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	lingerDone := make(chan error, 1)
-	go func() {
-		_, err := r.Linger(ctx, time.Now().Add(time.Minute))
-		lingerDone <- err
-	}()
-	// Enqueue repeatedly until the first one is seen: the relay may not be listening yet
-	// when the first insert commits (NOTIFY is a hint, not a queue).
-	deadline := time.After(20 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var first outbox.ID
-	for first == 0 {
-		select {
-		case id := <-published:
-			first = id
-		case <-tick.C:
-			if _, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
-				t.Fatal(err)
-			}
-		case <-deadline:
-			t.Fatal("no event published while lingering")
-		}
-	}
-	cancel()
-	if err := <-lingerDone; err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestRunStopsCleanly(t *testing.T) {
 	t.Parallel()
 	for _, conc := range []int{1, 4} {

@@ -423,3 +423,29 @@ func TestBacklogSweepRounds(t *testing.T) {
 		t.Fatalf("%d sweep settings, want 2", len(res.Sweep))
 	}
 }
+
+// The producer scenario runs every arm at its size, with pgbench and the Go API, while the
+// relay publishes (with no wake-up it may sleep through the tiny arm: its poll is 1 s); the
+// trigger is left as migration 0014 made it.
+func TestProducer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.ProducerConfigFor(bench.Tiny)
+	res, err := bench.Producer(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, arm := range []string{bench.ArmNotifyEveryInsert, bench.ArmNoWakeUp, bench.ArmSleeper, bench.ArmGoEnqueue} {
+		a := res.Find(arm, cfg.Clients[0])
+		if a == nil || a.CommitsPerSec <= 0 || len(a.Rounds) != cfg.Rounds || (a.RelayDispatched <= 0 && arm != bench.ArmNoWakeUp) {
+			t.Errorf("%s: %+v, want commits, and relay publishes if woken", arm, a)
+		}
+	}
+	var def string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'outbox'::regclass AND tgname = 'outbox_notify_insert' AND tgenabled = 'O'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(def, "WHEN ((NOT pg_try_advisory_xact_lock_shared(1868724343") {
+		t.Errorf("trigger after the scenario: %s, want 0014's", def)
+	}
+}

@@ -43,7 +43,7 @@ func E2EConfigFor(s Size) E2EConfig {
 	c := E2EConfig{Ticks: 100, Batch: relay.DefaultBatchSize, Timeout: time.Minute}
 	switch s {
 	case Full:
-		c.Rate, c.Duration = 500, 60*time.Second
+		c.Rate, c.Duration = 800, 60*time.Second
 	case Short:
 		c.Rate, c.Duration = 200, 8*time.Second
 	default:

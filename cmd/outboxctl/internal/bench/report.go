@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ type Results struct {
 	Claim    *ClaimResult    `json:"claim,omitempty"`
 	FIFO     *FIFOResult     `json:"fifo,omitempty"`
 	E2E      *E2EResult      `json:"e2e,omitempty"`
+	Producer *ProducerResult `json:"producer,omitempty"`
 	Consumer *ConsumerResult `json:"consumer,omitempty"`
 	Memory   *MemoryResult   `json:"memory,omitempty"`
 	Backlog  *BacklogResult  `json:"backlog,omitempty"`
@@ -50,6 +52,11 @@ type Summary struct {
 	E2EP99Ms     *float64 `json:"e2e_p99_ms"`
 	E2EPollP50Ms *float64 `json:"e2e_poll_p50_ms"`
 	E2EPollP99Ms *float64 `json:"e2e_poll_p99_ms"`
+	// Producer commits/s at 64 clients, one event per transaction, with the long-lived relay
+	// running: the shipped wake-up (0014) over no wake-up at all, and 0001's NOTIFY on every
+	// insert over no wake-up.
+	ProducerWakeupRatio            *float64 `json:"producer_wakeup_ratio"`
+	ProducerNotifyEveryInsertRatio *float64 `json:"producer_notify_every_insert_ratio"`
 	// Webhook over its raw transaction at concurrency 16.
 	WebhookVsRaw *float64 `json:"webhook_vs_raw"`
 	// FIFO: order violations over every key count (must be 0).
@@ -145,6 +152,16 @@ func (r *Results) Summarise() {
 			s.E2EPollP50Ms, s.E2EPollP99Ms = ptr(m.Latency.P50), ptr(m.Latency.P99)
 		}
 	}
+	if p := r.Producer; p != nil {
+		if none := p.Find(ArmNoWakeUp, 64); none != nil {
+			if a := p.Find(ArmSleeper, 64); a != nil {
+				s.ProducerWakeupRatio = ptr(ratio(a.CommitsPerSec, none.CommitsPerSec))
+			}
+			if a := p.Find(ArmNotifyEveryInsert, 64); a != nil {
+				s.ProducerNotifyEveryInsertRatio = ptr(ratio(a.CommitsPerSec, none.CommitsPerSec))
+			}
+		}
+	}
 	if c := r.Consumer.At(16); c != nil {
 		s.WebhookVsRaw = ptr(c.WebhookVsRaw)
 	}
@@ -187,6 +204,7 @@ func (r *Results) Summarise() {
 	target("claim_p99_ratio_5m_vs_0", "<= 1.5", s.ClaimP99Ratio5MVs0, func(v float64) bool { return v <= 1.5 })
 	target("e2e_p50_ms", "< 100 (linger)", s.E2EP50Ms, func(v float64) bool { return v < 100 })
 	target("e2e_p99_ms", "< 500 (linger)", s.E2EP99Ms, func(v float64) bool { return v < 500 })
+	target("producer_wakeup_ratio", ">= 0.95 (64 clients, one event per transaction, relay running; against no wake-up)", s.ProducerWakeupRatio, func(v float64) bool { return v >= 0.95 })
 	target("webhook_vs_raw", ">= 0.6 (concurrency 16)", s.WebhookVsRaw, func(v float64) bool { return v >= 0.6 })
 	target("relay_peak_rss_mib", "< 64 (batch 1000)", s.RelayPeakRSSMiB, func(v float64) bool { return v < 64 })
 	target("backlog_relay_peak_rss_mib", "< 64 (the defaults, 1M backlog)", s.BacklogRelayPeakRSSMiB, func(v float64) bool { return v < 64 })
@@ -202,6 +220,8 @@ func (r *Results) Summarise() {
 
 // Machine describes where the numbers came from.
 type Machine struct {
+	// Cluster says which server ran the bench: DATABASE_URL's, or ThrowawayCluster.
+	Cluster    string            `json:"cluster"`
 	NProc      int               `json:"nproc"`
 	CPUModel   string            `json:"cpu_model"`
 	Kernel     string            `json:"kernel"`
@@ -275,10 +295,10 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	m := r.Machine
 	p("# outbox-relay bench (%s size)\n\n", r.Size)
-	p("Run %s, %.0f s. Machine: %d × %s, %s RAM, Linux %s, %s, PostgreSQL %s (shared_buffers=%s, synchronous_commit=%s, fsync=%s, wal_sync_method=%s, work_mem=%s). Load average at start %s, at end %s.\n\n",
+	p("Run %s, %.0f s. Machine: %d × %s, %s RAM, Linux %s, %s, PostgreSQL %s (shared_buffers=%s, synchronous_commit=%s, fsync=%s, wal_sync_method=%s, work_mem=%s, autovacuum=%s) on %s. Load average at start %s, at end %s.\n\n",
 		r.Started.UTC().Format(time.RFC3339), r.Seconds, m.NProc, m.CPUModel, m.MemTotalKB, m.Kernel, m.GoVersion, m.Postgres,
 		m.Settings["shared_buffers"], m.Settings["synchronous_commit"], m.Settings["fsync"], m.Settings["wal_sync_method"], m.Settings["work_mem"],
-		m.LoadStart, m.LoadEnd)
+		m.Settings["autovacuum"], cmp.Or(m.Cluster, "DATABASE_URL's server"), m.LoadStart, m.LoadEnd)
 
 	p("## Targets\n\n| figure | goal | measured | met |\n|---|---|---:|---|\n")
 	for _, t := range r.Targets {
@@ -360,6 +380,19 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("## 4. End-to-end latency (%d events/s for %.0f s per mode)\n\n%s.\n\n| mode | events | p50 ms | p95 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|\n", e.Config.Rate, e.Config.Duration.Seconds(), e.Path)
 		for _, x := range e.Modes {
 			p("| %s | %d | %.1f | %.1f | %.1f | %.1f |\n", x.Mode, x.Latency.Samples, x.Latency.P50, x.Latency.P95, x.Latency.P99, x.Latency.Max)
+		}
+		p("\n")
+	}
+	if pr := r.Producer; pr != nil {
+		p("## 4b. Producer commits (one event per transaction, %.0f s per arm, %d round(s) in turns, the median shown; relay.Run publishing meanwhile)\n\n%s. pgbench: %s.\n\n",
+			pr.Config.Duration.Seconds(), max(pr.Config.Rounds, 1), pr.Path, pr.Pgbench)
+		p("| clients | wake-up | driver | commits/s | every round | / no wake-up | relay published |\n|---:|---|---|---:|---|---:|---:|\n")
+		for _, x := range pr.Arms {
+			rel := "–"
+			if none := pr.Find(ArmNoWakeUp, x.Clients); none != nil {
+				rel = fmt.Sprintf("%.2f", ratio(x.CommitsPerSec, none.CommitsPerSec))
+			}
+			p("| %d | %s | %s | %.0f | %s | %s | %d |\n", x.Clients, x.Arm, x.Driver, x.CommitsPerSec, roundsList(x.Rounds), rel, x.RelayDispatched)
 		}
 		p("\n")
 	}

@@ -16,13 +16,14 @@ const (
 	ScenarioClaim    = "claim"
 	ScenarioFIFO     = "fifo"
 	ScenarioE2E      = "e2e"
+	ScenarioProducer = "producer"
 	ScenarioConsumer = "consumer"
 	ScenarioMemory   = "memory"
 	ScenarioBacklog  = "backlog"
 )
 
 // Scenarios lists every scenario.
-var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioConsumer, ScenarioMemory, ScenarioBacklog}
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog}
 
 // ParseScenarios splits a comma-separated list and checks every name.
 func ParseScenarios(s string) ([]string, error) {
@@ -50,6 +51,8 @@ type Options struct {
 	Spawn Spawner
 	// Progress receives one line per measurement (nil: silent).
 	Progress func(string)
+	// Cluster describes the server for the report (empty: DATABASE_URL's).
+	Cluster string
 }
 
 // Run runs the chosen scenarios, each in its own bench_<random> schema on baseURL's server
@@ -62,6 +65,7 @@ func Run(ctx context.Context, baseURL string, opts Options) (*Results, error) {
 		return nil, err
 	}
 	res.Machine = m
+	res.Machine.Cluster = opts.Cluster
 	var first error
 	for _, name := range Scenarios {
 		if !slices.Contains(opts.Scenarios, name) {
@@ -108,6 +112,8 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 		res.FIFO, err = FIFO(ctx, s.URL, FIFOConfigFor(opts.Size), opts.Progress)
 	case ScenarioE2E:
 		res.E2E, err = E2E(ctx, s.URL, E2EConfigFor(opts.Size), opts.Progress)
+	case ScenarioProducer:
+		res.Producer, err = Producer(ctx, s.URL, ProducerConfigFor(opts.Size), opts.Progress)
 	case ScenarioConsumer:
 		res.Consumer, err = Consumer(ctx, s.URL, ConsumerConfigFor(opts.Size), opts.Progress)
 	case ScenarioMemory:

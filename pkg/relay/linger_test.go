@@ -1,0 +1,195 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+const qInsertSQL = `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`
+
+// lingerInBackground runs Linger for a minute with a one-minute poll interval, so only a
+// wake-up can publish an event within the tests' deadlines. It returns the published ids
+// and stops the relay at the end of the test.
+func lingerInBackground(t *testing.T, db *pgtest.DB) <-chan outbox.ID {
+	t.Helper()
+	published := make(chan outbox.ID, 100)
+	pub := &fakePublisher{after: func(msgs []outbox.Message) {
+		for _, m := range msgs {
+			published <- m.ID
+		}
+	}}
+	r := newRelay(t, db, pub, relay.Config{PollInterval: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Linger(ctx, time.Now().Add(time.Minute))
+		done <- err
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return published
+}
+
+func expectPublished(t *testing.T, published <-chan outbox.ID, what string) outbox.ID {
+	t.Helper()
+	select {
+	case id := <-published:
+		return id
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s not published within 20 s (the poll interval is a minute)", what)
+		return 0
+	}
+}
+
+// Linger wakes on NOTIFY: with a 1-minute poll interval, an event enqueued through the
+// producer API while it waits is still published at once.
+func TestLingerWakesOnNotify(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	published := lingerInBackground(t, db)
+	// Enqueue repeatedly until the first one is seen: the relay may not be listening yet
+	// when the first insert commits (NOTIFY is a hint, not a queue).
+	deadline := time.After(20 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-published:
+			return
+		case <-tick.C:
+			if _, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("no event published while lingering")
+		}
+	}
+}
+
+// An idle relay falls asleep (holds the sleeper lock) and a plain SQL INSERT, which knows
+// nothing of the relay, wakes it through the trigger's NOTIFY; once busy it releases the
+// lock, and sleeps again when idle.
+func TestLingerSleepingRelayWokenBySQLInsert(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	published := lingerInBackground(t, db)
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+
+	for range 2 {
+		if _, err := db.Pool.Exec(context.Background(), qInsertSQL); err != nil {
+			t.Fatal(err)
+		}
+		expectPublished(t, published, "a plain SQL insert into a sleeping relay's outbox")
+		waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	}
+}
+
+// The lost wake-up: a producer inserts while the relay is awake (its trigger finds no
+// sleeper and sends nothing) and commits only after the relay has gone idle. The relay must
+// not fall asleep on that event: its lock attempt fails while the producer's transaction is
+// open, it keeps polling, and the event goes out long before the one-minute poll.
+func TestLingerDoesNotSleepThroughAnOpenProducer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	published := lingerInBackground(t, db)
+	// Long past the relay's fast polls: without the producer's shared lock it would be
+	// asleep by now, and the commit below would send no NOTIFY.
+	time.Sleep(300 * time.Millisecond)
+	if n := len(sleepers(t, db)); n != 0 {
+		t.Fatalf("%d relays asleep while a producer that found none is still open", n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectPublished(t, published, "the event of a producer that committed after the relay went idle")
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+}
+
+// A relay whose listening connection dies while asleep leaves nobody marked asleep (the lock
+// is the session's), so producers stop notifying; the relay listens again, sleeps on its new
+// connection and is woken there.
+func TestLingerSleeperLockDiesWithItsConnection(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	published := lingerInBackground(t, db)
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	old := sleepers(t, db)[0]
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { s := sleepers(t, db); return len(s) == 1 && s[0] != old })
+	if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil {
+		t.Fatal(err)
+	}
+	expectPublished(t, published, "an insert after the listening connection was replaced")
+}
+
+// sleepers returns the backend pids holding the sleeper lock of this schema's outbox.
+func sleepers(t *testing.T, db *pgtest.DB) []int32 {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = 1868724343 AND objid = 'outbox'::regclass::oid AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pids
+}
+
+// A sleeping relay that producers keep busy wakes for good: it polls and lets go of the
+// sleeper lock, so their inserts stop sending NOTIFY. When they stop, it sleeps again.
+func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	published := lingerInBackground(t, db)
+	go func() {
+		for range published { // the fake publisher must never block
+		}
+	}()
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil && ctx.Err() == nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 0 })
+	stop()
+	wg.Wait()
+	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+}
