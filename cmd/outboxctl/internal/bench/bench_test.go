@@ -179,6 +179,11 @@ func TestClaim(t *testing.T) {
 	if len(res.Cases) != len(cfg.History)*len(cfg.Pending) {
 		t.Fatalf("got %d cases, want %d", len(res.Cases), len(cfg.History)*len(cfg.Pending))
 	}
+	// The tests connect as a superuser, so the never-analysed comparison runs; its plan was
+	// taken on a table without statistics (no row estimate at all).
+	if st := res.Statistics; st == nil || st.UnanalysedMs <= 0 || st.AnalysedMs <= 0 || !strings.Contains(st.UnanalysedPlan, "outbox_pkey") {
+		t.Errorf("claim statistics comparison missing or empty: %+v", st)
+	}
 	for _, c := range res.Cases {
 		// The claim sizes its window from the one before; a window that turns out too small
 		// leaves a batch a few rows short now and then (it says More), never many.

@@ -73,6 +73,21 @@ type ClaimCase struct {
 type ClaimResult struct {
 	Config ClaimConfig `json:"config"`
 	Cases  []ClaimCase `json:"cases"`
+	// Statistics is one claim of relay.DefaultBatchSize over the same backlog before the
+	// outbox was ever analysed and after ANALYZE.
+	Statistics *ClaimStatistics `json:"statistics,omitempty"`
+}
+
+// ClaimStatistics compares the claim on a never-analysed table with the same claim after
+// ANALYZE (median of Samples claims each, every claim rolled back so the table and its
+// missing statistics stay as they were).
+type ClaimStatistics struct {
+	Pending        int     `json:"pending"`
+	Batch          int     `json:"batch"`
+	Samples        int     `json:"samples"`
+	UnanalysedMs   float64 `json:"unanalysed_claim_ms"`
+	AnalysedMs     float64 `json:"analysed_claim_ms"`
+	UnanalysedPlan string  `json:"unanalysed_plan"`
 }
 
 // Case returns the case (history, pending), or nil.
@@ -112,6 +127,12 @@ func Claim(ctx context.Context, url string, cfg ClaimConfig, progress func(strin
 	}
 	defer pool.Close()
 	res := &ClaimResult{Config: cfg}
+	if res.Statistics, err = claimStatistics(ctx, pool, cfg); err != nil {
+		return res, err
+	}
+	if st := res.Statistics; progress != nil && st != nil {
+		progress(fmt.Sprintf("claim of %d over %d pending: never analysed %.2f ms, analysed %.2f ms", st.Batch, st.Pending, st.UnanalysedMs, st.AnalysedMs))
+	}
 	for _, h := range cfg.History {
 		if err := Reset(ctx, pool); err != nil {
 			return res, err
@@ -274,4 +295,64 @@ func planExecMillis(plan string) float64 {
 		}
 	}
 	return 0
+}
+
+// claimStatistics times the relay's claim over the scenario's largest pending count on a
+// table that has never been analysed (a new deployment, or autovacuum behind a burst:
+// issue 28 measured 1,038 ms against 40 there), then after ANALYZE. Every claim runs in a
+// transaction that is rolled back, so all of them see the same rows; the load and the
+// claims take seconds, well inside autovacuum's one-minute nap, so its analyse does not
+// run in between on a cluster with the defaults.
+func claimStatistics(ctx context.Context, pool *pgxpool.Pool, cfg ClaimConfig) (*ClaimStatistics, error) {
+	st := &ClaimStatistics{Pending: cfg.Pending[len(cfg.Pending)-1], Batch: relay.DefaultBatchSize, Samples: 5}
+	if err := Reset(ctx, pool); err != nil {
+		return nil, err
+	}
+	// TRUNCATE keeps the statistics an earlier run left; only a new table has none.
+	if _, err := pool.Exec(ctx, qForgetOutboxStatistics); err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return nil, nil // only a superuser can forget statistics: the comparison is skipped
+		}
+		return nil, fmt.Errorf("forget outbox statistics: %w", err)
+	}
+	if err := LoadRows(ctx, pool, Load{Run: runID("s"), Pending: st.Pending, Keys: cfg.Keys}); err != nil {
+		return nil, err
+	}
+	var err error
+	if st.UnanalysedMs, st.UnanalysedPlan, err = medianClaim(ctx, pool, st.Batch, st.Samples); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE outbox"); err != nil {
+		return nil, fmt.Errorf("analyze outbox: %w", err)
+	}
+	if st.AnalysedMs, _, err = medianClaim(ctx, pool, st.Batch, st.Samples); err != nil {
+		return nil, err
+	}
+	return st, Reset(ctx, pool)
+}
+
+// medianClaim runs n claims of batch rows, each rolled back, and returns the median time in
+// ms and the plan of one more, explained.
+func medianClaim(ctx context.Context, pool *pgxpool.Pool, batch, n int) (float64, string, error) {
+	lats := make([]time.Duration, 0, n)
+	rec := &recordingQuerier{}
+	for range n {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, "", fmt.Errorf("begin claim: %w", err)
+		}
+		rec.Querier = tx
+		lease, err := outboxstore.NewLease()
+		if err == nil {
+			start := time.Now()
+			_, err = outboxstore.NewStore(rec).Claim(ctx, lease, batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
+			lats = append(lats, time.Since(start))
+		}
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			return 0, "", err
+		}
+	}
+	plan, err := explainLast(ctx, pool, rec)
+	return summarise(lats).P50, plan, err
 }

@@ -5,6 +5,15 @@ const (
 
 	qVacuumOutbox = `VACUUM ANALYZE outbox`
 
+	// qForgetOutboxStatistics makes the outbox look never analysed to the planner: no
+	// column statistics and no row estimate (reltuples -1, what a new table has).
+	qForgetOutboxStatistics = `
+DO $$
+BEGIN
+    DELETE FROM pg_statistic WHERE starelid = 'outbox'::regclass;
+    UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'outbox'::regclass;
+END $$`
+
 	qPendingCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
 
 	// qWALPosition is the server's WAL insert position in bytes: the difference of two is

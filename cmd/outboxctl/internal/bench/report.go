@@ -46,6 +46,10 @@ type Summary struct {
 	BaselineEPS     *float64 `json:"baseline_eps"`
 	// Claim p99 with the largest history over none, at the largest pending count.
 	ClaimP99Ratio5MVs0 *float64 `json:"claim_p99_ratio_5m_vs_0"`
+	// One claim of the default batch over the claim scenario's largest backlog on a table
+	// never analysed, and the same after ANALYZE (medians of 5).
+	UnanalysedClaimMs *float64 `json:"unanalysed_claim_ms"`
+	AnalysedClaimMs   *float64 `json:"analysed_claim_ms"`
 	// End to end in linger mode (NOTIFY), and poll-only.
 	E2EP50Ms     *float64 `json:"e2e_p50_ms"`
 	E2EP95Ms     *float64 `json:"e2e_p95_ms"`
@@ -141,6 +145,9 @@ func (r *Results) Summarise() {
 			s.BacklogDefaultsVsBest = ptr(ratio(def.EventsPerSec, best.EventsPerSec))
 		}
 	}
+	if r.Claim != nil && r.Claim.Statistics != nil {
+		s.UnanalysedClaimMs, s.AnalysedClaimMs = ptr(r.Claim.Statistics.UnanalysedMs), ptr(r.Claim.Statistics.AnalysedMs)
+	}
 	if v, ok := r.Claim.P99Ratio(); ok {
 		s.ClaimP99Ratio5MVs0 = ptr(v)
 	}
@@ -202,6 +209,11 @@ func (r *Results) Summarise() {
 	target("relay_vs_baseline_rtt30", ">= 20 ("+rttSetting+", RTT 30 ms)", s.RelayVsBaselineRTT30, func(v float64) bool { return v >= 20 })
 	target("backlog_1m_rtt30_seconds", "<= 900 (one 15-minute Lambda invocation)", s.Backlog1MRTT30Seconds, func(v float64) bool { return v <= 900 })
 	target("claim_p99_ratio_5m_vs_0", "<= 1.5", s.ClaimP99Ratio5MVs0, func(v float64) bool { return v <= 1.5 })
+	var unanalysedRatio *float64
+	if s.UnanalysedClaimMs != nil && s.AnalysedClaimMs != nil && *s.AnalysedClaimMs > 0 {
+		unanalysedRatio = ptr(round3(*s.UnanalysedClaimMs / *s.AnalysedClaimMs))
+	}
+	target("unanalysed_claim_vs_analysed", "<= 2 (one claim of the default batch, same backlog)", unanalysedRatio, func(v float64) bool { return v <= 2 })
 	target("e2e_p50_ms", "< 100 (linger)", s.E2EP50Ms, func(v float64) bool { return v < 100 })
 	target("e2e_p99_ms", "< 500 (linger)", s.E2EP99Ms, func(v float64) bool { return v < 500 })
 	target("producer_wakeup_ratio", ">= 0.95 (64 clients, one event per transaction, relay running; against no wake-up)", s.ProducerWakeupRatio, func(v float64) bool { return v >= 0.95 })
@@ -366,6 +378,10 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		}
 		if v, ok := c.P99Ratio(); ok {
 			p("\np99 ratio, most history vs none: **%.2f**. The EXPLAIN (ANALYZE, BUFFERS) plans are in the JSON (`claim.cases[].plan`).\n", v)
+		}
+		if st := c.Statistics; st != nil {
+			p("\nOne claim of %d over %d pending rows (median of %d, rolled back): never analysed **%.2f ms**, after ANALYZE **%.2f ms**.\n",
+				st.Batch, st.Pending, st.Samples, st.UnanalysedMs, st.AnalysedMs)
 		}
 		p("\n")
 	}
