@@ -200,7 +200,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 // publishCall is the state of one Publish call.
 type publishCall struct {
 	p       *Publisher
-	arena   *arena
+	arena   lease
 	results []publish.Result
 	// failedKeys (FIFO ordering only) are the partition keys with a failed message.
 	failedKeys map[string]bool
@@ -345,7 +345,7 @@ const maxResponseBody = 32 << 20
 
 // post sends chunk as one /v2/batch request. A 2xx answer gives one Result per item;
 // anything else gives the *APIError (or a transport error as a retryable Result for all).
-func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publish.Result, *APIError) {
+func (p *Publisher) post(ctx context.Context, a lease, chunk []encoded) ([]publish.Result, *APIError) {
 	all := func(err error) []publish.Result {
 		out := make([]publish.Result, len(chunk))
 		for i := range out {
