@@ -26,8 +26,13 @@ func (t *lateTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.mu.Lock()
 	t.reqs = append(t.reqs, req)
 	t.mu.Unlock()
+	return oneAccepted(req), nil
+}
+
+// oneAccepted is a batch answer accepting one message.
+func oneAccepted(req *http.Request) *http.Response {
 	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
-		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}, nil
+		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}
 }
 
 // A body the transport is still writing after Publish returned keeps its arena: the next
@@ -187,8 +192,7 @@ func (t *reuseTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
-		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}, nil
+	return oneAccepted(req), nil
 }
 
 // A body asked for after its call returned is refused, also once a later call has taken
