@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -47,6 +48,9 @@ const (
 	deadlineReserve = 2 * time.Second
 	// gaugeTimeout bounds the backlog query run after the drain, inside the reserve.
 	gaugeTimeout = 1500 * time.Millisecond
+	// dlqTimeout bounds one DLQ API request: DLQClient's own default, kept with the
+	// shared token's transport.
+	dlqTimeout = 30 * time.Second
 )
 
 type config struct {
@@ -56,6 +60,9 @@ type config struct {
 	creds *awsenv.Credentials
 	// tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
 	tracer trace.Tracer
+	// rereadToken reads QSTASH_TOKEN again from QSTASH_TOKEN_PARAM when QStash refuses it
+	// (a rotation); nil with a plain QSTASH_TOKEN.
+	rereadToken func(context.Context) (string, error)
 }
 
 // loadConfig reads the environment through getenv and reports every missing or invalid
@@ -76,6 +83,7 @@ func main() {
 	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
 		cfg.creds = awsenv.NewCredentials(read)
 	}
+	cfg.rereadToken = (awsenv.Resolver{}).ParameterReader(os.Getenv, "QSTASH_TOKEN")
 	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err == nil {
 		err = checkTimeout(getenv, cfg.Relay.DeadlineMargin)
@@ -163,6 +171,10 @@ type handler struct {
 
 func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
 	var ensure func(context.Context) error
+	// One token for every QStash client of the environment: a refusal re-reads it once
+	// (QSTASH_TOKEN_PARAM) and the publisher and the DLQ client both carry on with it.
+	token := qstash.NewToken(cfg.Publisher.Token, cfg.rereadToken)
+	cfg.Publisher.Tokens = token
 	if pub == nil {
 		p, err := qstash.NewPublisher(cfg.Publisher)
 		if err != nil {
@@ -188,7 +200,8 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		log:       logger,
 		reserve:   deadlineReserve,
 		dlqSync: deadletter.SyncConfig{
-			DLQ:                &deadletter.DLQClient{BaseURL: cfg.Publisher.BaseURL, Token: cfg.Publisher.Token},
+			DLQ: &deadletter.DLQClient{BaseURL: cfg.Publisher.BaseURL, Token: cfg.Publisher.Token,
+				HTTPClient: &http.Client{Timeout: dlqTimeout, Transport: token.Transport(nil)}},
 			DestinationBaseURL: cfg.Publisher.DestinationBaseURL,
 			Name:               cfg.Publisher.Name,
 			QueuePrefix:        cfg.Publisher.QueuePrefix,
@@ -224,6 +237,7 @@ type result struct {
 	LeaseLost         int    `json:"lease_lost,omitempty"`
 	DeferredQuota     int    `json:"deferred_quota,omitempty"`
 	DeferredDeploy    int    `json:"deferred_deployment,omitempty"`
+	DeferredOutage    int    `json:"deferred_outage,omitempty"`
 	Batches           int    `json:"batches,omitempty"`
 	StoppedAtDeadline bool   `json:"stopped_at_deadline,omitempty"`
 	BacklogPending    *int64 `json:"backlog_pending,omitempty"`
@@ -312,7 +326,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 	res := result{
 		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
 		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
-		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment,
+		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment, DeferredOutage: st.DeferredOutage,
 		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
 	}
 	values := st.Metrics()

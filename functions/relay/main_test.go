@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -467,3 +468,36 @@ func TestCheckTimeout(t *testing.T) {
 }
 
 func mapEnv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// The QStash token is rotated at its source (QSTASH_TOKEN_PARAM) while the environment is
+// warm: the drain re-reads it once, publishes everything, and the dlq-sync task's DLQ
+// client uses the token that was re-read, with no second read.
+func TestRotatedTokenRereadOnce(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.enqueue(t, 120)
+	cfg, err := loadConfig(func(k string) string { return s.env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int32
+	cfg.rereadToken = func(context.Context) (string, error) {
+		reads.Add(1)
+		return "rotated", nil
+	}
+	h, err := newHandler(cfg, s.db.Pool, nil, s.metrics, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.qs.SetToken("rotated")
+	res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`)
+	if err != nil || res.Dispatched != 120 || res.DeferredDeploy != 0 {
+		t.Fatalf("drain after the rotation: %+v %v", res, err)
+	}
+	if res, err := invoke(t, h, 30*time.Second, `{"task":"dlq-sync"}`); err != nil || res.DLQSync == nil {
+		t.Fatalf("dlq-sync after the rotation: %+v %v", res, err)
+	}
+	if n := reads.Load(); n != 1 {
+		t.Fatalf("%d re-reads, want 1 shared by the publisher and the DLQ client", n)
+	}
+}

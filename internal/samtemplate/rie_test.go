@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -398,7 +399,10 @@ func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(1500 * time.Millisecond):
-			http.Error(w, `{"error":"unavailable"}`, http.StatusServiceUnavailable)
+			// A retryable answer for the one message (an item error): a 5xx for the whole
+			// request would be an outage, which pauses the drain instead of keeping it busy.
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `[{"error":"unavailable"}]`)
 		case <-r.Context().Done():
 		}
 	}))

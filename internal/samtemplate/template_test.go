@@ -289,45 +289,68 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 			continue
 		}
 		p := r.Properties
-		dims, _ := p["Dimensions"].([]any)
-		if len(dims) != 1 {
-			t.Errorf("%s: Dimensions %v: must be exactly one emitted dimension set", id, dims)
-			continue
+		// A metric-math alarm (Metrics) watches each of its MetricStats: each is held to
+		// the same rules as a single-metric alarm, with its Stat as the Statistic.
+		watched := []map[string]any{p}
+		if ms, ok := p["Metrics"].([]any); ok {
+			watched = nil
+			for _, m := range ms {
+				stat := samtemplate.Map(samtemplate.Map(m)["MetricStat"])
+				if stat == nil {
+					continue
+				}
+				w := map[string]any{}
+				for k, v := range p {
+					w[k] = v
+				}
+				for k, v := range samtemplate.Map(stat["Metric"]) {
+					w[k] = v
+				}
+				w["Statistic"] = stat["Stat"]
+				watched = append(watched, w)
+			}
 		}
-		name, _ := samtemplate.Get(dims[0], "Name").(string)
-		value := samtemplate.Get(dims[0], "Value")
-		metric, _ := p["MetricName"].(string)
-		if p["Namespace"] == "AWS/Lambda" {
-			if (metric != "Errors" && metric != "Url5xxCount") || name != "FunctionName" {
-				t.Errorf("%s: AWS/Lambda %s by %s", id, metric, name)
+		for _, p := range watched {
+			dims, _ := p["Dimensions"].([]any)
+			if len(dims) != 1 {
+				t.Errorf("%s: Dimensions %v: must be exactly one emitted dimension set", id, dims)
+				continue
 			}
-			if r := refs(value); len(r) == 1 && fns[r[0]].Type != "" {
-				if metric == "Errors" {
-					lambdaErrors[r[0]] = true
-				} else {
-					url5xx[r[0]] = true
+			name, _ := samtemplate.Get(dims[0], "Name").(string)
+			value := samtemplate.Get(dims[0], "Value")
+			metric, _ := p["MetricName"].(string)
+			if p["Namespace"] == "AWS/Lambda" {
+				if (metric != "Errors" && metric != "Url5xxCount") || name != "FunctionName" {
+					t.Errorf("%s: AWS/Lambda %s by %s", id, metric, name)
 				}
-			}
-			if p["Statistic"] != "Sum" || toInt(p["Threshold"]) != 0 || p["ComparisonOperator"] != "GreaterThanThreshold" {
-				t.Errorf("%s: want any %s > 0 (Sum)", id, metric)
-			}
-		} else {
-			if r := refs(p["Namespace"]); len(r) != 1 || r[0] != "MetricsNamespace" {
-				t.Errorf("%s: Namespace %v, want !Ref MetricsNamespace", id, p["Namespace"])
-			}
-			def, ok := metrics.Lookup(metric)
-			if !ok {
-				t.Errorf("%s: metric %q is not emitted by the code (pkg/metrics)", id, metric)
-			} else if name != metrics.DimFunction || value != def.Function {
-				t.Errorf("%s: %s dimension %s=%v, the code emits Function=%s", id, metric, name, value, def.Function)
-			}
-			found = append(found, alarm{metric, fmt.Sprint(value), fmt.Sprint(p["Statistic"])})
-			if metric == metrics.OldestPendingAgeSeconds {
-				if p["Statistic"] != "Maximum" || toInt(p["DatapointsToAlarm"]) >= toInt(p["EvaluationPeriods"]) || p["TreatMissingData"] != "breaching" {
-					t.Errorf("%s: want Maximum, M-of-N (M < N), missing data breaching: %v", id, p)
+				if r := refs(value); len(r) == 1 && fns[r[0]].Type != "" {
+					if metric == "Errors" {
+						lambdaErrors[r[0]] = true
+					} else {
+						url5xx[r[0]] = true
+					}
 				}
-			} else if toInt(p["Threshold"]) != 0 || p["ComparisonOperator"] != "GreaterThanThreshold" {
-				t.Errorf("%s: want any %s > 0", id, metric)
+				if p["Statistic"] != "Sum" || toInt(p["Threshold"]) != 0 || p["ComparisonOperator"] != "GreaterThanThreshold" {
+					t.Errorf("%s: want any %s > 0 (Sum)", id, metric)
+				}
+			} else {
+				if r := refs(p["Namespace"]); len(r) != 1 || r[0] != "MetricsNamespace" {
+					t.Errorf("%s: Namespace %v, want !Ref MetricsNamespace", id, p["Namespace"])
+				}
+				def, ok := metrics.Lookup(metric)
+				if !ok {
+					t.Errorf("%s: metric %q is not emitted by the code (pkg/metrics)", id, metric)
+				} else if name != metrics.DimFunction || value != def.Function {
+					t.Errorf("%s: %s dimension %s=%v, the code emits Function=%s", id, metric, name, value, def.Function)
+				}
+				found = append(found, alarm{metric, fmt.Sprint(value), fmt.Sprint(p["Statistic"])})
+				if metric == metrics.OldestPendingAgeSeconds {
+					if p["Statistic"] != "Maximum" || toInt(p["DatapointsToAlarm"]) >= toInt(p["EvaluationPeriods"]) || p["TreatMissingData"] != "breaching" {
+						t.Errorf("%s: want Maximum, M-of-N (M < N), missing data breaching: %v", id, p)
+					}
+				} else if toInt(p["Threshold"]) != 0 || p["ComparisonOperator"] != "GreaterThanThreshold" {
+					t.Errorf("%s: want any %s > 0", id, metric)
+				}
 			}
 		}
 		for _, k := range []string{"AlarmActions", "OKActions"} {
@@ -340,6 +363,8 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 	for _, want := range []alarm{
 		{metrics.OldestPendingAgeSeconds, metrics.FunctionRelay, "Maximum"},
 		{metrics.DeadLettered, metrics.FunctionRelay, "Sum"},
+		{metrics.DeferredDeployment, metrics.FunctionRelay, "Sum"},
+		{metrics.DeferredOutage, metrics.FunctionRelay, "Sum"},
 		{metrics.DeliveryDeadLetters, metrics.FunctionFailure, "Sum"},
 		{metrics.DLQSyncRecorded, metrics.FunctionRelay, "Sum"},
 		{metrics.RejectedDeliveries, metrics.FunctionWebhook, "Sum"},

@@ -182,6 +182,31 @@ func (r Resolver) DatabaseURLReader(getenv func(string) string) func(ctx context
 	}
 }
 
+// ParameterReader returns a function that reads variable again from the SSM parameter
+// <variable>_PARAM names (QSTASH_TOKEN from QSTASH_TOKEN_PARAM, after a rotation), for a
+// client that re-reads its credential when it is refused; nil when <variable>_PARAM is not
+// set (the value is fixed: nothing to re-read). Errors name the parameter, never its value.
+func (r Resolver) ParameterReader(getenv func(string) string, variable string) func(ctx context.Context) (string, error) {
+	name := getenv(variable + paramSuffix)
+	if name == "" {
+		return nil
+	}
+	// Resolve as at a cold start, with only this parameter set: same timeout, same errors.
+	only := func(k string) string {
+		if k == variable+paramSuffix {
+			return name
+		}
+		return ""
+	}
+	return func(ctx context.Context) (string, error) {
+		get, err := r.Resolve(ctx, only)
+		if err != nil {
+			return "", fmt.Errorf("re-read %s: %w", variable+paramSuffix, err)
+		}
+		return get(variable), nil
+	}
+}
+
 func dbSource(getenv func(string) string) string {
 	if getenv(VarDBSecretARN) != "" {
 		return VarDBSecretARN

@@ -176,6 +176,30 @@ func TestResolveQStashParametersInOneCall(t *testing.T) {
 	}
 }
 
+// The token rotated at its source after the cold start: the reader returns the new value
+// on each call; without QSTASH_TOKEN_PARAM there is no reader.
+func TestParameterReaderRereads(t *testing.T) {
+	t.Parallel()
+	r, stub := resolver(t)
+	env := envOf(map[string]string{"QSTASH_TOKEN_PARAM": "/outbox/qstash/token"})
+	if read := r.ParameterReader(envOf(map[string]string{"QSTASH_TOKEN": "tok"}), "QSTASH_TOKEN"); read != nil {
+		t.Fatal("a reader for a plain QSTASH_TOKEN")
+	}
+	read := r.ParameterReader(env, "QSTASH_TOKEN")
+	stub.PutParameter("/outbox/qstash/token", "tok-1")
+	if v, err := read(context.Background()); err != nil || v != "tok-1" {
+		t.Fatalf("%q, %v", v, err)
+	}
+	stub.PutParameter("/outbox/qstash/token", "tok-2\n")
+	if v, err := read(context.Background()); err != nil || v != "tok-2" {
+		t.Fatalf("after the rotation: %q, %v", v, err)
+	}
+	stub.PutParameter("/outbox/qstash/token", " ")
+	if _, err := read(context.Background()); err == nil || !strings.Contains(err.Error(), "QSTASH_TOKEN_PARAM") || !strings.Contains(err.Error(), "is empty") {
+		t.Fatalf("an emptied parameter: %v", err)
+	}
+}
+
 func TestResolveWithoutReferencesCallsNothing(t *testing.T) {
 	t.Parallel()
 	stub := awsenvtest.NewServer()

@@ -37,7 +37,7 @@ func Count(name string, n int64) Value { return Value{Name: name, Values: []floa
 // RelayCounts is what one relay drain did (relay.Stats.Metrics fills it).
 type RelayCounts struct {
 	Batches, Claimed, Dispatched, Retried, DeadLettered, Released, LeaseLost int
-	DeferredQuota, DeferredDeployment                                        int
+	DeferredQuota, DeferredDeployment, DeferredOutage                        int
 	PublishLatency                                                           []time.Duration
 }
 
@@ -53,6 +53,7 @@ func Relay(st RelayCounts) []Value {
 		Count(LeaseLost, int64(st.LeaseLost)),
 		Count(DeferredQuota, int64(st.DeferredQuota)),
 		Count(DeferredDeployment, int64(st.DeferredDeployment)),
+		Count(DeferredOutage, int64(st.DeferredOutage)),
 		Count(Batches, int64(st.Batches)),
 	}
 	if len(st.PublishLatency) > 0 {

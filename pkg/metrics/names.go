@@ -27,6 +27,7 @@ const (
 	LeaseLost                 = "LeaseLost"
 	DeferredQuota             = "DeferredQuota"
 	DeferredDeployment        = "DeferredDeployment"
+	DeferredOutage            = "DeferredOutage"
 	Batches                   = "Batches"
 	PublishLatency            = "PublishLatency"
 	BacklogPending            = "BacklogPending"
@@ -94,7 +95,8 @@ var Definitions = []Definition{
 	{Released, UnitCount, Counter, FunctionRelay, "Claimed rows put back unsent (held behind a failed same-key event, or out of time)."},
 	{LeaseLost, UnitCount, Counter, FunctionRelay, "Row outcomes discarded because the lease had expired and another relay took the rows."},
 	{DeferredQuota, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a used-up quota or rate limit; put back with no attempt spent."},
-	{DeferredDeployment, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a deployment fault (wrong QSTASH_URL or token); put back with no attempt spent."},
+	{DeferredDeployment, UnitCount, Counter, FunctionRelay, "Messages the queue refused for a deployment fault (wrong QSTASH_URL or token, a setting every message carries); put back with no attempt spent."},
+	{DeferredOutage, UnitCount, Counter, FunctionRelay, "Messages not published because QStash failed or was out of reach for the whole request (5xx, timeout, connection error); put back with no attempt spent."},
 	{Batches, UnitCount, Counter, FunctionRelay, "Claim/publish/mark batches run."},
 	{PublishLatency, UnitMilliseconds, Distribution, FunctionRelay, "Duration of one Publisher.Publish call."},
 	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},

@@ -29,8 +29,8 @@ const (
 	PermanentFailure
 	// Deferred: the message was not attempted because the queue refused the whole request
 	// for a reason that is not about this message (a used-up quota, a wrong endpoint or
-	// token). The relay puts it back without spending an attempt and stops publishing until
-	// the DeferError's Until.
+	// token, an outage). The relay puts it back without spending an attempt and stops
+	// publishing until the DeferError's Until.
 	Deferred
 )
 
@@ -84,8 +84,14 @@ const (
 	// DeferQuota: the queue's quota or rate limit is used up until Until.
 	DeferQuota = "quota"
 	// DeferDeployment: the endpoint or credentials are wrong (404, 405, 401, 403 for the
-	// whole request). Nothing is wrong with the messages; an operator must fix the setting.
+	// whole request), or the queue refuses a setting every message carries. Nothing is
+	// wrong with the messages; an operator must fix the setting.
 	DeferDeployment = "deployment"
+	// DeferOutage: the queue could not be reached or failed as a whole (a 5xx or 408 for
+	// the whole request, a timeout, a connection error). Nothing is wrong with the
+	// messages or the settings; it ends by itself, so the relay retries after a short
+	// pause instead of charging every pending message an attempt.
+	DeferOutage = "outage"
 )
 
 // DeferError reports a message the queue did not take for a reason outside the message.

@@ -30,25 +30,45 @@ type buffers struct {
 // The transport may still be writing a request body after the response has arrived
 // (http.RoundTripper closes the body "even after RoundTrip returns"), so the arena is
 // reused only once the call has returned and every body written from it is closed.
+//
+// A body asked for late (GetBody after the call returned) must never carry another call's
+// bytes, so the guard is exact: state packs the arena's epoch (high 32 bits), bumped each
+// time the arena leaves the stock, with its reference count (low 32 bits) in one atomic
+// word, and a body is handed out only while the epoch is still the one its call was given
+// and a reference is held. Counting references alone let a late GetBody in: the next
+// call's arena() set the count back to 1 and the stale request took that call's bytes.
 type arena struct {
 	blocks  [][]byte // blocks[:used] hold items; the rest are kept for reuse
 	used    int
 	scratch []byte
-	refs    atomic.Int32
+	state   atomic.Uint64 // epoch<<32 | refs
 	stock   *buffers
 }
 
+// lease is one Publish call's hold on an arena: the arena and the epoch it was taken in.
+type lease struct {
+	*arena
+	epoch uint32
+}
+
+func (a *arena) refs() uint32  { return uint32(a.state.Load()) }
+func (a *arena) epoch() uint32 { return uint32(a.state.Load() >> 32) }
+
 const arenaBlock = 64 << 10
 
-// arena returns an empty arena held once for the Publish call (release it when the call
-// returns).
-func (b *buffers) arena() *arena {
+// arena returns an empty arena held once for the Publish call, in a new epoch (release
+// it when the call returns). The epoch wraps after 2^32 reuses of one arena; a body
+// closure kept that long is not a case worth a wider word.
+func (b *buffers) arena() lease {
 	a, _ := b.arenas.Get().(*arena)
 	if a == nil {
 		a = &arena{stock: b}
 	}
-	a.refs.Store(1)
-	return a
+	// Nothing else holds an arena taken from the stock (its references are 0, and a late
+	// body of an older epoch cannot take one), so a plain store is enough.
+	e := a.epoch() + 1
+	a.state.Store(uint64(e)<<32 | 1)
+	return lease{a, e}
 }
 
 // add copies item into the arena and returns the copy, which no later add can overwrite.
@@ -83,15 +103,16 @@ func (a *arena) size() int {
 	return n
 }
 
-// hold takes one more reference, unless the arena is already back in the stock (a
-// transport asking for a body after the call ended; the standard ones never do).
-func (a *arena) hold() bool {
+// hold takes one more reference for epoch e, unless the arena has left that epoch: it is
+// back in the stock or already serving a later call (a transport asking for a body after
+// the call ended; the standard ones never do).
+func (a *arena) hold(e uint32) bool {
 	for {
-		n := a.refs.Load()
-		if n <= 0 {
+		s := a.state.Load()
+		if uint32(s>>32) != e || uint32(s) == 0 {
 			return false
 		}
-		if a.refs.CompareAndSwap(n, n+1) {
+		if a.state.CompareAndSwap(s, s+1) {
 			return true
 		}
 	}
@@ -102,7 +123,9 @@ func (a *arena) hold() bool {
 const largestKeptArena = 16 << 20
 
 func (a *arena) release() {
-	if a.refs.Add(-1) == 0 && a.size() <= largestKeptArena {
+	// Only a holder releases, so the count is positive and the decrement never borrows
+	// from the epoch.
+	if uint32(a.state.Add(^uint64(0))) == 0 && a.size() <= largestKeptArena {
 		for i := range a.blocks[:a.used] {
 			a.blocks[i] = a.blocks[i][:0]
 		}
@@ -120,8 +143,11 @@ type arenaBody struct {
 	closed bool
 }
 
-func (a *arena) body(parts net.Buffers) (io.ReadCloser, error) {
-	if !a.hold() {
+// body returns a request body over parts for the call that holds l; it fails once that
+// call's epoch has ended.
+func (l lease) body(parts net.Buffers) (io.ReadCloser, error) {
+	a := l.arena
+	if !a.hold(l.epoch) {
 		return nil, errArenaReleased
 	}
 	return &arenaBody{bufs: parts, arena: a}, nil

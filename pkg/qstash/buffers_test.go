@@ -26,8 +26,13 @@ func (t *lateTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.mu.Lock()
 	t.reqs = append(t.reqs, req)
 	t.mu.Unlock()
+	return oneAccepted(req), nil
+}
+
+// oneAccepted is a batch answer accepting one message.
+func oneAccepted(req *http.Request) *http.Response {
 	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
-		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}, nil
+		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}
 }
 
 // A body the transport is still writing after Publish returned keeps its arena: the next
@@ -50,8 +55,8 @@ func TestArenaOutlivesAnEarlyAnswer(t *testing.T) {
 		t.Fatal(first[0].Err)
 	}
 	// Checked directly too: the pool may or may not have handed the arena out again.
-	if a := tr.reqs[0].Body.(*arenaBody).arena; a.refs.Load() != 1 {
-		t.Fatalf("the first call's arena has %d references with its body unread, want 1", a.refs.Load())
+	if a := tr.reqs[0].Body.(*arenaBody).arena; a.refs() != 1 {
+		t.Fatalf("the first call's arena has %d references with its body unread, want 1", a.refs())
 	}
 	for i, req := range tr.reqs {
 		b, err := io.ReadAll(req.Body)
@@ -73,19 +78,19 @@ func TestArenaBodyReadsNothingAfterClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.refs.Load() != 2 {
-		t.Fatalf("refs %d with the call and one body", a.refs.Load())
+	if a.refs() != 2 {
+		t.Fatalf("refs %d with the call and one body", a.refs())
 	}
 	a.release() // the call returns; the body still holds the arena
-	if a.refs.Load() != 1 || a.used != 1 {
-		t.Fatalf("arena released with a body open: refs %d, %d blocks in use", a.refs.Load(), a.used)
+	if a.refs() != 1 || a.used != 1 {
+		t.Fatalf("arena released with a body open: refs %d, %d blocks in use", a.refs(), a.used)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	_ = b.Close() // a second Close releases nothing more
-	if a.refs.Load() != 0 {
-		t.Fatalf("refs %d after the last close", a.refs.Load())
+	if a.refs() != 0 {
+		t.Fatalf("refs %d after the last close", a.refs())
 	}
 	if _, err := a.body([][]byte{item}); !errors.Is(err, errArenaReleased) {
 		t.Fatalf("a body from a released arena: %v", err)
@@ -113,8 +118,8 @@ func TestArenaIsReused(t *testing.T) {
 			t.Fatal(r[0].Err)
 		}
 		if a, _ := p.bufs.arenas.Get().(*arena); a != nil {
-			if a.refs.Load() != 0 || a.used != 0 {
-				t.Fatalf("an arena in the stock with %d references and %d blocks in use", a.refs.Load(), a.used)
+			if a.refs() != 0 || a.used != 0 {
+				t.Fatalf("an arena in the stock with %d references and %d blocks in use", a.refs(), a.used)
 			}
 			return
 		}
@@ -149,5 +154,74 @@ func TestArenaKeepsItemsApart(t *testing.T) {
 			t.Fatalf("round %d: arena holds %d bytes", round, used)
 		}
 		a.release()
+	}
+}
+
+// reuseTransport answers every request at once, after reading its body, and asks an
+// earlier call's request for its body again (GetBody) from inside the first later request
+// whose body comes from the same arena: a late retry while another call holds the arena.
+type reuseTransport struct {
+	first    *http.Request
+	seen     map[*arena]*http.Request // each arena's last request, from an earlier call
+	reused   bool
+	late     error // GetBody's error at that moment
+	lateBody string
+}
+
+func (t *reuseTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if _, err := io.Copy(io.Discard, req.Body); err != nil {
+		return nil, err
+	}
+	req.Body.Close()
+	if t.first == nil {
+		t.first, t.seen = req, map[*arena]*http.Request{}
+	}
+	a := req.Body.(*arenaBody).arena
+	if prev, ok := t.seen[a]; ok && !t.reused {
+		t.reused = true
+		late, err := prev.GetBody()
+		t.late = err
+		if err == nil {
+			lb, _ := io.ReadAll(late)
+			late.Close()
+			t.lateBody = string(lb)
+		}
+	}
+	t.seen[a] = req
+	return oneAccepted(req), nil
+}
+
+// A body asked for after its call returned is refused, also once a later call has taken
+// the same arena from the stock (its references are then back at 1): before the epoch it
+// was handed the later call's bytes.
+func TestLateGetBodyRefusedAfterReuse(t *testing.T) {
+	tr := &reuseTransport{}
+	p, err := NewPublisher(PublisherConfig{BaseURL: "http://127.0.0.1:1", Token: "t", DestinationBaseURL: "https://hooks.example.com",
+		HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := func(id int, c byte) []outbox.Message {
+		return []outbox.Message{{ID: outbox.ID(id), Topic: "t", PartitionKey: "k", Payload: []byte(strings.Repeat(string(c), 64))}}
+	}
+	if r := p.Publish(context.Background(), msg(1, 'a')); r[0].Err != nil {
+		t.Fatal(r[0].Err)
+	}
+	// The call returned: its arena is back in the stock (or dropped by it).
+	if _, err := tr.first.GetBody(); !errors.Is(err, errArenaReleased) {
+		t.Fatalf("GetBody after the call returned: %v, want errArenaReleased", err)
+	}
+	// The race detector makes sync.Pool drop a quarter of what it is given: try until a
+	// later call gets an earlier call's arena.
+	for i := 0; i < 100 && !tr.reused; i++ {
+		if r := p.Publish(context.Background(), msg(2+i, 'b')); r[0].Err != nil {
+			t.Fatal(r[0].Err)
+		}
+	}
+	if !tr.reused {
+		t.Fatal("no later call reused an earlier call's arena in 100 calls")
+	}
+	if !errors.Is(tr.late, errArenaReleased) {
+		t.Fatalf("GetBody of an earlier request while a later call held its arena: err %v, body %q; want errArenaReleased", tr.late, tr.lateBody)
 	}
 }

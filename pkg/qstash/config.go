@@ -51,8 +51,13 @@ type PublisherConfig struct {
 	// origin: https (http only for a loopback host, the local server), no path other than
 	// "/", no query. A base ending in /v2 would make every request /v2/v2/..., answered 404.
 	BaseURL string
-	// Token is QSTASH_TOKEN, sent as a bearer token. Required.
+	// Token is QSTASH_TOKEN, sent as a bearer token. Required unless Tokens is set.
 	Token string
+	// Tokens, when set, replaces Token: the token, re-read from its source when QStash
+	// answers 401 or 403 (see Token). Share one between the deployment's QStash clients
+	// (Token.Transport for the others), so one re-read serves them all. Default a fixed
+	// Token holding Token.
+	Tokens *Token
 	// DestinationBaseURL is the webhook's public base URL (PUBLIC_BASE_URL). A message of
 	// topic T goes to DestinationBaseURL + "/events/" + T, with any trailing "/" of the base
 	// dropped first (Lambda Function URLs end in "/"), so no "//" appears. Required.
@@ -144,6 +149,9 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}
+	if c.Tokens == nil && c.Token != "" {
+		c.Tokens = NewToken(c.Token, nil)
+	}
 	if c.MaxBatchItems == 0 {
 		c.MaxBatchItems = DefaultMaxBatchItems
 	}
@@ -159,7 +167,7 @@ func (c PublisherConfig) Validate() error {
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		bad("BaseURL", "%v", err)
 	}
-	if c.Token == "" {
+	if c.Tokens == nil || c.Tokens.Value() == "" {
 		bad("Token", "is empty")
 	}
 	if c.DestinationBaseURL == "" {

@@ -94,8 +94,12 @@ func TestWrongQStashURLDefersEverything(t *testing.T) {
 // badItemProxy forwards to srv and gives the message with outbox id badID a deduplication
 // id with ':', which the server (like production) refuses; it does so every time the
 // message passes, as a truly bad message would be refused every time.
-func badItemProxy(t *testing.T, srv *qstashtest.Server, badID string) *httptest.Server {
+func badItemProxy(t *testing.T, srv *qstashtest.Server, badIDs ...string) *httptest.Server {
 	t.Helper()
+	bad := map[any]bool{}
+	for _, id := range badIDs {
+		bad[id] = true
+	}
 	target, _ := url.Parse(srv.URL)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -106,8 +110,8 @@ func badItemProxy(t *testing.T, srv *qstashtest.Server, badID string) *httptest.
 			}
 			for _, it := range items {
 				h := it["headers"].(map[string]any)
-				if h["Upstash-Forward-X-Outbox-Id"] == badID {
-					h["Upstash-Deduplication-Id"] = "outbox:" + badID
+				if id := h["Upstash-Forward-X-Outbox-Id"]; bad[id] {
+					h["Upstash-Deduplication-Id"] = fmt.Sprint("outbox:", id)
 				}
 			}
 			body, _ = json.Marshal(items)

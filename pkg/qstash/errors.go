@@ -199,6 +199,11 @@ var permanentItemTexts = []string{
 func deploymentText(msg string) (variable, hint string, ok bool) {
 	m := strings.ToLower(msg)
 	switch {
+	case retriesText(m):
+		// Upstash-Retries over the plan's cap: the wording is undocumented (contract §4),
+		// so any text about the retry count counts. Checked before the failure callback:
+		// its retries default to the message's, so a text about them is the same fault.
+		return "QSTASH_RETRIES/QSTASH_PLAN", "QStash refused the retry count (Upstash-Retries, from QSTASH_RETRIES) the relay sets on every message: more than the account's plan allows? (QSTASH_PLAN must name the plan QStash bills)", true
 	case strings.Contains(m, "invalid destination url"):
 		// upstash/docs#50, upstash/workflow-js#149: the destination is not a URL QStash
 		// accepts. The relay builds it from PUBLIC_BASE_URL and a validated topic.
@@ -215,6 +220,45 @@ func deploymentText(msg string) (variable, hint string, ok bool) {
 		return "QSTASH_TOKEN", "QStash refused the token", true
 	}
 	return "", "", false
+}
+
+// retriesText recognises a lower-cased refusal of the retry count.
+func retriesText(m string) bool {
+	for _, t := range []string{"upstash-retries", "maxretries", "max retries", "retry count", "retries count", "number of retries"} {
+		if strings.Contains(m, t) {
+			return true
+		}
+	}
+	return strings.Contains(m, "retries") && !strings.Contains(m, "retried")
+}
+
+// sharedHeaders are the variables behind the headers every message of the relay carries,
+// named when QStash refuses all of a call's messages the same way in words the relay
+// does not know (deploymentText knows some).
+const sharedHeaders = "QSTASH_RETRIES/QSTASH_PLAN (Upstash-Retries), FAILURE_CALLBACK_URL (Upstash-Failure-Callback) or FLOW_CONTROL_PARALLELISM/FLOW_CONTROL_RATE/FLOW_CONTROL_PERIOD (Upstash-Flow-Control-Value)"
+
+// sharedRefusal is the deferral of a request refused whole, both halves of it refused the
+// same way, nothing in the call accepted: the refusal is about what every message
+// carries, not about n bad messages.
+func (p *Publisher) sharedRefusal(e *APIError, n int) *publish.DeferError {
+	if v, hint, ok := deploymentText(e.Message); ok {
+		return p.deployment(v, hint, e)
+	}
+	return p.deployment(sharedHeaders, fmt.Sprintf("QStash refused %d messages and both halves of them with the same answer, so it refuses something they all carry, not each message", n), e)
+}
+
+// unreachableError is a request that got no whole answer: a connection refused or reset,
+// a timeout (the request's own or the caller's deadline), a body cut short. The request may
+// have been accepted; a resend is deduplicated.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// outageStatus reports whether a status for the whole request means QStash (or something
+// in between) is failing rather than refusing the request: 408 and every 5xx.
+func outageStatus(code int) bool {
+	return code == http.StatusRequestTimeout || code >= 500 && code <= 599
 }
 
 // MessageTooLargeError is a message whose payload is over the plan's message size
@@ -293,15 +337,30 @@ type decision struct {
 	err  error
 }
 
-// classify decides what a non-2xx answer to a request of n messages means.
-func (p *Publisher) classify(e *APIError, n int) decision {
+// classify decides what a failed request of n messages means: a non-2xx answer (an
+// *APIError) or no answer at all (an *unreachableError, or an error building the request).
+func (p *Publisher) classify(err error, n int) decision {
+	var e *APIError
+	if !errors.As(err, &e) {
+		var u *unreachableError
+		if errors.As(err, &u) {
+			return decision{answerDefer, p.outage(time.Time{}, u)}
+		}
+		return decision{answerFail, err}
+	}
 	switch {
+	case outageStatus(e.StatusCode):
+		var until time.Time
+		if e.RetryAfter > 0 && e.RetryAfter <= maxQuotaPause {
+			until = e.at.Add(e.RetryAfter)
+		}
+		return decision{answerDefer, p.outage(until, e)}
 	case e.StatusCode == http.StatusTooManyRequests:
 		until := quotaUntil(e)
 		return decision{answerDefer, &publish.DeferError{Reason: publish.DeferQuota, Until: until,
 			Err: fmt.Errorf("qstash quota or rate limit reached, publishing paused until %s: %w", until.UTC().Format(time.RFC3339), e)}}
 	case e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden:
-		return decision{answerDefer, p.deployment("QSTASH_TOKEN", "QStash refused the token (rotated or for another account?)", e)}
+		return decision{answerDefer, p.deployment("QSTASH_TOKEN", "QStash refused the token (rotated or for another account?); "+p.cfg.Tokens.status(), e)}
 	case e.StatusCode == http.StatusNotFound || e.StatusCode == http.StatusMethodNotAllowed:
 		return decision{answerDefer, p.deployment("QSTASH_URL", fmt.Sprintf("%q is not the QStash API, or something in between rewrites the path: it answered %d to %s (QSTASH_URL must be the bare origin, e.g. %s)",
 			p.cfg.BaseURL, e.StatusCode, e.Method+" "+strings.TrimPrefix(e.URL, p.baseURL), DefaultBaseURL), e)}
@@ -318,6 +377,13 @@ func (p *Publisher) classify(e *APIError, n int) decision {
 	// Alone, a message status is the message's fault (APIError.Permanent); anything else
 	// is transient.
 	return decision{answerFail, fmt.Errorf("publish qstash batch: %w", e)}
+}
+
+// outage is the DeferError of a request that failed as a whole: until is when QStash said
+// to come back (Retry-After), zero to let the relay choose its pause.
+func (p *Publisher) outage(until time.Time, err error) *publish.DeferError {
+	return &publish.DeferError{Reason: publish.DeferOutage, Until: until,
+		Err: fmt.Errorf("qstash unreachable or failing (%s): not the messages' fault, no attempt spent: %w", p.baseURL, err)}
 }
 
 // deployment is the DeferError of a fault an operator must fix in variable.

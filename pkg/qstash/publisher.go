@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math/bits"
 	"net"
 	"net/http"
 	"net/url"
@@ -38,7 +40,13 @@ import (
 //     deployment fault (publish.DeferDeployment) whose error names the variable to fix.
 //   - 400/412/413/422 on a request of several messages: the request is split in halves
 //     and resent until the message that fails alone is found; only it fails, permanently.
-//   - 5xx, network errors, timeouts, an unknown item error: retryable.
+//     When both halves are refused with the same answer and nothing in the call was
+//     published, the refusal is about something every message carries (Upstash-Retries
+//     over the plan's cap, the failure-callback URL, the flow-control value): a deployment
+//     fault, not one message's. A split sends at most splitBudget requests.
+//   - 5xx or 408 for the whole request, a network error, a timeout: an outage
+//     (publish.DeferOutage); nothing is spent, the relay tries again after a short pause.
+//   - An unknown item error inside a 2xx answer (a 5xx-like text included): retryable.
 type Publisher struct {
 	cfg      PublisherConfig
 	baseURL  string
@@ -55,6 +63,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("new qstash publisher: %w", err)
 	}
+	// Every request carries the current token, re-read once on a refusal (Token).
+	hc := *cfg.HTTPClient
+	hc.Transport = cfg.Tokens.Transport(hc.Transport)
+	cfg.HTTPClient = &hc
 	p := &Publisher{
 		cfg:      cfg,
 		baseURL:  trimBase(cfg.BaseURL),
@@ -141,7 +153,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 	// Every item is written into one arena, each keeping its own slice.
 	a := p.bufs.arena()
 	defer a.release()
-	s := &publishCall{p: p, arena: a, results: make([]publish.Result, len(msgs))}
+	s := &publishCall{p: p, arena: a, results: make([]publish.Result, len(msgs)), splitsLeft: splitBudget(len(msgs))}
 	if p.cfg.Ordering == OrderingFIFO {
 		s.failedKeys = map[string]bool{}
 	}
@@ -167,7 +179,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 	)
 	flush := func() {
 		if len(chunk) > 0 {
-			s.send(ctx, chunk)
+			s.send(ctx, chunk, nil)
 		}
 		chunk, size = nil, 2
 	}
@@ -200,13 +212,29 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 // publishCall is the state of one Publish call.
 type publishCall struct {
 	p       *Publisher
-	arena   *arena
+	arena   lease
 	results []publish.Result
 	// failedKeys (FIFO ordering only) are the partition keys with a failed message.
 	failedKeys map[string]bool
 	// deferred, once set, is the answer of every message not yet sent: the quota is used
-	// up or the deployment is wrong, so sending more would only be refused again.
+	// up, the deployment is wrong or QStash is out, so sending more would only be refused
+	// again.
 	deferred error
+	// published: some message of the call was accepted, so a refusal cannot be about
+	// something every message carries.
+	published bool
+	// splitsLeft is how many more requests splitting refused requests may send.
+	splitsLeft int
+}
+
+// splitBudget bounds the requests that splitting a refused call of n messages may send:
+// four per halving level plus four. One bad message costs two per level (each half once),
+// so this finds two bad messages among any n, and a refusal every message shares costs
+// three requests (splitRefused). At 1,000 messages that is 44 requests, 3.5 s at an 80 ms
+// round trip, inside the relay's 10 s publish timeout; unbounded, a call with many bad
+// messages outlived it (the timeout then charged every message of the call an attempt).
+func splitBudget(n int) int {
+	return 4*bits.Len(uint(n)) + 4
 }
 
 func (s *publishCall) failKey(key string) {
@@ -216,8 +244,9 @@ func (s *publishCall) failKey(key string) {
 }
 
 // send publishes one request's messages and fills their results, splitting the request
-// when QStash refuses it for one bad message.
-func (s *publishCall) send(ctx context.Context, chunk []encoded) {
+// when QStash refuses it for one bad message. A send that is part of splitting the request
+// refused (not nil) spends one of the call's split requests.
+func (s *publishCall) send(ctx context.Context, chunk []encoded, refused *APIError) {
 	if s.deferred != nil {
 		// Not attempted, whatever else holds them: no attempt is spent.
 		for _, it := range chunk {
@@ -239,35 +268,131 @@ func (s *publishCall) send(ctx context.Context, chunk []encoded) {
 	if len(chunk) == 0 {
 		return
 	}
-	res, apiErr := s.p.post(ctx, s.arena, chunk)
-	if apiErr == nil {
+	if refused != nil {
+		if s.splitsLeft <= 0 {
+			s.splitStopped(chunk, refused)
+			return
+		}
+		s.splitsLeft--
+	}
+	res, err := s.p.post(ctx, s.arena, chunk)
+	s.answer(ctx, chunk, res, err)
+}
+
+// answer applies one request's answer to its messages: res when QStash answered 2xx,
+// else err (an *APIError, or the transport's error when no answer came).
+func (s *publishCall) answer(ctx context.Context, chunk []encoded, res []publish.Result, err error) {
+	if err == nil {
 		for j, r := range res {
 			s.results[chunk[j].index] = r
-			if r.Err != nil {
-				if publish.IsDeferred(r.Err) && s.deferred == nil {
-					s.deferred = r.Err
-				}
-				s.failKey(chunk[j].key)
+			if r.Err == nil {
+				s.published = true
+				continue
 			}
+			if publish.IsDeferred(r.Err) && s.deferred == nil {
+				s.deferred = r.Err
+			}
+			s.failKey(chunk[j].key)
 		}
 		return
 	}
-	switch d := s.p.classify(apiErr, len(chunk)); d.kind {
+	switch d := s.p.classify(err, len(chunk)); d.kind {
 	case answerDefer:
-		s.deferred = d.err
-		for _, it := range chunk {
-			s.results[it.index].Err = d.err
-		}
+		s.deferAll(chunk, d.err)
 	case answerSplit:
-		half := len(chunk) / 2
-		s.send(ctx, chunk[:half])
-		s.send(ctx, chunk[half:])
+		var refused *APIError
+		errors.As(err, &refused)
+		s.split(ctx, chunk, refused)
 	default:
 		for _, it := range chunk {
 			s.results[it.index].Err = d.err
 			s.failKey(it.key)
 		}
 	}
+}
+
+// deferAll defers chunk's messages and every message of the call not yet sent.
+func (s *publishCall) deferAll(chunk []encoded, err error) {
+	s.deferred = err
+	for _, it := range chunk {
+		s.results[it.index].Err = err
+	}
+}
+
+// split resends the halves of a request QStash refused for its content, to find the
+// messages at fault. When both halves are refused with the same answer while nothing in
+// the call has been published, the refusal is about what every message carries (a
+// header the relay sets on all of them), and every message is deferred instead: halving
+// further would end in dead-lettering each message alone.
+//
+// In FIFO ordering a message must not overtake an earlier one of its key, so the second
+// half is probed before the first is resolved only with its messages whose key is not in
+// the first half; the others follow once the first half's failures are known.
+func (s *publishCall) split(ctx context.Context, chunk []encoded, refused *APIError) {
+	if s.splitsLeft <= 0 {
+		s.splitStopped(chunk, refused)
+		return
+	}
+	half := len(chunk) / 2
+	first, second := chunk[:half], chunk[half:]
+	s.splitsLeft--
+	res1, err1 := s.p.post(ctx, s.arena, first)
+	probe, rest := second, []encoded(nil)
+	if s.failedKeys != nil {
+		firstKeys := make(map[string]bool, len(first))
+		for _, it := range first {
+			firstKeys[it.key] = true
+		}
+		probe = make([]encoded, 0, len(second))
+		for _, it := range second {
+			if firstKeys[it.key] {
+				rest = append(rest, it)
+			} else {
+				probe = append(probe, it)
+			}
+		}
+	}
+	if s.published || !sameRefusal(err1, refused) || len(probe) == 0 || s.splitsLeft <= 0 {
+		s.answer(ctx, first, res1, err1)
+		s.send(ctx, second, refused)
+		return
+	}
+	var e1 *APIError
+	errors.As(err1, &e1)
+	s.splitsLeft--
+	res2, err2 := s.p.post(ctx, s.arena, probe)
+	if !s.published && sameRefusal(err2, e1) {
+		s.deferAll(chunk, s.p.sharedRefusal(e1, len(chunk)))
+		return
+	}
+	// The probe first: what it published tells the first half's split that the refusal
+	// is not shared. Its keys are not in the first half, so the order changes no hold.
+	s.answer(ctx, probe, res2, err2)
+	s.answer(ctx, first, res1, err1)
+	s.send(ctx, rest, refused)
+}
+
+// splitStopped fails chunk, retryably, once splitting has used the call's budget.
+func (s *publishCall) splitStopped(chunk []encoded, refused *APIError) {
+	// The refusal is quoted, not wrapped: it is not known to be these messages' own.
+	err := fmt.Errorf("publish qstash batch: %w (%d messages not sent: the call's %d split requests are used up; the next attempt carries on): %v",
+		errSplitBudget, len(chunk), splitBudget(len(s.results)), refused)
+	for _, it := range chunk {
+		s.results[it.index].Err = err
+		s.failKey(it.key)
+	}
+}
+
+// errSplitBudget marks messages left unsent because splitting their call used its
+// budget of requests (splitBudget). Retryable: the next attempt splits what is left.
+var errSplitBudget = errors.New("split of a refused request stopped")
+
+// sameRefusal reports whether err is a refusal of the request's content (a status that
+// splits) with the same status and text as ref.
+func sameRefusal(err error, ref *APIError) bool {
+	var e *APIError
+	return ref != nil && errors.As(err, &e) && messageStatus(e.StatusCode) &&
+		e.StatusCode == ref.StatusCode && strings.TrimSpace(e.Message) == strings.TrimSpace(ref.Message)
 }
 
 // encodeNames keeps what one Publish call derives per key and topic. A claimed batch
@@ -343,16 +468,10 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 // maxResponseBody bounds how much of a batch response is read (about 150 bytes per item).
 const maxResponseBody = 32 << 20
 
-// post sends chunk as one /v2/batch request. A 2xx answer gives one Result per item;
-// anything else gives the *APIError (or a transport error as a retryable Result for all).
-func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publish.Result, *APIError) {
-	all := func(err error) []publish.Result {
-		out := make([]publish.Result, len(chunk))
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
-	}
+// post sends chunk as one /v2/batch request. A 2xx answer gives one Result per item; any
+// other answer gives the *APIError, and a request that got no (whole) answer the
+// transport's error (classify reads both).
+func (p *Publisher) post(ctx context.Context, a lease, chunk []encoded) ([]publish.Result, error) {
 	// The body is the items' own slices between brackets and commas, written out by
 	// the transport without being copied into one buffer first.
 	size := int64(1)
@@ -375,30 +494,30 @@ func (p *Publisher) post(ctx context.Context, a *arena, chunk []encoded) ([]publ
 	defer cancel()
 	first, err := body()
 	if err != nil {
-		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
+		return nil, fmt.Errorf("publish qstash batch: %w", err)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.batchURL, first)
 	if err != nil {
 		first.Close()
-		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
+		return nil, fmt.Errorf("publish qstash batch: %w", err)
 	}
 	// As for a bytes.Reader body: a known length, and a fresh copy of the body when the
 	// transport resends the request on a kept-alive connection the server had closed.
 	req.ContentLength = size
 	req.GetBody = body
-	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
+	// The bearer token is set by the client's transport (Token.Transport).
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := p.cfg.HTTPClient.Do(req)
 	if err != nil {
 		// A network error or timeout: the batch may have been accepted. Resending is safe
 		// because every item carries its deduplication id.
-		return all(fmt.Errorf("publish qstash batch: %w", err)), nil
+		return nil, &unreachableError{err: fmt.Errorf("publish qstash batch: %w", err)}
 	}
 	defer resp.Body.Close()
 	buf, err := p.bufs.readResponse(resp, maxResponseBody)
 	defer p.bufs.putResponse(buf) // whatever is kept of it is copied
 	if err != nil {
-		return all(fmt.Errorf("read qstash batch response: %w", err)), nil
+		return nil, &unreachableError{err: fmt.Errorf("read qstash batch response: %w", err)}
 	}
 	data := buf.Bytes()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {

@@ -352,14 +352,34 @@ func TestPublishErrorClasses(t *testing.T) {
 		status    int
 		check     func(t *testing.T, err error)
 	}{
-		// Split until each message is alone; each alone is refused, so each is permanent.
-		{name: "400 validation", answer: answer{400, nil, `{"error":"invalid message"}`, false}, n: 2, permanent: true, status: 400,
+		// Alone, a refused message is refused for itself: permanent.
+		{name: "400 validation", answer: answer{400, nil, `{"error":"invalid message"}`, false}, n: 1, permanent: true, status: 400,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
 				if !errors.As(err, &ae) || ae.Message != "invalid message" {
 					t.Fatalf("%v", err)
 				}
 			}},
+		// Every message and both halves refused the same way, nothing accepted: a setting
+		// all of them carry, never n dead letters. Production's wording for Upstash-Retries
+		// over the plan's cap is undocumented: each plausible one names the variable, and
+		// an unknown text still defers, naming every shared setting.
+		{name: "400 for every message alike", answer: answer{400, nil, `{"error":"invalid message"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("QSTASH_RETRIES/QSTASH_PLAN (Upstash-Retries), FAILURE_CALLBACK_URL", "both halves")},
+		{name: "400 retries local wording", answer: answer{400, nil, `{"error":"message 0: Upstash-Retries 5 exceeds the maximum of 3 retries of the free plan"}`, false}, n: 1, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "400 retries maxRetries", answer: answer{400, nil, `{"error":"maxRetries exceeds the limit of your plan"}`, false}, n: 3, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "400 retries cannot", answer: answer{400, nil, `{"error":"retries cannot be more than 3"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "400 retry count", answer: answer{400, nil, `invalid retry count: 5 (max 3)`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "400 failure callback retries", answer: answer{400, nil, `{"error":"Upstash-Failure-Callback-Retries exceeds the plan's max retries"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "200 items retries", answer: answer{200, nil, `[{"error":"Upstash-Retries 5 exceeds the maximum of 3 retries of the free plan"}]`, false}, n: 1, deferred: publish.DeferDeployment,
+			check: wantNamed("check QSTASH_RETRIES/QSTASH_PLAN:")},
+		{name: "400 failure callback", answer: answer{400, nil, `{"error":"invalid failure callback url"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 400,
+			check: wantNamed("check FAILURE_CALLBACK_URL:")},
 		{name: "401 token", answer: answer{401, nil, `{"error":"invalid token"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 401,
 			check: func(t *testing.T, err error) {
 				if !strings.Contains(err.Error(), "QSTASH_TOKEN") {
@@ -383,7 +403,7 @@ func TestPublishErrorClasses(t *testing.T) {
 		{name: "412 queue cap", answer: answer{412, nil, `{"error":"queue limit reached"}`, false}, n: 2, deferred: publish.DeferDeployment, status: 412},
 		{name: "413 single", answer: answer{413, nil, `{"error":"too large"}`, false}, n: 1, permanent: true, status: 413},
 		{name: "409 unknown 4xx", answer: answer{409, nil, `{"error":"conflict"}`, false}, n: 1, status: 409},
-		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, status: 408},
+		{name: "408 timeout", answer: answer{408, nil, `{"error":"timeout"}`, false}, n: 1, deferred: publish.DeferOutage, status: 408},
 		{name: "429 with rate limit", answer: answer{429, http.Header{"Ratelimit-Limit": {"500"}, "Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1700000000"}, "Burst-Ratelimit-Limit": {"100"}, "Retry-After": {"7"}}, `{"error":"daily quota exceeded"}`, false}, n: 2, deferred: publish.DeferQuota, status: 429,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
@@ -391,10 +411,18 @@ func TestPublishErrorClasses(t *testing.T) {
 					t.Fatalf("%+v", ae)
 				}
 			}},
-		{name: "500", answer: answer{500, nil, `{"error":"internal"}`, false}, n: 1, status: 500},
+		// A failure of the whole request is an outage, not the messages' fault.
+		{name: "500", answer: answer{500, nil, `{"error":"internal"}`, false}, n: 1, deferred: publish.DeferOutage, status: 500},
+		{name: "503 with retry-after", answer: answer{503, http.Header{"Retry-After": {"30"}}, `{"error":"unavailable"}`, false}, n: 2, deferred: publish.DeferOutage, status: 503,
+			check: func(t *testing.T, err error) {
+				var de *publish.DeferError
+				if errors.As(err, &de); time.Until(de.Until) < 25*time.Second || time.Until(de.Until) > 31*time.Second {
+					t.Fatalf("Until %v: want Retry-After's 30 s from now", de.Until)
+				}
+			}},
 		// A 5xx is QStash's trouble even when its text mentions a setting.
-		{name: "503 naming the token", answer: answer{503, nil, `{"error":"invalid token cache unavailable"}`, false}, n: 2, status: 503},
-		{name: "502 html from a proxy", answer: answer{502, http.Header{"Content-Type": {"text/html"}}, "<html><body><h1>502 Bad Gateway</h1></body></html>", false}, n: 2, status: 502,
+		{name: "503 naming the token", answer: answer{503, nil, `{"error":"invalid token cache unavailable"}`, false}, n: 2, deferred: publish.DeferOutage, status: 503},
+		{name: "502 html from a proxy", answer: answer{502, http.Header{"Content-Type": {"text/html"}}, "<html><body><h1>502 Bad Gateway</h1></body></html>", false}, n: 2, deferred: publish.DeferOutage, status: 502,
 			check: func(t *testing.T, err error) {
 				var ae *qstash.APIError
 				if !errors.As(err, &ae) || !strings.Contains(ae.Message, "502 Bad Gateway") {
@@ -431,7 +459,7 @@ func TestPublishErrorClasses(t *testing.T) {
 			}},
 		{name: "200 item queue cap", answer: answer{200, nil, `[{"error":"queue limit reached: the free plan allows 10 queues"}]`, false}, n: 1, deferred: publish.DeferDeployment},
 		{name: "200 item bad destination", answer: answer{200, nil, `[{"error":"invalid destination url: x is not a loopback address"}]`, false}, n: 1, deferred: publish.DeferDeployment},
-		{name: "timeout", answer: answer{hang: true}, n: 1,
+		{name: "timeout", answer: answer{hang: true}, n: 1, deferred: publish.DeferOutage,
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, context.DeadlineExceeded) {
 					t.Fatalf("%v", err)
@@ -490,10 +518,23 @@ func TestPublishErrorClasses(t *testing.T) {
 		srv.Close()
 		p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1"})
 		r := p.Publish(context.Background(), messages(1, 1, 1))[0]
-		if r.Err == nil || publish.IsPermanent(r.Err) {
-			t.Fatalf("%v", r.Err)
+		var de *publish.DeferError
+		if !errors.As(r.Err, &de) || de.Reason != publish.DeferOutage || !de.Until.IsZero() {
+			t.Fatalf("%v: want deferred for an outage, the pause left to the relay", r.Err)
 		}
 	})
+}
+
+// wantNamed checks that an error's text holds every part.
+func wantNamed(parts ...string) func(t *testing.T, err error) {
+	return func(t *testing.T, err error) {
+		t.Helper()
+		for _, p := range parts {
+			if !strings.Contains(err.Error(), p) {
+				t.Fatalf("%v: does not say %q", err, p)
+			}
+		}
+	}
 }
 
 // TestPublishAgainstInjectedFaults: 5xx, 429 and dropped responses from the local server

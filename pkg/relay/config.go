@@ -40,6 +40,13 @@ const (
 	// MaxDeferPause caps every pause after a deferred publish, however far the queue's
 	// reset lies (a misread reset must not silence a warm relay for days).
 	MaxDeferPause = 24 * time.Hour
+	// MaxOutagePause caps the pause after an outage (DeferOutage: QStash failing or out of
+	// reach for whole requests), which doubles from DeferPause like any other. An outage
+	// ends by itself and nobody has to act, so the relay keeps probing: one Publish call
+	// per minute at most, the period of the scheduled drain, so publishing resumes within
+	// a tick of the end while an outage of hours costs a few hundred refused requests, no
+	// attempts. A deployment fault waits for an operator and may pause far longer.
+	MaxOutagePause = time.Minute
 	// MinBackoff is the floor of every retry delay.
 	MinBackoff = time.Second
 	// MaxBatchSize bounds one claim statement.

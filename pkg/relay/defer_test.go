@@ -14,6 +14,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -105,7 +107,7 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 // released; the batch's other waves are not sent.
 func TestDeferredStatsByReason(t *testing.T) {
 	t.Parallel()
-	for _, reason := range []string{relay.DeferQuota, relay.DeferDeployment} {
+	for _, reason := range []string{relay.DeferQuota, relay.DeferDeployment, relay.DeferOutage} {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
@@ -119,7 +121,7 @@ func TestDeferredStatsByReason(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]int{relay.DeferQuota: st.DeferredQuota, relay.DeferDeployment: st.DeferredDeployment}
+			got := map[string]int{relay.DeferQuota: st.DeferredQuota, relay.DeferDeployment: st.DeferredDeployment, relay.DeferOutage: st.DeferredOutage}
 			if got[reason] != 10 || st.Released != 40 || st.PublishCalls != 1 || st.Dispatched+st.Retried+st.DeadLettered != 0 {
 				t.Fatalf("stats %+v: want 10 deferred (%s) in one call, 40 released", st, reason)
 			}
@@ -249,3 +251,86 @@ func (c *callCounter) after() []callTime {
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// An outage of QStash (every request 503, hanging past the publish timeout, or reset)
+// spanning several drains, with a retry budget of 2: no attempt is spent, nothing is
+// dead-lettered, each drain reports the outage, and once it ends one drain publishes
+// everything with a single attempt per event. Before, each drain charged every claimed
+// event an attempt and the second dead-lettered them all.
+func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	for _, o := range []qstashtest.Outage{qstashtest.Outage503, qstashtest.OutageHang, qstashtest.OutageReset} {
+		t.Run(string(o), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			seed(t, db, 120, func(i int) string { return fmt.Sprintf("k%d", i%11) })
+			srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
+			pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+			cfg := relay.Config{BatchSize: 50, MaxAttempts: 2, PublishTimeout: 300 * time.Millisecond, MarkTimeout: time.Second,
+				DeferPause: 20 * time.Millisecond, Ordering: relay.OrderingPublish, Logger: quiet()}
+			for drain := range 3 { // each a cold start, as Lambda invocations may be
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				st, err := newRelay(t, db, pub, cfg).Drain(ctx)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.DeferredOutage == 0 || st.Dispatched+st.Retried+st.DeadLettered != 0 || st.DeferredDeployment+st.DeferredQuota != 0 {
+					t.Fatalf("drain %d: stats %+v: want only outage deferrals", drain, st)
+				}
+				for id, n := range attempts(t, db) {
+					if n != 0 {
+						t.Fatalf("drain %d: row %d has %d attempts during an outage", drain, id, n)
+					}
+				}
+			}
+			if n := deadLetters(t, db); n != 0 {
+				t.Fatalf("%d dead letters after the outage", n)
+			}
+			srv.SetFaults(qstashtest.Faults{})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			st, err := newRelay(t, db, pub, cfg).Drain(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := states(t, db); st.Dispatched != 120 || s.dispatched != 120 || s.deadLettered != 0 {
+				t.Fatalf("after the outage: stats %+v, states %+v", st, s)
+			}
+			for id, n := range attempts(t, db) {
+				if n != 1 {
+					t.Fatalf("row %d: %d attempts, want 1", id, n)
+				}
+			}
+		})
+	}
+}
+
+// An outage ends by itself: its pause doubles from DeferPause like a deployment fault's
+// but never past MaxOutagePause, where a deployment fault may pause up to MaxDeferPause.
+func TestOutagePauseIsCapped(t *testing.T) {
+	t.Parallel()
+	for reason, want := range map[string]time.Duration{relay.DeferOutage: relay.MaxOutagePause, relay.DeferDeployment: 2 * time.Hour} {
+		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+			pub := &fakePublisher{fail: func(outbox.Message) error {
+				return &relay.DeferError{Reason: reason, Err: errors.New("refused")}
+			}}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			st, err := newRelay(t, db, pub, relay.Config{DeferPause: 2 * time.Hour, Logger: quiet()}).Drain(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := st.PausedUntil.Sub(start); p < want-time.Second || p > want+5*time.Second {
+				t.Fatalf("paused %v after one %s deferral, want %v (stats %+v)", p, reason, want, st)
+			}
+			if reason == relay.DeferOutage && st.DeferredOutage != 10 {
+				t.Fatalf("stats %+v: want 10 deferred for the outage", st)
+			}
+		})
+	}
+}

@@ -32,6 +32,7 @@ const (
 	Deferred         = publish.Deferred
 	DeferQuota       = publish.DeferQuota
 	DeferDeployment  = publish.DeferDeployment
+	DeferOutage      = publish.DeferOutage
 )
 
 // IsPermanent is publish.IsPermanent.

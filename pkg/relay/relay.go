@@ -74,11 +74,12 @@ type Stats struct {
 	// Released were claimed but not sent (held behind a failed same-key event, deferred,
 	// or out of time); they are pending again with their attempt uncounted.
 	Released int
-	// DeferredQuota and DeferredDeployment count messages the queue did not take for a
-	// reason outside them (DeferError.Reason DeferQuota, DeferDeployment); they are
-	// included in Released.
+	// DeferredQuota, DeferredDeployment and DeferredOutage count messages the queue did
+	// not take for a reason outside them (DeferError.Reason DeferQuota, DeferDeployment,
+	// DeferOutage); they are included in Released.
 	DeferredQuota      int
 	DeferredDeployment int
+	DeferredOutage     int
 	// LeaseLost counts rows whose outcome was discarded because another relay had taken
 	// them over after this relay's lease expired.
 	LeaseLost int
@@ -111,6 +112,7 @@ func (s *Stats) add(o Stats) {
 	s.Released += o.Released
 	s.DeferredQuota += o.DeferredQuota
 	s.DeferredDeployment += o.DeferredDeployment
+	s.DeferredOutage += o.DeferredOutage
 	s.LeaseLost += o.LeaseLost
 	s.PublishCalls += o.PublishCalls
 	for _, l := range o.PublishLatency {
@@ -130,6 +132,7 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int("dispatched", s.Dispatched), slog.Int("retried", s.Retried),
 		slog.Int("dead_lettered", s.DeadLettered), slog.Int("released", s.Released),
 		slog.Int("deferred_quota", s.DeferredQuota), slog.Int("deferred_deployment", s.DeferredDeployment),
+		slog.Int("deferred_outage", s.DeferredOutage),
 		slog.Int("lease_lost", s.LeaseLost), slog.Int("publish_calls", s.PublishCalls),
 		slog.Bool("stopped_at_deadline", s.StoppedAtDeadline),
 		slog.Int64("duration_ms", s.Duration.Milliseconds()),
@@ -290,21 +293,26 @@ func (r *Relay) paused() time.Time {
 }
 
 // deferUntil pauses claiming after a deferral: until d.Until, or a pause doubling from
-// DeferPause when it names none, never longer than MaxDeferPause.
+// DeferPause when it names none, never longer than MaxDeferPause, or MaxOutagePause for
+// an outage.
 func (r *Relay) deferUntil(d *DeferError) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
+	limit := MaxDeferPause
+	if d.Reason == DeferOutage {
+		limit = MaxOutagePause
+	}
 	until := d.Until
 	if until.IsZero() || !until.After(now) {
 		pause := r.cfg.DeferPause << min(r.deferStreak, 20)
-		if pause <= 0 || pause > MaxDeferPause {
-			pause = MaxDeferPause
+		if pause <= 0 || pause > limit {
+			pause = limit
 		}
 		r.deferStreak++
 		until = now.Add(pause)
 	}
-	until = minTime(until, now.Add(MaxDeferPause))
+	until = minTime(until, now.Add(limit))
 	if until.After(r.pausedUntil) {
 		r.pausedUntil = until
 	}
@@ -493,6 +501,8 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 					st.DeferredQuota++
 				case DeferDeployment:
 					st.DeferredDeployment++
+				case DeferOutage:
+					st.DeferredOutage++
 				}
 				if st.deferred == nil {
 					st.deferred = d

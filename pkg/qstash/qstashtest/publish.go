@@ -498,6 +498,9 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 			return nil, "", badRequest("Upstash-Retries must be a non-negative integer")
 		}
 		if s.limits != nil && n > s.limits.MaxRetries {
+			if s.opts.RetriesRefusal != "" {
+				return nil, "", badRequest(s.opts.RetriesRefusal)
+			}
 			return nil, "", badRequest(fmt.Sprintf("Upstash-Retries %d exceeds the maximum of %d retries of the %s plan", n, s.limits.MaxRetries, s.opts.Plan))
 		}
 		m.retries = n

@@ -95,6 +95,11 @@ type Options struct {
 	// BatchErrors chooses how a batch with an invalid message is answered. Default
 	// BatchErrorsPerItem.
 	BatchErrors BatchErrorMode
+	// RetriesRefusal, when set, is the text of the 400 for an Upstash-Retries over the
+	// Plan's cap, in place of the server's own ("Upstash-Retries 5 exceeds the maximum of
+	// 3 retries of the free plan"). Production's wording is undocumented
+	// (docs/qstash-contract.md §4), so tests run each plausible one.
+	RetriesRefusal string
 	// QuotaMessages, when positive, is a daily message quota: a publish, enqueue or batch
 	// request that would take the count of accepted messages over it is answered 429 with
 	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (unix seconds), as
@@ -165,7 +170,26 @@ type Faults struct {
 	// before it is sent, which reorders deliveries that are not in a FIFO queue.
 	DelayRate float64
 	MaxDelay  time.Duration
+	// Outage, when set, fails every API request (publish, batch, queues, DLQ, ...) the way
+	// an outage of QStash, or of the egress to it, does, until it is set back to
+	// OutageNone; nothing of a failed request is accepted. Deliveries are not affected.
+	// (A connection refused needs no server: point the client at a closed port.)
+	Outage Outage
 }
+
+// Outage is how the server fails every API request during an injected outage.
+type Outage string
+
+const (
+	OutageNone Outage = ""
+	// Outage503 answers 503 {"error"}, as a failing service or its load balancer does.
+	Outage503 Outage = "503"
+	// OutageHang never answers: the request hangs until the client gives up (its
+	// timeout) or the server closes.
+	OutageHang Outage = "hang"
+	// OutageReset closes the connection without an answer, before reading the request.
+	OutageReset Outage = "reset"
+)
 
 // Attempt is one delivery attempt as the destination saw it.
 type Attempt struct {
@@ -196,7 +220,7 @@ type Attempt struct {
 type Server struct {
 	// URL is the base URL (QSTASH_URL), e.g. http://127.0.0.1:43121, without a trailing "/".
 	URL string
-	// Token is the accepted API token (QSTASH_TOKEN).
+	// Token is the accepted API token (QSTASH_TOKEN) at start; SetToken changes it.
 	Token string
 	// CurrentSigningKey and NextSigningKey are the signing keys at start. Rotation through
 	// the API changes the keys in use; see Keys.
@@ -216,6 +240,7 @@ type Server struct {
 	wg       sync.WaitGroup
 	keys     [2]string
 	faults   Faults
+	token    string // the accepted token (SetToken)
 	pubRand  *rand.Rand
 	delRand  *rand.Rand
 	seq      uint64
@@ -304,6 +329,7 @@ func start(ln net.Listener, opts Options) *Server {
 	s := &Server{
 		URL:               "http://" + ln.Addr().String(),
 		Token:             opts.Token,
+		token:             opts.Token,
 		CurrentSigningKey: opts.CurrentSigningKey,
 		NextSigningKey:    opts.NextSigningKey,
 		opts:              opts,
@@ -444,7 +470,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	req := Request{Method: r.Method, Path: r.URL.EscapedPath()}
 	s.delay(r.Context())
-	if r.ContentLength > maxBody {
+	if o := s.Faults().Outage; o != OutageNone {
+		s.fail(rec, r, o)
+	} else if r.ContentLength > maxBody {
 		// QStash's limit is on the body; refuse before reading it.
 		writeError(rec, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
 	} else {
@@ -459,6 +487,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.requests = append(s.requests, req)
 	s.mu.Unlock()
+}
+
+// fail answers r as outage o does.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, o Outage) {
+	switch o {
+	case OutageHang:
+		// Read to the end so that the server notices the client hanging up.
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+		case <-s.ctx.Done():
+		}
+		dropResponse(w)
+	case OutageReset:
+		dropResponse(w)
+	default:
+		writeError(w, http.StatusServiceUnavailable, "injected outage: service unavailable")
+	}
 }
 
 // maxRequestLog bounds the request log Requests returns.
@@ -568,7 +614,18 @@ func (s *Server) authorized(r *http.Request) bool {
 		}
 		tok = t
 	}
-	return tok != "" && tok == s.Token
+	s.mu.Lock()
+	want := s.token
+	s.mu.Unlock()
+	return tok != "" && tok == want
+}
+
+// SetToken makes token the only accepted API token, as rotating it in the console does:
+// the old one is refused with 401 from then on.
+func (s *Server) SetToken(token string) {
+	s.mu.Lock()
+	s.token = token
+	s.mu.Unlock()
 }
 
 func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
