@@ -61,7 +61,8 @@ type PoolConfig struct {
 	// Logger receives the start-up ping warning. Default: discard.
 	Logger *slog.Logger
 	// Credentials, when set, supplies the user and password of new connections after a
-	// rotation (see Credentials.Ready). Ignored with IAMAuth, whose tokens are fresh per
+	// rotation: a connection refused with SQLSTATE 28P01 makes the next attempt re-read the
+	// secret (see Credentials). Ignored with IAMAuth, whose tokens are fresh per
 	// connection.
 	Credentials *Credentials
 }
@@ -112,6 +113,8 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 		pc.BeforeConnect = iamAuth(awsCfg.Region, awsCfg.Credentials)
 	} else if cfg.Credentials != nil {
 		pc.BeforeConnect = cfg.Credentials.beforeConnect
+		// Built from a connection string, the config has no tracer of its own to keep.
+		pc.ConnConfig.Tracer = connectTracer{cfg.Credentials}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
