@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 
@@ -72,12 +73,12 @@ func (c *Credentials) Reads() uint64 {
 // connection with the current credentials was refused since the last read, it re-reads
 // them first; a failed re-read fails this connection attempt with the read's error, so
 // the caller learns why the password is still refused.
-func (c *Credentials) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) error {
+func (c *Credentials) beforeConnect(ctx context.Context, cc *pgx.ConnConfig, log *slog.Logger) error {
 	c.mu.Lock()
 	seen, stale := c.gen, c.gen < c.want
 	c.mu.Unlock()
 	if stale {
-		if err := c.refresh(ctx, seen); err != nil {
+		if err := c.refresh(ctx, seen, log); err != nil {
 			return err
 		}
 	}
@@ -130,7 +131,8 @@ func (t connectTracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnec
 // refresh re-reads the secret unless a read finished after generation seen (the value the
 // caller's failed attempt used), and waits for a read already in flight rather than
 // starting a second one.
-func (c *Credentials) refresh(ctx context.Context, seen uint64) error {
+// The caller that reads logs the outcome on log (one line per read).
+func (c *Credentials) refresh(ctx context.Context, seen uint64, log *slog.Logger) error {
 	c.mu.Lock()
 	if c.gen > seen {
 		c.mu.Unlock()
@@ -171,8 +173,11 @@ func (c *Credentials) refresh(ctx context.Context, seen uint64) error {
 	c.inflight = nil
 	close(ch)
 	if err != nil {
-		return fmt.Errorf("re-read database credentials: %w", err)
+		err = fmt.Errorf("re-read database credentials: %w", err)
+		log.Error("database refused the password; re-reading the secret failed, new connections fail until a re-read succeeds", slog.Any("error", err))
+		return err
 	}
+	log.Info("database refused the password; secret re-read, new connections use it", slog.Uint64("reads", c.gen))
 	return nil
 }
 
