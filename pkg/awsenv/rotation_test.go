@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -393,5 +394,150 @@ func TestDatabaseURLReader(t *testing.T) {
 		if err != nil || !bytes.Contains([]byte(dsn), []byte(":"+pw+"@")) {
 			t.Fatalf("read %q %v, want the password %q", dsn, err, pw)
 		}
+	}
+}
+
+// countingPublisher counts publishes per outbox id. Its first calls wait (up to 5 s) until
+// gate calls are in flight at once, so that many batches reach their marks together and
+// the drain needs more connections than the pool holds idle.
+type countingPublisher struct {
+	gate int
+
+	mu       sync.Mutex
+	count    map[int64]int
+	inFlight int
+	opened   chan struct{}
+}
+
+func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	p.mu.Lock()
+	for _, m := range msgs {
+		p.count[int64(m.ID)]++
+	}
+	p.inFlight++
+	if p.inFlight >= p.gate {
+		select {
+		case <-p.opened:
+		default:
+			close(p.opened)
+		}
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.opened:
+	case <-time.After(5 * time.Second):
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	p.inFlight--
+	p.mu.Unlock()
+	return make([]relay.Result, len(msgs))
+}
+
+// TestRotationWithOldSessionsOpen: RDS rotation changes the password and leaves open
+// sessions alone. A warm relay pool holds one idle pre-rotation session, so Ready succeeds
+// on it without re-reading anything; the drain then needs new connections (four batches
+// in flight, each marked on its own) and every one is refused with 28P01. The first
+// refusal makes the pool's next connection attempt re-read the secret, the store retries
+// the refused statement once, and the drain completes: every row marked, each published
+// once, one re-read, the pool the one opened at the start.
+func TestRotationWithOldSessionsOpen(t *testing.T) {
+	t.Parallel()
+	c := startPasswordCluster(t)
+	c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
+	c.exec(t, `CREATE DATABASE app OWNER app`)
+	r, stub := resolver(t)
+	secret := func(pw string) string {
+		b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": c.port, "dbname": "app"})
+		return string(b)
+	}
+	stub.PutSecret(secretARN, secret("first-password"))
+	env := envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	getenv, err := r.Resolve(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
+	const concurrency = 4
+	var logs logtest.Buffer
+	// The relay function's sizing: claim, one mark per batch in flight, the gauge.
+	pool, err := awsenv.NewPool(ctx, getenv("DATABASE_URL"), awsenv.PoolConfig{MaxConns: 2 + concurrency, Credentials: creds,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("k%d", i), Payload: json.RawMessage(`{}`)}
+	}
+	if _, err := outbox.EnqueueBatch(ctx, pool, evs); err != nil {
+		t.Fatal(err)
+	}
+	// Warm, with exactly one idle session from before the rotation.
+	for pool.Stat().IdleConns() > 1 {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Hijack().Close(ctx)
+	}
+	if pool.Stat().IdleConns() != 1 {
+		t.Fatalf("%d idle sessions, want 1", pool.Stat().IdleConns())
+	}
+	opened := pool.Stat().NewConnsCount()
+
+	c.exec(t, `ALTER ROLE app PASSWORD 'second-password'`)
+	stub.PutSecret(secretARN, secret("second-password"))
+	if err := creds.Ready(ctx, pool); err != nil || creds.Reads() != 0 {
+		t.Fatalf("Ready on the idle pre-rotation session: %v, %d re-reads; want success without one (the case this test is about)", err, creds.Reads())
+	}
+
+	pub := &countingPublisher{gate: concurrency, count: map[int64]int{}, opened: make(chan struct{})}
+	rl, err := relay.New(pool, pub, relay.Config{BatchSize: 20, PublishConcurrency: concurrency, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := rl.Drain(ctx)
+	if err != nil {
+		t.Fatalf("drain after the rotation: %v (stats %+v)", err, st)
+	}
+	appAdmin, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=app", c.dir, c.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appAdmin.Close(context.Background())
+	var dispatched, leased int
+	if err := appAdmin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*) FILTER (WHERE lease_token IS NOT NULL) FROM outbox`).Scan(&dispatched, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if dispatched != n || leased != 0 || st.Dispatched != n || st.LeaseLost != 0 {
+		t.Fatalf("%d of %d rows dispatched, %d still leased; stats %+v", dispatched, n, leased, st)
+	}
+	pub.mu.Lock()
+	for id, k := range pub.count {
+		if k != 1 {
+			t.Errorf("event %d published %d times", id, k)
+		}
+	}
+	published := len(pub.count)
+	pub.mu.Unlock()
+	if published != n {
+		t.Fatalf("%d events published, want %d", published, n)
+	}
+	if creds.Reads() != 1 || stub.Requests(awsenvtest.TargetGetSecretValue) != 2 {
+		t.Fatalf("%d re-reads (%d GetSecretValue calls), want 1 (and the one at start)", creds.Reads(), stub.Requests(awsenvtest.TargetGetSecretValue))
+	}
+	if pool.Stat().NewConnsCount() <= opened {
+		t.Fatal("the drain opened no connection: the test did not exercise the rotation")
+	}
+	if got := logs.String(); !bytes.Contains([]byte(got), []byte(`"msg":"database refused the password; secret re-read, new connections use it","reads":1`)) {
+		t.Fatalf("no re-read logged:\n%s", got)
 	}
 }
