@@ -110,6 +110,44 @@ func (c *passwordCluster) exec(t *testing.T, sql string) {
 	}
 }
 
+// appDB is a password cluster with a role app (password first-password) owning database
+// app, and a Secrets Manager stub holding its secret, resolved into a DATABASE_URL.
+type appDB struct {
+	c      *passwordCluster
+	r      awsenv.Resolver
+	stub   *awsenvtest.Server
+	env    func(string) string // the function's environment: DB_SECRET_ARN
+	getenv func(string) string // resolved: DATABASE_URL
+}
+
+func startAppDB(t *testing.T, ctx context.Context) *appDB {
+	t.Helper()
+	a := &appDB{c: startPasswordCluster(t)}
+	a.c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
+	a.c.exec(t, `CREATE DATABASE app OWNER app`)
+	a.r, a.stub = resolver(t)
+	a.stub.PutSecret(secretARN, a.secret("first-password"))
+	a.env = envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
+	var err error
+	if a.getenv, err = a.r.Resolve(ctx, a.env); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func (a *appDB) secret(pw string) string {
+	b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": a.c.port, "dbname": "app"})
+	return string(b)
+}
+
+// rotate changes the password as RDS rotation does: the role's, then the secret's; open
+// sessions stay.
+func (a *appDB) rotate(t *testing.T, pw string) {
+	t.Helper()
+	a.c.exec(t, `ALTER ROLE app PASSWORD '`+pw+`'`)
+	a.stub.PutSecret(secretARN, a.secret(pw))
+}
+
 // failures records what failed and when.
 type failures struct {
 	mu sync.Mutex
@@ -180,23 +218,10 @@ func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 // connection stays refused until the environment is recycled.
 func TestPasswordRotationWhileRunning(t *testing.T) {
 	t.Parallel()
-	c := startPasswordCluster(t)
-	c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
-	c.exec(t, `CREATE DATABASE app OWNER app`)
-
-	r, stub := resolver(t)
-	secret := func(pw string) string {
-		b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": c.port, "dbname": "app"})
-		return string(b)
-	}
-	stub.PutSecret(secretARN, secret("first-password"))
-	env := envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	getenv, err := r.Resolve(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := startAppDB(t, ctx)
+	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
 	// Two pools with their own credentials, as the relay and webhook functions have.
 	open := func() (*pgxpool.Pool, *awsenv.Credentials) {
 		creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
@@ -310,8 +335,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	conns := relayPool.Stat().NewConnsCount() + hookPool.Stat().NewConnsCount()
 
 	// Rotate: the role's password and the secret change; then every open session dies.
-	c.exec(t, `ALTER ROLE app PASSWORD 'second-password'`)
-	stub.PutSecret(secretARN, secret("second-password"))
+	a.rotate(t, "second-password")
 	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
 	// pgxpool finds a dead idle socket by pinging it before use once it has been idle a
 	// second (a frozen environment's always have); Reset is that discovery, without waiting.
@@ -347,8 +371,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 
 	// A second rotation met by many callers at once: one re-read between them.
-	c.exec(t, `ALTER ROLE app PASSWORD 'third-password'`)
-	stub.PutSecret(secretARN, secret("third-password"))
+	a.rotate(t, "third-password")
 	hookPool.Reset() // no idle connection left: every caller must open one
 	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
 	reads := stub.Requests(awsenvtest.TargetGetSecretValue)
@@ -443,22 +466,10 @@ func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) 
 // once, one re-read, the pool the one opened at the start.
 func TestRotationWithOldSessionsOpen(t *testing.T) {
 	t.Parallel()
-	c := startPasswordCluster(t)
-	c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
-	c.exec(t, `CREATE DATABASE app OWNER app`)
-	r, stub := resolver(t)
-	secret := func(pw string) string {
-		b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": c.port, "dbname": "app"})
-		return string(b)
-	}
-	stub.PutSecret(secretARN, secret("first-password"))
-	env := envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	getenv, err := r.Resolve(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := startAppDB(t, ctx)
+	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
 	creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
 	const concurrency = 4
 	var logs logtest.Buffer
@@ -493,8 +504,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	}
 	opened := pool.Stat().NewConnsCount()
 
-	c.exec(t, `ALTER ROLE app PASSWORD 'second-password'`)
-	stub.PutSecret(secretARN, secret("second-password"))
+	a.rotate(t, "second-password")
 	if err := creds.Ready(ctx, pool); err != nil || creds.Reads() != 0 {
 		t.Fatalf("Ready on the idle pre-rotation session: %v, %d re-reads; want success without one (the case this test is about)", err, creds.Reads())
 	}
