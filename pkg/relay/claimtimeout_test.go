@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -80,5 +82,58 @@ func TestClaimTimeoutFromTheLease(t *testing.T) {
 	cfg.ClaimTimeout = 10 * time.Second
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A warm pool's idle session ended by the server right after its last use (within the
+// second in which pgxpool hands it out without a ping) does not fail the next drain: its
+// claim runs once more on a live connection.
+func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pub := &fakePublisher{}
+	r, err := relay.New(pool, pub, relay.Config{PublishConcurrency: 1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+		t.Fatalf("first drain: %v, %+v", err, st)
+	}
+	var pids []int64
+	for _, c := range pool.AcquireAllIdle(bg) {
+		pids = append(pids, int64(c.Conn().PgConn().PID()))
+		c.Release()
+	}
+	if _, err := db.Pool.Exec(bg, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sessions %v still there 10 s after pg_terminate_backend", pids)
+		}
+	}
+	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+		t.Fatalf("drain after the idle session was ended: %v, %+v", err, st)
 	}
 }
