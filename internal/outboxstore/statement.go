@@ -38,11 +38,11 @@ import (
 // that answered a ping. What counts as "never ran" is in gone.
 //
 // A mark or other fenced statement whose first attempt was cut off by an admin shutdown
-// (57P01/57P02) has been rolled back: the server ends a session only at an interrupt
-// check, and the implicit transaction commits at the Sync that precedes ReadyForQuery, with
-// interrupts held. Were one to have committed nonetheless, its retry would change no row
-// (the lease token is cleared) and the relay would count those rows as lease lost: a
-// wrong count, never a wrong row.
+// (57P01/57P02) should have been rolled back: the server ends a session at an interrupt
+// check, and the implicit transaction commits at the Sync, with interrupts held (reasoned
+// from the server's code paths, not measured). Were one to have committed nonetheless,
+// its retry would change no row (the lease token is cleared) and the relay would count
+// those rows as lease lost: a wrong count, never a wrong row.
 
 // qStatementTimeout sets the statement_timeout of the current (implicit) transaction to
 // $1 milliseconds, unless the session's own is already stricter. current_setting returns
