@@ -35,7 +35,12 @@ func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 
 // poolFor opens and checks a pool on url, a DATABASE_URL already resolved (awsenv).
 func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pool, err := awsenv.NewPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
+	return checkedPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
+}
+
+// checkedPool opens a pool on url with cfg and checks that the database answers.
+func checkedPool(ctx context.Context, url string, cfg awsenv.PoolConfig) (*pgxpool.Pool, error) {
+	pool, err := awsenv.NewPool(ctx, url, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}

@@ -25,15 +25,21 @@ import (
 )
 
 const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-interval 1s] [--listen 127.0.0.1:9090]
-                       [--retention-interval 24h] [--gauge-interval 15s]
+                       [--retention-interval 24h] [--gauge-interval 15s] [--grace D]
 
 Runs the relay engine as a long-lived process (a container or a VM): drains continuously,
 woken by LISTEN/NOTIFY with polling as the safety net, and runs retention every
 --retention-interval (0 turns it off). It reads the same environment as the relay Lambda
 (DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayenv);
 flags override it. Serves /healthz and /metrics (Prometheus text format) on --listen, a
-loopback address. SIGTERM or Ctrl-C stops it after the batch in flight is published and
-marked. Any number of instances may run against one database.`
+loopback address. SIGTERM or Ctrl-C stops it after the batches in flight are published and
+marked: within the lease (a claim gives up at the lease minus the publish and mark
+timeouts, a batch is marked by the end of its lease). --grace (default: the lease) bounds
+the stop whatever the database does; past it the process exits 1 and the rows of the
+batches still in flight go out again after their lease. Set the orchestrator's grace period
+(terminationGracePeriodSeconds, ECS stopTimeout) a few seconds above it. With DB_SECRET_ARN
+a password the database refuses after a rotation is re-read from the secret. Any number of
+instances may run against one database.`
 
 // relayChunk is how long one relay.Run lasts before the process records its counters and
 // starts the next; a stop request ends the current chunk at once.
@@ -49,17 +55,19 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:9090", "loopback address for /healthz and /metrics (port 0 picks one)")
 	retentionEvery := fs.Duration("retention-interval", 24*time.Hour, "run retention this often (0: never)")
 	gaugeEvery := fs.Duration("gauge-interval", 15*time.Second, "refresh the backlog gauges this often")
+	grace := fs.Duration("grace", 0, "exit at most this long after SIGTERM, batches in flight or not (0: the lease)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := checkLoopback(*listen); err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 {
-		return &exitError{code: 2, err: errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval not negative")}
+	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 || *grace < 0 {
+		return &exitError{code: 2, err: errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval and --grace not negative")}
 	}
 	// One read of the environment, AWS secret references resolved, for the whole process.
-	getenv, err := awsenv.Resolve(ctx, overlayEnv(e.getenv, sf.overlay()))
+	base := overlayEnv(e.getenv, sf.overlay())
+	getenv, err := awsenv.Resolve(ctx, base)
 	if err != nil {
 		return err
 	}
@@ -76,11 +84,21 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err := pub.EnsureQueues(ctx); err != nil {
 		return fmt.Errorf("relay: check qstash fifo queues: %w", err)
 	}
-	pool, err := poolFor(ctx, cfg.DatabaseURL)
+	var creds *awsenv.Credentials
+	if read := (awsenv.Resolver{}).DatabaseURLReader(base); read != nil {
+		creds = awsenv.NewCredentials(read)
+	}
+	pool, err := openRelayPool(ctx, cfg, *retentionEvery > 0, creds, logger)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	// A stop past its grace period leaves connections acquired: Close would wait for them.
+	abandoned := false
+	defer func() {
+		if !abandoned {
+			pool.Close()
+		}
+	}()
 
 	tr, stopTracing, err := startTracing(ctx, getenv, tracingRelayServiceName)
 	if err != nil {
@@ -96,16 +114,45 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	ret := cfg.Retention
 	ret.Logger = logger
 	p := &relayProcess{
-		pool: pool, relay: r, retention: ret, retentionEvery: *retentionEvery, gaugeEvery: *gaugeEvery,
+		pool: pool, relay: r, retention: ret, retentionEvery: *retentionEvery, gaugeEvery: *gaugeEvery, grace: *grace,
 		reg: metrics.NewRegistry(metrics.RegistryConfig{Functions: []string{metrics.FunctionRelay}}),
 		log: logger,
+	}
+	if p.grace == 0 {
+		p.grace = r.Config().Lease
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *listen, err)
 	}
-	return p.run(ctx, ln)
+	err = p.run(ctx, ln)
+	abandoned = errors.Is(err, errGraceExceeded)
+	return err
 }
+
+// relayConns is the pool size of outboxctl relay: a connection for everything that can
+// hold one at the same time. The drain claims on one while each batch in flight
+// (PublishConcurrency) may be marking on its own; the LISTEN session holds one for as long
+// as the relay runs; the backlog gauge and, when on, the retention loop run beside the
+// drain on their own schedules. A pool sized by CPU count (4 on a 2-core machine) had 3
+// connections for 8 batches, and the marks waited behind the LISTEN session, the gauge and
+// retention, past their 5 s budget.
+func relayConns(rc relay.Config, retention bool) int32 {
+	n := 1 + rc.WithDefaults().PublishConcurrency + 1 + 1
+	if retention {
+		n++
+	}
+	return int32(n)
+}
+
+// openRelayPool opens the relay's pool, sized by relayConns, re-reading a rotated password
+// when creds is set, and checks that the database answers.
+func openRelayPool(ctx context.Context, cfg relayenv.Config, retention bool, creds *awsenv.Credentials, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return checkedPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: relayConns(cfg.Relay, retention), Credentials: creds, Logger: logger})
+}
+
+// errGraceExceeded: the relay did not stop within its grace period.
+var errGraceExceeded = errors.New("relay did not stop within its grace period")
 
 // checkLoopback refuses a non-loopback listen address: /metrics and /healthz carry
 // operational detail and have no authentication; put a proxy in front to expose them.
@@ -134,8 +181,10 @@ type relayProcess struct {
 	retention      retention.Config
 	retentionEvery time.Duration
 	gaugeEvery     time.Duration
-	reg            *metrics.Registry
-	log            *slog.Logger
+	// grace bounds the stop after ctx ends.
+	grace time.Duration
+	reg   *metrics.Registry
+	log   *slog.Logger
 
 	// lastOK is when the drain loop last completed a chunk without error (unix nanos);
 	// lastErr the error of the last failed chunk.
@@ -157,13 +206,34 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 		slog.Int("batch_size", p.relay.Config().BatchSize), slog.Duration("lease", p.relay.Config().Lease),
 		slog.Duration("retention_interval", p.retentionEvery))
 
-	var wg sync.WaitGroup
-	wg.Go(func() { p.gauges(ctx) })
-	if p.retentionEvery > 0 {
-		wg.Go(func() { p.retentionLoop(ctx) })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		var wg sync.WaitGroup
+		wg.Go(func() { p.gauges(ctx) })
+		if p.retentionEvery > 0 {
+			wg.Go(func() { p.retentionLoop(ctx) })
+		}
+		p.drainLoop(ctx)
+		wg.Wait()
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		// Every statement has a bound (claims ClaimTimeout, marks MarkTimeout, the gauge
+		// 5 s, retention its context) and a batch is marked by the end of its lease; the
+		// timer is the bound that holds whatever the database or a dependency does.
+		t := time.NewTimer(p.grace)
+		defer t.Stop()
+		select {
+		case <-stopped:
+		case <-t.C:
+			p.log.Error("relay did not stop within its grace period; exiting with work in flight: rows of unmarked batches go out again after their lease",
+				slog.Duration("grace", p.grace))
+			_ = srv.Close()
+			return fmt.Errorf("%w (%v)", errGraceExceeded, p.grace)
+		}
 	}
-	p.drainLoop(ctx)
-	wg.Wait()
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

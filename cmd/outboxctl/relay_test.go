@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -15,10 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 // deliveries counts what the webhook stand-in received, per outbox id.
@@ -299,5 +304,152 @@ func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 	defer cancel()
 	if code := run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0"}); code == 0 || !strings.Contains(stderr.String(), "shop-1 is paused") {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+}
+
+// gatedPublisher accepts every message; its calls wait (up to 5 s) until gate of them are
+// in flight at once, so that many batches reach their marks together.
+type gatedPublisher struct {
+	gate int
+
+	mu       sync.Mutex
+	inFlight int
+	open     chan struct{}
+}
+
+func (p *gatedPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	p.mu.Lock()
+	p.inFlight++
+	if p.inFlight == p.gate {
+		close(p.open)
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.open:
+	case <-time.After(5 * time.Second):
+	case <-ctx.Done():
+	}
+	return make([]relay.Result, len(msgs))
+}
+
+// TestRelayPoolCountsWhatRuns: outboxctl relay's pool has a connection for the claim, one
+// per batch in flight, the LISTEN session, the gauge and the retention loop. With the
+// LISTEN session, the gauge and retention each holding one, a drain with every batch in
+// flight marking at once never waits for a connection.
+func TestRelayPoolCountsWhatRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	const concurrency = 4
+	cfg := relayenv.Config{DatabaseURL: db.URL}
+	cfg.Relay.PublishConcurrency = concurrency
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	for retention, want := range map[bool]int32{true: 1 + concurrency + 3, false: 1 + concurrency + 2} {
+		if got := relayConns(cfg.Relay, retention); got != want {
+			t.Errorf("pool size with retention %v: %d, want %d", retention, got, want)
+		}
+	}
+	if got := relayConns(relay.Config{}, true); got != 1+relay.DefaultPublishConcurrency+3 {
+		t.Errorf("pool size with the default concurrency: %d", got)
+	}
+	pool, err := openRelayPool(ctx, cfg, true, nil, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	enqueueN(t, db, 400, 400)
+
+	// Every connection open and idle, then the three long-lived users take theirs.
+	max := int(pool.Config().MaxConns)
+	conns := make([]*pgxpool.Conn, max)
+	for i := range conns {
+		if conns[i], err = pool.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns[3:] {
+		c.Release()
+	}
+	defer func() {
+		for _, c := range conns[:3] {
+			c.Release()
+		}
+	}()
+	waited := pool.Stat().EmptyAcquireCount()
+
+	r, err := relay.New(pool, &gatedPublisher{gate: concurrency, open: make(chan struct{})},
+		relay.Config{BatchSize: 20, PublishConcurrency: concurrency, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Drain(ctx)
+	if err != nil || st.Dispatched != 400 {
+		t.Fatalf("drain: %v, stats %+v", err, st)
+	}
+	if n := pool.Stat().EmptyAcquireCount() - waited; n != 0 {
+		t.Fatalf("the drain waited %d times for a connection (pool of %d, 3 held by the LISTEN session, the gauge and retention)", n, max)
+	}
+}
+
+// TestRelayStopsWithinItsGrace: SIGTERM while a claim is stuck behind a lock on the outbox
+// table. The claim gives up at its timeout (LEASE - PUBLISH_TIMEOUT - the 5 s mark
+// timeout: 1 s here), so the relay stops cleanly within its grace period (exit 0); with a
+// grace shorter than that, it exits at its grace, 1, saying so.
+func TestRelayStopsWithinItsGrace(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		grace time.Duration
+		code  int
+	}{{4 * time.Second, 0}, {300 * time.Millisecond, 1}} {
+		t.Run(c.grace.String(), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
+			defer qs.Close()
+			enqueueN(t, db, 10, 10)
+			bg := context.Background()
+			tx, err := db.Pool.Begin(bg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(bg)
+			if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": "http://127.0.0.1:1",
+				"ORDERING": "publish", "LEASE": "7s", "PUBLISH_TIMEOUT": "1s"}
+			stderr := &logtest.Buffer{}
+			e := env{stdout: io.Discard, stderr: stderr, getenv: func(k string) string { return vars[k] }}
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--grace", c.grace.String()})
+			}()
+			// The claim waits on the lock.
+			waitFor(t, 15*time.Second, "a claim waiting on the lock", func() bool {
+				var n int
+				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n > 0
+			})
+			cancel() // SIGTERM
+			start := time.Now()
+			select {
+			case code := <-done:
+				took := time.Since(start)
+				if code != c.code || took > c.grace+time.Second {
+					t.Fatalf("exit %d after %v, want %d within the %v grace:\n%s", code, took, c.code, c.grace, stderr.String())
+				}
+				if c.code == 1 && !strings.Contains(stderr.String(), "relay did not stop within its grace period") {
+					t.Fatalf("no grace message:\n%s", stderr.String())
+				}
+			case <-time.After(c.grace + 15*time.Second):
+				_ = tx.Rollback(bg)
+				<-done
+				t.Fatalf("relay still running %v after SIGTERM, grace %v:\n%s", time.Since(start), c.grace, stderr.String())
+			}
+		})
 	}
 }

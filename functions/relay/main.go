@@ -282,9 +282,10 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 		h.log.Error("reject relay invocation", slog.Any("error", err))
 		return result{}, err
 	}
-	// A rotated database secret is re-read here, once, instead of failing every invocation
-	// until the environment is recycled. A failure is not fatal here: the task meets it
-	// and reports it.
+	// The pool re-reads a rotated database secret at the first connection the server
+	// refuses (awsenv.Credentials), wherever it is opened, and the relay's statements retry
+	// once; Ready makes sure the invocation starts with a connection that works. A failure
+	// is not fatal here: the task meets it and reports it.
 	if err := h.creds.Ready(ctx, h.pool); err != nil {
 		h.log.Warn("database not ready", slog.Any("error", err))
 	}

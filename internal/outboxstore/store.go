@@ -23,6 +23,11 @@ import (
 // Store runs the relay's statements on the outbox table. Every statement after Claim is
 // fenced by the claim's lease token: a relay whose lease expired (and whose rows another
 // relay claimed since) changes nothing, and the returned count says so.
+//
+// On a *pgxpool.Pool each statement is bounded on the server by its context's deadline
+// and run once more on a live connection when it never ran (a session the server ended,
+// a connection refused): see statement.go. An error of a statement that ran out of time
+// wraps ErrTimeout.
 type Store struct {
 	db outbox.Querier
 	// window is the next claim's window (0: the batch size), learned from the last claim.
@@ -100,7 +105,7 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 	if w := int(s.window.Load()); w > 0 && w < n {
 		window = w
 	}
-	rows, err := s.db.Query(ctx, qClaim, n, lease.Token, now, d, window, max(keyRun, 1))
+	rows, err := s.query(ctx, qClaim, n, lease.Token, now, d, window, max(keyRun, 1))
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -156,7 +161,7 @@ func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []outbox.ID
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := s.db.Exec(ctx, qMarkDispatched, ids, lease.Token, now)
+	tag, err := s.exec(ctx, qMarkDispatched, ids, lease.Token, now)
 	if err != nil {
 		return 0, fmt.Errorf("mark outbox rows dispatched: %w", err)
 	}
@@ -181,7 +186,7 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, no
 	for i, r := range retries {
 		ids[i], delays[i], errs[i] = r.ID, r.Delay.Milliseconds(), r.Error
 	}
-	tag, err := s.db.Exec(ctx, qReschedule, ids, delays, errs, lease.Token, now)
+	tag, err := s.exec(ctx, qReschedule, ids, delays, errs, lease.Token, now)
 	if err != nil {
 		return 0, fmt.Errorf("reschedule outbox rows: %w", err)
 	}
@@ -209,7 +214,7 @@ func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, no
 	for i, f := range fails {
 		ids[i], errs[i], codes[i] = f.ID, f.Error, int32(f.StatusCode)
 	}
-	tag, err := s.db.Exec(ctx, qDeadLetter, ids, errs, codes, lease.Token, now)
+	tag, err := s.exec(ctx, qDeadLetter, ids, errs, codes, lease.Token, now)
 	if err != nil {
 		return 0, fmt.Errorf("dead-letter outbox rows: %w", err)
 	}
@@ -221,7 +226,7 @@ func (s *Store) Release(ctx context.Context, lease Lease, ids []outbox.ID, now *
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := s.db.Exec(ctx, qRelease, ids, lease.Token, now)
+	tag, err := s.exec(ctx, qRelease, ids, lease.Token, now)
 	if err != nil {
 		return 0, fmt.Errorf("release outbox rows: %w", err)
 	}

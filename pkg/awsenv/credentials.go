@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 
@@ -24,11 +25,19 @@ func IsAuthFailure(err error) bool {
 
 // Credentials keeps the user and password of a pool's new connections current. Secrets
 // Manager rotates database secrets (every 7 days for an RDS-managed one) while a warm
-// Lambda environment keeps its pool: connections already open keep working, but every new
-// one is refused until the environment is recycled. Ready notices the refusal, re-reads the
-// secret (once for all callers that saw it) and tries again, so the environment carries on
-// without a cold start. RDS IAM tokens need none of this: a fresh token is built for every
-// connection.
+// Lambda environment or a long-lived relay keeps its pool: RDS rotation changes the
+// password and leaves open sessions alone, so connections already open keep working, but
+// every new one is refused (SQLSTATE 28P01) until the secret is re-read.
+//
+// The re-read is tied to the refusal itself, wherever a connection is opened: NewPool
+// installs a connect hook that notes a refusal of the credentials in use, and the pool's
+// next connection attempt re-reads the secret (once for all attempts that saw the same
+// refusal) before it dials. So the caller that met the refusal sees the 28P01 once, and
+// a retry, its own (outboxstore retries a statement once on a connect error) or the next
+// one, connects with the new password. A warm pool whose idle sessions predate the
+// rotation is covered too: the first connection it opens after the rotation triggers the
+// re-read, not a Ready that happened to find an idle session. RDS IAM tokens need none of
+// this: a fresh token is built for every connection.
 //
 // A Credentials is safe for concurrent use. Pass it in PoolConfig.Credentials.
 type Credentials struct {
@@ -39,6 +48,7 @@ type Credentials struct {
 	password string
 	set      bool
 	gen      uint64        // counts successful reads
+	want     uint64        // new connections need gen >= want: a refusal of generation want-1 was seen
 	inflight chan struct{} // closed when the read in flight ends
 	lastErr  error         // that read's error
 }
@@ -59,8 +69,19 @@ func (c *Credentials) Reads() uint64 {
 }
 
 // beforeConnect puts the current user and password into a new connection's config (pgxpool
-// passes a copy per connection); before the first refresh the pool's own are kept.
-func (c *Credentials) beforeConnect(_ context.Context, cc *pgx.ConnConfig) error {
+// passes a copy per connection); before the first refresh the pool's own are kept. When a
+// connection with the current credentials was refused since the last read, it re-reads
+// them first; a failed re-read fails this connection attempt with the read's error, so
+// the caller learns why the password is still refused.
+func (c *Credentials) beforeConnect(ctx context.Context, cc *pgx.ConnConfig, log *slog.Logger) error {
+	c.mu.Lock()
+	seen, stale := c.gen, c.gen < c.want
+	c.mu.Unlock()
+	if stale {
+		if err := c.refresh(ctx, seen, log); err != nil {
+			return err
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.set {
@@ -69,16 +90,49 @@ func (c *Credentials) beforeConnect(_ context.Context, cc *pgx.ConnConfig) error
 	return nil
 }
 
-func (c *Credentials) generation() uint64 {
+// usedKey carries the user and password a connection attempt used from TraceConnectStart
+// to TraceConnectEnd.
+type usedKey struct{}
+
+type used struct{ user, password string }
+
+// connectTracer is the pgx connect hook that sees every refusal: pgxpool offers no other
+// place where a failed connection attempt is visible.
+type connectTracer struct{ c *Credentials }
+
+// TraceQueryStart and TraceQueryEnd do nothing: pgx's tracer slot is typed as a query
+// tracer, and the connect hooks are found on it by interface assertion.
+func (connectTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (connectTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t connectTracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
+	return context.WithValue(ctx, usedKey{}, used{data.ConnConfig.User, data.ConnConfig.Password})
+}
+
+// TraceConnectEnd notes a refusal of the credentials in use, so the next attempt re-reads
+// them. A refusal of credentials a read has already replaced (an attempt that started
+// before the read ended) asks for nothing: the next attempt uses the new ones.
+func (t connectTracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
+	if !IsAuthFailure(data.Err) {
+		return
+	}
+	u, _ := ctx.Value(usedKey{}).(used)
+	c := t.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gen
+	if !c.set || (u.user == c.user && u.password == c.password) {
+		c.want = max(c.want, c.gen+1)
+	}
 }
 
 // refresh re-reads the secret unless a read finished after generation seen (the value the
 // caller's failed attempt used), and waits for a read already in flight rather than
 // starting a second one.
-func (c *Credentials) refresh(ctx context.Context, seen uint64) error {
+// The caller that reads logs the outcome on log (one line per read).
+func (c *Credentials) refresh(ctx context.Context, seen uint64, log *slog.Logger) error {
 	c.mu.Lock()
 	if c.gen > seen {
 		c.mu.Unlock()
@@ -119,22 +173,25 @@ func (c *Credentials) refresh(ctx context.Context, seen uint64) error {
 	c.inflight = nil
 	close(ch)
 	if err != nil {
-		return fmt.Errorf("re-read database credentials: %w", err)
+		err = fmt.Errorf("re-read database credentials: %w", err)
+		log.Error("database refused the password; re-reading the secret failed, new connections fail until a re-read succeeds", slog.Any("error", err))
+		return err
 	}
+	log.Info("database refused the password; secret re-read, new connections use it", slog.Uint64("reads", c.gen))
 	return nil
 }
 
 // Ready makes sure pool can hand out a connection: it acquires one (opening it if none is
-// idle) and releases it. When the server refuses the password it re-reads the secret and
-// tries once more. Call it where work begins (an invocation, a request); the work then
-// runs on the connection Ready left idle, or opens one with the current password.
+// idle) and releases it. When the server refuses the password it tries once more: that
+// attempt re-reads the secret first (see Credentials). Call it where work begins (an
+// invocation, a request); a refusal met later, on a connection the work opens, is handled
+// the same way.
 //
 // A nil Credentials (nothing to re-read: a plain DATABASE_URL) does nothing.
 func (c *Credentials) Ready(ctx context.Context, pool *pgxpool.Pool) error {
 	if c == nil {
 		return nil
 	}
-	seen := c.generation()
 	conn, err := pool.Acquire(ctx)
 	if err == nil {
 		conn.Release()
@@ -142,9 +199,6 @@ func (c *Credentials) Ready(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if !IsAuthFailure(err) {
 		return fmt.Errorf("acquire database connection: %w", err)
-	}
-	if err := c.refresh(ctx, seen); err != nil {
-		return err
 	}
 	conn, err = pool.Acquire(ctx)
 	if err != nil {

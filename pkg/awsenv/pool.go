@@ -58,10 +58,12 @@ type PoolConfig struct {
 	// AWSConfig gives the region and credentials for IAM tokens. Default
 	// config.LoadDefaultConfig, loaded only with IAMAuth.
 	AWSConfig *aws.Config
-	// Logger receives the start-up ping warning. Default: discard.
+	// Logger receives the start-up ping warning and one line per re-read of Credentials.
+	// Default: discard.
 	Logger *slog.Logger
 	// Credentials, when set, supplies the user and password of new connections after a
-	// rotation (see Credentials.Ready). Ignored with IAMAuth, whose tokens are fresh per
+	// rotation: a connection refused with SQLSTATE 28P01 makes the next attempt re-read the
+	// secret (see Credentials). Ignored with IAMAuth, whose tokens are fresh per
 	// connection.
 	Credentials *Credentials
 }
@@ -76,6 +78,10 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 	if err != nil {
 		// pgx's parse errors may quote the string, password included.
 		return nil, errors.New("parse DATABASE_URL: not a valid Postgres connection string")
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
 	if v, ok := pc.ConnConfig.RuntimeParams[dsnKeyIAMAuth]; ok {
 		delete(pc.ConnConfig.RuntimeParams, dsnKeyIAMAuth)
@@ -111,15 +117,14 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 		}
 		pc.BeforeConnect = iamAuth(awsCfg.Region, awsCfg.Credentials)
 	} else if cfg.Credentials != nil {
-		pc.BeforeConnect = cfg.Credentials.beforeConnect
+		creds := cfg.Credentials
+		pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error { return creds.beforeConnect(ctx, cc, logger) }
+		// Built from a connection string, the config has no tracer of its own to keep.
+		pc.ConnConfig.Tracer = connectTracer{cfg.Credentials}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)
-	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, orDefault(cfg.InitPingTimeout, DefaultInitPingTimeout))
 	defer cancel()

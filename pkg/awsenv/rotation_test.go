@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -109,6 +110,44 @@ func (c *passwordCluster) exec(t *testing.T, sql string) {
 	}
 }
 
+// appDB is a password cluster with a role app (password first-password) owning database
+// app, and a Secrets Manager stub holding its secret, resolved into a DATABASE_URL.
+type appDB struct {
+	c      *passwordCluster
+	r      awsenv.Resolver
+	stub   *awsenvtest.Server
+	env    func(string) string // the function's environment: DB_SECRET_ARN
+	getenv func(string) string // resolved: DATABASE_URL
+}
+
+func startAppDB(t *testing.T, ctx context.Context) *appDB {
+	t.Helper()
+	a := &appDB{c: startPasswordCluster(t)}
+	a.c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
+	a.c.exec(t, `CREATE DATABASE app OWNER app`)
+	a.r, a.stub = resolver(t)
+	a.stub.PutSecret(secretARN, a.secret("first-password"))
+	a.env = envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
+	var err error
+	if a.getenv, err = a.r.Resolve(ctx, a.env); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func (a *appDB) secret(pw string) string {
+	b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": a.c.port, "dbname": "app"})
+	return string(b)
+}
+
+// rotate changes the password as RDS rotation does: the role's, then the secret's; open
+// sessions stay.
+func (a *appDB) rotate(t *testing.T, pw string) {
+	t.Helper()
+	a.c.exec(t, `ALTER ROLE app PASSWORD '`+pw+`'`)
+	a.stub.PutSecret(secretARN, a.secret(pw))
+}
+
 // failures records what failed and when.
 type failures struct {
 	mu sync.Mutex
@@ -179,23 +218,10 @@ func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 // connection stays refused until the environment is recycled.
 func TestPasswordRotationWhileRunning(t *testing.T) {
 	t.Parallel()
-	c := startPasswordCluster(t)
-	c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
-	c.exec(t, `CREATE DATABASE app OWNER app`)
-
-	r, stub := resolver(t)
-	secret := func(pw string) string {
-		b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": c.port, "dbname": "app"})
-		return string(b)
-	}
-	stub.PutSecret(secretARN, secret("first-password"))
-	env := envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	getenv, err := r.Resolve(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := startAppDB(t, ctx)
+	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
 	// Two pools with their own credentials, as the relay and webhook functions have.
 	open := func() (*pgxpool.Pool, *awsenv.Credentials) {
 		creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
@@ -309,8 +335,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	conns := relayPool.Stat().NewConnsCount() + hookPool.Stat().NewConnsCount()
 
 	// Rotate: the role's password and the secret change; then every open session dies.
-	c.exec(t, `ALTER ROLE app PASSWORD 'second-password'`)
-	stub.PutSecret(secretARN, secret("second-password"))
+	a.rotate(t, "second-password")
 	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
 	// pgxpool finds a dead idle socket by pinging it before use once it has been idle a
 	// second (a frozen environment's always have); Reset is that discovery, without waiting.
@@ -346,8 +371,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 
 	// A second rotation met by many callers at once: one re-read between them.
-	c.exec(t, `ALTER ROLE app PASSWORD 'third-password'`)
-	stub.PutSecret(secretARN, secret("third-password"))
+	a.rotate(t, "third-password")
 	hookPool.Reset() // no idle connection left: every caller must open one
 	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
 	reads := stub.Requests(awsenvtest.TargetGetSecretValue)
@@ -393,5 +417,137 @@ func TestDatabaseURLReader(t *testing.T) {
 		if err != nil || !bytes.Contains([]byte(dsn), []byte(":"+pw+"@")) {
 			t.Fatalf("read %q %v, want the password %q", dsn, err, pw)
 		}
+	}
+}
+
+// countingPublisher counts publishes per outbox id. Its first calls wait (up to 5 s) until
+// gate calls are in flight at once, so that many batches reach their marks together and
+// the drain needs more connections than the pool holds idle.
+type countingPublisher struct {
+	gate int
+
+	mu       sync.Mutex
+	count    map[int64]int
+	inFlight int
+	opened   chan struct{}
+}
+
+func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	p.mu.Lock()
+	for _, m := range msgs {
+		p.count[int64(m.ID)]++
+	}
+	p.inFlight++
+	if p.inFlight >= p.gate {
+		select {
+		case <-p.opened:
+		default:
+			close(p.opened)
+		}
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.opened:
+	case <-time.After(5 * time.Second):
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	p.inFlight--
+	p.mu.Unlock()
+	return make([]relay.Result, len(msgs))
+}
+
+// TestRotationWithOldSessionsOpen: RDS rotation changes the password and leaves open
+// sessions alone. A warm relay pool holds one idle pre-rotation session, so Ready succeeds
+// on it without re-reading anything; the drain then needs new connections (four batches
+// in flight, each marked on its own) and every one is refused with 28P01. The first
+// refusal makes the pool's next connection attempt re-read the secret, the store retries
+// the refused statement once, and the drain completes: every row marked, each published
+// once, one re-read, the pool the one opened at the start.
+func TestRotationWithOldSessionsOpen(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a := startAppDB(t, ctx)
+	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
+	creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
+	const concurrency = 4
+	var logs logtest.Buffer
+	// The relay function's sizing: claim, one mark per batch in flight, the gauge.
+	pool, err := awsenv.NewPool(ctx, getenv("DATABASE_URL"), awsenv.PoolConfig{MaxConns: 2 + concurrency, Credentials: creds,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("k%d", i), Payload: json.RawMessage(`{}`)}
+	}
+	if _, err := outbox.EnqueueBatch(ctx, pool, evs); err != nil {
+		t.Fatal(err)
+	}
+	// Warm, with exactly one idle session from before the rotation.
+	for pool.Stat().IdleConns() > 1 {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Hijack().Close(ctx)
+	}
+	if pool.Stat().IdleConns() != 1 {
+		t.Fatalf("%d idle sessions, want 1", pool.Stat().IdleConns())
+	}
+	opened := pool.Stat().NewConnsCount()
+
+	a.rotate(t, "second-password")
+	if err := creds.Ready(ctx, pool); err != nil || creds.Reads() != 0 {
+		t.Fatalf("Ready on the idle pre-rotation session: %v, %d re-reads; want success without one (the case this test is about)", err, creds.Reads())
+	}
+
+	pub := &countingPublisher{gate: concurrency, count: map[int64]int{}, opened: make(chan struct{})}
+	rl, err := relay.New(pool, pub, relay.Config{BatchSize: 20, PublishConcurrency: concurrency, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := rl.Drain(ctx)
+	if err != nil {
+		t.Fatalf("drain after the rotation: %v (stats %+v)", err, st)
+	}
+	appAdmin, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=app", c.dir, c.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appAdmin.Close(context.Background())
+	var dispatched, leased int
+	if err := appAdmin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*) FILTER (WHERE lease_token IS NOT NULL) FROM outbox`).Scan(&dispatched, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if dispatched != n || leased != 0 || st.Dispatched != n || st.LeaseLost != 0 {
+		t.Fatalf("%d of %d rows dispatched, %d still leased; stats %+v", dispatched, n, leased, st)
+	}
+	pub.mu.Lock()
+	for id, k := range pub.count {
+		if k != 1 {
+			t.Errorf("event %d published %d times", id, k)
+		}
+	}
+	published := len(pub.count)
+	pub.mu.Unlock()
+	if published != n {
+		t.Fatalf("%d events published, want %d", published, n)
+	}
+	if creds.Reads() != 1 || stub.Requests(awsenvtest.TargetGetSecretValue) != 2 {
+		t.Fatalf("%d re-reads (%d GetSecretValue calls), want 1 (and the one at start)", creds.Reads(), stub.Requests(awsenvtest.TargetGetSecretValue))
+	}
+	if pool.Stat().NewConnsCount() <= opened {
+		t.Fatal("the drain opened no connection: the test did not exercise the rotation")
+	}
+	if got := logs.String(); !bytes.Contains([]byte(got), []byte(`"msg":"database refused the password; secret re-read, new connections use it","reads":1`)) {
+		t.Fatalf("no re-read logged:\n%s", got)
 	}
 }

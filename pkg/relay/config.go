@@ -81,6 +81,15 @@ type Config struct {
 	// MarkTimeout bounds the statements that record a batch's outcome. They run even if the
 	// drain's context is cancelled, so a published batch is marked. Default DefaultMarkTimeout.
 	MarkTimeout time.Duration
+	// ClaimTimeout bounds one claim statement (on the client, and on the server through a
+	// transaction-local statement_timeout). Default, and maximum, Lease - PublishTimeout -
+	// MarkTimeout (15s with the defaults): the lease runs from the claim's start, so a
+	// claim that took longer would leave its batch less than one publish and its mark
+	// before the lease ends. A claim that gives up returns an error wrapping
+	// outboxstore.ErrTimeout that says why a claim gets that slow; nothing was leased (a
+	// claim that committed as it was cut off leaves its rows leased until the lease ends,
+	// never published).
+	ClaimTimeout time.Duration
 	// DeadlineMargin: Drain claims no new batch when less than this is left before its
 	// context's deadline. Default PublishTimeout + MarkTimeout: enough to publish what the
 	// claim returns and mark it. Batches in flight publish and mark in parallel, each
@@ -145,6 +154,9 @@ func (c Config) WithDefaults() Config {
 	if c.DeadlineMargin == 0 {
 		c.DeadlineMargin = c.PublishTimeout + c.MarkTimeout
 	}
+	if c.ClaimTimeout == 0 {
+		c.ClaimTimeout = c.Lease - c.PublishTimeout - c.MarkTimeout
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
@@ -195,6 +207,9 @@ func (c Config) Validate() error {
 	}
 	if c.Lease <= c.PublishTimeout+c.MarkTimeout {
 		bad("Lease", "%v must exceed PublishTimeout+MarkTimeout (%v), or slow publishes are reclaimed and sent twice", c.Lease, c.PublishTimeout+c.MarkTimeout)
+	}
+	if limit := c.Lease - c.PublishTimeout - c.MarkTimeout; c.Lease > c.PublishTimeout+c.MarkTimeout && (c.ClaimTimeout <= 0 || c.ClaimTimeout > limit) {
+		bad("ClaimTimeout", "%v is outside (0, Lease-PublishTimeout-MarkTimeout = %v]: a longer claim leaves its batch no time to publish and mark within the lease", c.ClaimTimeout, limit)
 	}
 	if c.DeadlineMargin < 0 {
 		bad("DeadlineMargin", "%v must not be negative", c.DeadlineMargin)

@@ -367,7 +367,18 @@ func (r *Relay) claim(ctx context.Context) (outboxstore.Lease, outboxstore.Claim
 		return lease, outboxstore.Claimed{}, time.Time{}, err
 	}
 	claimedAt := time.Now()
-	c, err := r.store.Claim(ctx, lease, r.cfg.BatchSize, r.inFlight, r.cfg.Lease, r.now())
+	// The claim's own bound: a drain's context has the Lambda deadline or none at all
+	// (outboxctl relay), and a claim with none kept a process alive for minutes after
+	// SIGTERM behind a pinned xmin horizon.
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
+	defer cancel()
+	c, err := r.store.Claim(cctx, lease, r.cfg.BatchSize, r.inFlight, r.cfg.Lease, r.now())
+	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
+		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
+			"a claim this slow usually walks dead rows vacuum cannot remove yet, held back by a long-open transaction or a "+
+			"replication slot pinning the xmin horizon (outboxctl status names it), or waits on a lock on the outbox table)",
+			err, r.cfg.ClaimTimeout)
+	}
 	return lease, c, claimedAt, err
 }
 

@@ -1,0 +1,139 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
+)
+
+// A claim stuck behind a lock gives up at ClaimTimeout although the drain's context has
+// no deadline (outboxctl relay's), with an error that says it timed out and why a claim
+// gets that slow; nothing is leased.
+func TestClaimGivesUpAtItsTimeout(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seed(t, db, 20, func(i int) string { return fmt.Sprintf("k%d", i) })
+	pub := &fakePublisher{}
+	const bound = 500 * time.Millisecond
+	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
+	bg := context.Background()
+	tx, err := db.Pool.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(bg)
+	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		st  relay.Stats
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		st, err := r.Drain(bg)
+		done <- result{st, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(bound + 10*time.Second):
+		_ = tx.Rollback(bg) // let the drain end before the test does
+		<-done
+		t.Fatalf("the claim behind a lock was still running %v after it started, ClaimTimeout %v", time.Since(start), bound)
+	}
+	took := time.Since(start)
+	_ = tx.Rollback(bg)
+	msg := fmt.Sprint(res.err)
+	if !errors.Is(res.err, outboxstore.ErrTimeout) || !strings.Contains(msg, "claim outbox batch: statement timed out after") ||
+		!strings.Contains(msg, "the claim timeout, 500ms") || !strings.Contains(msg, "xmin horizon") {
+		t.Fatalf("drain error %q, want a claim timeout that names its bound and the likely cause", msg)
+	}
+	if took > bound+2*time.Second {
+		t.Fatalf("the claim gave up after %v, ClaimTimeout %v", took, bound)
+	}
+	if s := states(t, db); s.leased != 0 || res.st.Claimed != 0 || len(pub.records()) != 0 {
+		t.Fatalf("after a timed-out claim: states %+v, stats %+v, %d publishes", s, res.st, len(pub.records()))
+	}
+}
+
+// ClaimTimeout defaults to what the lease leaves after a publish and a mark, and cannot
+// be set beyond it.
+func TestClaimTimeoutFromTheLease(t *testing.T) {
+	t.Parallel()
+	if got := (relay.Config{}).WithDefaults().ClaimTimeout; got != relay.DefaultLease-relay.DefaultPublishTimeout-relay.DefaultMarkTimeout {
+		t.Fatalf("default ClaimTimeout %v", got)
+	}
+	cfg := relay.Config{Lease: 20 * time.Second, PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second, ClaimTimeout: 11 * time.Second}
+	if err := cfg.WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "ClaimTimeout") {
+		t.Fatalf("ClaimTimeout beyond the lease's room: %v", err)
+	}
+	cfg.ClaimTimeout = 10 * time.Second
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A warm pool's idle session ended by the server right after its last use (within the
+// second in which pgxpool hands it out without a ping) does not fail the next drain: its
+// claim runs once more on a live connection.
+func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pub := &fakePublisher{}
+	r, err := relay.New(pool, pub, relay.Config{PublishConcurrency: 1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+		t.Fatalf("first drain: %v, %+v", err, st)
+	}
+	var pids []int64
+	for _, c := range pool.AcquireAllIdle(bg) {
+		pids = append(pids, int64(c.Conn().PgConn().PID()))
+		c.Release()
+	}
+	if _, err := db.Pool.Exec(bg, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sessions %v still there 10 s after pg_terminate_backend", pids)
+		}
+	}
+	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+		t.Fatalf("drain after the idle session was ended: %v, %+v", err, st)
+	}
+}
