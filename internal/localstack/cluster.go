@@ -62,6 +62,23 @@ func isExec(p string) bool {
 // StartCluster initialises and starts a cluster under dir (created if needed). PostgreSQL
 // refuses to run as root, so as root the server runs as the "postgres" system user.
 func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+	return startCluster(ctx, dir, "--auth=trust")
+}
+
+// StartPasswordCluster is StartCluster with password authentication (scram-sha-256) over
+// TCP, as RDS has, and trust on its Unix socket, where AdminURL connects: tests rotate
+// passwords with it and see the refusals a deployment sees.
+func StartPasswordCluster(ctx context.Context, dir string) (*Cluster, error) {
+	return startCluster(ctx, dir, "--auth-local=trust", "--auth-host=scram-sha-256")
+}
+
+// AdminURL connects as the postgres superuser over the cluster's Unix socket (trusted by
+// both kinds of cluster).
+func (c *Cluster) AdminURL() string {
+	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", c.Dir, c.Port)
+}
+
+func startCluster(ctx context.Context, dir string, auth ...string) (*Cluster, error) {
 	bin, err := FindPostgresBin()
 	if err != nil {
 		return nil, err
@@ -88,7 +105,7 @@ func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
 	}
 	data := filepath.Join(dir, "data")
 	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err != nil {
-		if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		if out, err := c.run(ctx, "initdb", append([]string{"-D", data, "-U", "postgres", "-E", "UTF8", "--no-sync"}, auth...)...); err != nil {
 			return nil, fmt.Errorf("initdb: %w: %s", err, out)
 		}
 	}

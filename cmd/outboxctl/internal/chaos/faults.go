@@ -62,14 +62,15 @@ func newRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed,
 
 // injector holds the fault switch, the per-kind counters and the time of the last fault.
 type injector struct {
+	kinds  []string
 	on     atomic.Bool
 	counts sync.Map // kind -> *atomic.Int64
 	last   atomic.Int64
 }
 
-func newInjector() *injector {
-	in := &injector{}
-	for _, k := range faultKinds {
+func newInjector(extra ...string) *injector {
+	in := &injector{kinds: append(append([]string(nil), faultKinds...), extra...)}
+	for _, k := range in.kinds {
 		in.counts.Store(k, new(atomic.Int64))
 	}
 	return in
@@ -88,8 +89,8 @@ func (in *injector) add(kind string, n int64) {
 }
 
 func (in *injector) snapshot() map[string]int64 {
-	out := make(map[string]int64, len(faultKinds))
-	for _, k := range faultKinds {
+	out := make(map[string]int64, len(in.kinds))
+	for _, k := range in.kinds {
 		c, _ := in.counts.Load(k)
 		out[k] = c.(*atomic.Int64).Load()
 	}

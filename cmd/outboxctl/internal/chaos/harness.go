@@ -68,7 +68,8 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	h := &harness{opts: opts, in: newInjector(), runID: randomHex(4)}
+	h := &harness{opts: opts, in: newInjector(opts.DayTwo.kinds()...), runID: randomHex(4)}
+	h.dayTwo = &dayTwo{h: h}
 	return h.run(ctx)
 }
 
@@ -76,6 +77,8 @@ type harness struct {
 	opts  Options
 	in    *injector
 	runID string
+	// dayTwo injects the DayTwo events.
+	dayTwo *dayTwo
 
 	app      *pgxpool.Pool
 	qs       *qstashtest.Server
@@ -185,6 +188,7 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 	go func() { prodDone <- h.produce(ctx) }()
 
 	settled, err := h.wait(ctx, prodDone, &rep)
+	err = errors.Join(append([]error{err}, h.dayTwo.wait()...)...)
 	h.in.on.Store(false)
 	h.qs.SetFaults(qstashtest.Faults{})
 	stop()
@@ -261,7 +265,10 @@ func (h *harness) wait(ctx context.Context, prodDone <-chan error, rep *Report) 
 		if !produced {
 			continue
 		}
-		if h.in.on.Load() && float64(settled) >= h.opts.SettledShare*float64(events) {
+		if h.in.on.Load() && events > 0 {
+			h.dayTwo.step(ctx, float64(settled)/float64(events))
+		}
+		if h.in.on.Load() && float64(settled) >= h.opts.SettledShare*float64(events) && !h.dayTwo.busy() {
 			h.in.on.Store(false)
 			h.qs.SetFaults(qstashtest.Faults{})
 		}
@@ -305,6 +312,9 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,
 			Rand: newRand(o.Seed, streamRelay+uint64(i)<<20+gen+1<<19).Float64,
 			Now:  clock.Now, PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
+			// Deferrals pause in real time (the relay's clock does not reach them): a short
+			// first pause keeps a run's 429s and outages from idling it for seconds.
+			DeferPause: 50 * time.Millisecond,
 		})
 	}, relay.SuperviseConfig{
 		// A killed or failed relay "process" is replaced at the next "tick".
@@ -419,6 +429,9 @@ func (h *harness) appName(role string) string { return "chaos_" + h.runID + "_" 
 // pool opens a pool on the run's schema whose sessions carry application_name
 // chaos_<run>_<role>, so the killer can find a relay's backends.
 func (h *harness) pool(ctx context.Context, role string, maxConns int32) (*pgxpool.Pool, error) {
+	if h.opts.DayTwo.ReadDatabaseURL != nil {
+		return h.credentialedPool(ctx, role, maxConns)
+	}
 	cfg, err := pgxpool.ParseConfig(h.opts.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse chaos database url: %w", err)

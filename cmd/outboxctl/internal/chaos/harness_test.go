@@ -44,6 +44,12 @@ func runChaos(t *testing.T, opts chaos.Options) chaos.Report {
 	t.Helper()
 	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 2})
 	opts.DatabaseURL = db.URL
+	return runChaosOn(t, opts)
+}
+
+// runChaosOn is runChaos on the database opts.DatabaseURL names.
+func runChaosOn(t *testing.T, opts chaos.Options) chaos.Report {
+	t.Helper()
 	rep, err := chaos.Run(context.Background(), opts)
 	b, _ := json.MarshalIndent(rep, "", "  ")
 	if err != nil {

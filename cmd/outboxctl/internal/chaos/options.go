@@ -181,6 +181,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Progress, if set, receives a line about once a second.
 	Progress io.Writer
+	// DayTwo injects a migration, a password rotation and a QStash outage during the run.
+	DayTwo DayTwo
 	// OnStart, if set, is called once the stack is up, before production starts, with
 	// its endpoints (e.g. to send hostile requests during a run).
 	OnStart func(Endpoints)
@@ -254,6 +256,7 @@ func (o Options) Validate() error {
 	if o.DatabaseURL == "" {
 		bad("DatabaseURL", "is empty")
 	}
+	errs = append(errs, o.DayTwo.validate()...)
 	if o.Events < 1 {
 		bad("Events", "%d must be at least 1", o.Events)
 	}
