@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -73,6 +74,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 }
 
 func main() {
+	// The memory limit first, before anything is allocated: the Lambda kills a relay over
+	// its memory size before it marks what it published.
+	limit, err := memoryLimit(os.Getenv)
+	if err != nil {
+		slog.New(slog.NewJSONHandler(os.Stdout, nil)).Error("set memory limit", slog.Any("error", err))
+		os.Exit(1)
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
 	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
 	getenv, err := awsenv.Resolve(context.Background(), os.Getenv)
 	if err != nil {

@@ -29,8 +29,9 @@ var functionIDs = []string{"RelayFunction", "WebhookFunction", "FailureFunction"
 
 // localOnly are variables a main reads that must not be set in Lambda: LISTEN_ADDR switches
 // the receivers from Lambda to a plain HTTP server (local stack); AWS_LAMBDA_FUNCTION_TIMEOUT
-// is set by the emulator and sam local (Lambda reserves AWS_LAMBDA_* names).
-var localOnly = map[string]bool{"LISTEN_ADDR": true, "AWS_LAMBDA_FUNCTION_TIMEOUT": true}
+// is set by the emulator and sam local, AWS_LAMBDA_FUNCTION_MEMORY_SIZE by Lambda itself
+// (Lambda reserves AWS_LAMBDA_* names).
+var localOnly = map[string]bool{"LISTEN_ADDR": true, "AWS_LAMBDA_FUNCTION_TIMEOUT": true, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": true}
 
 var rootOnce = sync.OnceValues(lambdatest.ModuleRoot)
 

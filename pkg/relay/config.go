@@ -51,6 +51,20 @@ const (
 	MinBackoff = time.Second
 	// MaxBatchSize bounds one claim statement.
 	MaxBatchSize = 10000
+	// DefaultMaxBatchBytes and DefaultMaxInFlightBytes bound the payloads one claim takes
+	// and the drain holds at once, sized for the relay Lambda's 256 MB (template.yaml).
+	// A payload in flight exists several times: the row as pgx reads it,
+	// outbox.Message.Payload, its JSON-escaped batch item in the publisher's arena, and
+	// what the collector lets pile up between cycles. Measured under aws-lambda-rie on the
+	// dev machine (TestRIERelayDrainsLargePayloadsWithinItsMemory, GOMEMLIMIT 80% of 256
+	// MB), the bootstrap peaked at 171.8 MiB draining 16,000 x 30 kB and 149.3 MiB draining
+	// 1,200 x 400 kB with these budgets (218.8 and 196.6 MiB with the test under -race,
+	// its slower local QStash holding batches in flight longer: the heap then grows to the
+	// memory limit, 205 MiB, which bounds it), against 203.1 and 1021.8 MiB without them
+	// (batch 1,000 x 8 in flight, no memory limit). With ~300-byte payloads neither bound is
+	// reached (1,000 x 8 of them are 2.4 MB).
+	DefaultMaxBatchBytes    = 8 << 20
+	DefaultMaxInFlightBytes = 32 << 20
 )
 
 // Ordering is what order the queue keeps between the messages of one partition key, and
@@ -130,6 +144,16 @@ type Config struct {
 	Channel string
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
+	// MaxBatchBytes bounds the payload bytes (their JSON text) one claim takes: a claim
+	// stops adding rows once the budget is reached, but always takes at least one, so an
+	// event larger than the budget still moves alone. Default DefaultMaxBatchBytes.
+	MaxBatchBytes int64
+	// MaxInFlightBytes bounds the payload bytes of every batch in flight together: the
+	// drain claims only up to what is left of it, and while less than a quarter of
+	// MaxBatchBytes is left it waits for a batch to finish instead. Each batch in flight
+	// can exceed its share by one event (the one a claim always takes). Default
+	// DefaultMaxInFlightBytes; at least MaxBatchBytes.
+	MaxInFlightBytes int64
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
 	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
@@ -180,6 +204,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+		if c.MaxInFlightBytes > 0 {
+			c.MaxBatchBytes = min(c.MaxBatchBytes, c.MaxInFlightBytes)
+		}
+	}
+	if c.MaxInFlightBytes == 0 {
+		c.MaxInFlightBytes = max(DefaultMaxInFlightBytes, c.MaxBatchBytes)
 	}
 	if c.Channel == "" {
 		c.Channel = "outbox"
@@ -234,6 +267,12 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		bad("PollInterval", "%v must be positive", c.PollInterval)
+	}
+	if c.MaxBatchBytes < 1 {
+		bad("MaxBatchBytes", "%d must be positive", c.MaxBatchBytes)
+	}
+	if c.MaxInFlightBytes < c.MaxBatchBytes {
+		bad("MaxInFlightBytes", "%d is below MaxBatchBytes %d: no claim could take a full batch", c.MaxInFlightBytes, c.MaxBatchBytes)
 	}
 	return errors.Join(errs...)
 }

@@ -161,6 +161,8 @@ func (r *Relay) Drain(ctx context.Context) (Stats, error) {
 type batchDone struct {
 	st  Stats
 	err error
+	// bytes are the batch's payload bytes, counted against MaxInFlightBytes until it is done.
+	bytes int64
 	// aborted: the batch's goroutine ended without finishing (a panic, whose value is
 	// panicked, or runtime.Goexit); the drain stops and ends its caller the same way.
 	aborted  bool
@@ -170,16 +172,22 @@ type batchDone struct {
 // drain claims batches under work, each published and marked on its own goroutine, until
 // a claim comes back short with nothing in flight, stop is done, work's deadline is
 // within DeadlineMargin, or publishing is paused past it. It returns when every batch it
-// claimed is marked.
+// claimed is marked. The payloads in flight stay within MaxInFlightBytes: a claim takes
+// at most what is left of it (and MaxBatchBytes), and with less than a quarter of a
+// batch's budget left the drain waits for a batch to finish instead of claiming a sliver.
 func (r *Relay) drain(stop, work context.Context, total *Stats) error {
 	// Buffered for every batch in flight, so a finishing batch never blocks.
 	done := make(chan batchDone, r.inFlight)
 	inFlight := 0
+	var inFlightBytes int64
+	var budget budgetUse
+	defer budget.log(r)
 	var errs []error
 	logged := false
 	var abort *batchDone
 	collect := func(b batchDone) {
 		inFlight--
+		inFlightBytes -= b.bytes
 		total.add(b.st)
 		if b.err != nil {
 			errs = append(errs, b.err)
@@ -203,6 +211,12 @@ claiming:
 			collect(<-done)
 			continue
 		}
+		left := r.cfg.MaxInFlightBytes - inFlightBytes
+		if inFlight > 0 && left < max(r.cfg.MaxBatchBytes/4, 1) {
+			budget.waits++
+			collect(<-done)
+			continue
+		}
 		if until := r.paused(); time.Now().Before(until) {
 			if dl, ok := work.Deadline(); ok && until.After(dl.Add(-r.cfg.DeadlineMargin)) {
 				// Nothing could be claimed after the pause: stop now rather than wait.
@@ -223,11 +237,12 @@ claiming:
 			total.StoppedAtDeadline = true
 			break
 		}
-		lease, c, claimedAt, err := r.claim(work)
+		lease, c, claimedAt, err := r.claim(work, min(r.cfg.MaxBatchBytes, left))
 		if err != nil {
 			errs = append(errs, err)
 			break
 		}
+		budget.claimed(c, inFlightBytes)
 		if c.Len() == 0 {
 			if inFlight == 0 {
 				break
@@ -237,8 +252,9 @@ claiming:
 			continue
 		}
 		inFlight++
+		inFlightBytes += c.Bytes
 		go func() {
-			b := batchDone{aborted: true}
+			b := batchDone{aborted: true, bytes: c.Bytes}
 			defer func() {
 				if b.aborted {
 					b.panicked = recover()
@@ -270,6 +286,34 @@ claiming:
 		runtime.Goexit()
 	}
 	return errors.Join(errs...)
+}
+
+// budgetUse counts, for one drain, how the byte budgets shaped it.
+type budgetUse struct {
+	// cut: claims the byte budget ended before BatchSize rows; waits: times the drain
+	// waited for a batch to finish because MaxInFlightBytes was (nearly) used up.
+	cut, waits int
+	// peak is the most payload bytes in flight at once; largest the largest claim.
+	peak, largest int64
+}
+
+func (u *budgetUse) claimed(c outboxstore.Claimed, inFlightBytes int64) {
+	if c.BytesCut {
+		u.cut++
+	}
+	u.largest = max(u.largest, c.Bytes)
+	u.peak = max(u.peak, inFlightBytes+c.Bytes)
+}
+
+// log writes one line per drain the budgets shaped: how to tell that a drain was slowed
+// by memory, not by the database or the queue.
+func (u *budgetUse) log(r *Relay) {
+	if u.cut == 0 && u.waits == 0 {
+		return
+	}
+	r.log.Info("byte budget limited the drain: batches were cut short or waited for memory; raise the function's memory (and IN_FLIGHT_BYTES) to drain large payloads faster",
+		"batches_cut", u.cut, "in_flight_waits", u.waits, "peak_in_flight_bytes", u.peak, "largest_batch_bytes", u.largest,
+		"max_batch_bytes", r.cfg.MaxBatchBytes, "max_in_flight_bytes", r.cfg.MaxInFlightBytes)
 }
 
 func (r *Relay) nearDeadline(ctx context.Context) bool {
@@ -348,9 +392,9 @@ type outcome struct {
 	released  []outbox.ID
 }
 
-// Batch claims, publishes and marks one batch.
+// Batch claims, publishes and marks one batch of at most MaxBatchBytes.
 func (r *Relay) Batch(ctx context.Context) (Stats, error) {
-	lease, c, claimedAt, err := r.claim(ctx)
+	lease, c, claimedAt, err := r.claim(ctx, r.cfg.MaxBatchBytes)
 	if err != nil || c.Len() == 0 {
 		return Stats{more: c.More}, err
 	}
@@ -361,7 +405,7 @@ func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	return st, err
 }
 
-func (r *Relay) claim(ctx context.Context) (outboxstore.Lease, outboxstore.Claimed, time.Time, error) {
+func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, outboxstore.Claimed, time.Time, error) {
 	lease, err := outboxstore.NewLease()
 	if err != nil {
 		return lease, outboxstore.Claimed{}, time.Time{}, err
@@ -372,7 +416,7 @@ func (r *Relay) claim(ctx context.Context) (outboxstore.Lease, outboxstore.Claim
 	// SIGTERM behind a pinned xmin horizon.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
-	c, err := r.store.Claim(cctx, lease, r.cfg.BatchSize, r.inFlight, r.cfg.Lease, r.now())
+	c, err := r.store.ClaimWithin(cctx, lease, r.cfg.BatchSize, r.inFlight, maxBytes, r.cfg.Lease, r.now())
 	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
 		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
 			"a claim this slow usually walks dead rows vacuum cannot remove yet, held back by a long-open transaction or a "+

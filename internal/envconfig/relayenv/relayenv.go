@@ -27,11 +27,17 @@
 //	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
 //	BATCH_SIZE                 default 1000 rows per claim
 //	PUBLISH_CONCURRENCY        default 8 batches in flight at once (1: strictly serial)
+//	BATCH_BYTES                default 8388608 (8 MiB): payload bytes one claim takes at most (at
+//	                           least one event, however large); at most IN_FLIGHT_BYTES
+//	IN_FLIGHT_BYTES            default an eighth of AWS_LAMBDA_FUNCTION_MEMORY_SIZE (32 MiB at the
+//	                           template's 256 MB; 33554432 outside Lambda): payload bytes of all
+//	                           batches in flight together
 //	LEASE                      default 30s
 //	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
 //	MAX_ATTEMPTS               default 12
 //	BACKOFF_BASE               default 30s
 //	BACKOFF_MAX                default 1h
+//	AWS_LAMBDA_FUNCTION_MEMORY_SIZE  set by Lambda (MB): IN_FLIGHT_BYTES's default
 //	LINGER                     default 0 (off): keep draining this long per invocation
 //	OUTBOX_RETENTION           default 7d
 //	DEDUPE_TTL                 default 14d; must exceed the retry horizon
@@ -41,6 +47,7 @@ package relayenv
 
 import (
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -109,6 +116,14 @@ func Read(getenv func(string) string) (Config, error) {
 	rc := relay.Config{}
 	rc.BatchSize, _ = r.Int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
 	rc.PublishConcurrency, _ = r.Int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency, "PublishConcurrency")
+	if n, ok := r.Int("BATCH_BYTES", 1, maxBudgetBytes, "MaxBatchBytes"); ok {
+		rc.MaxBatchBytes = int64(n)
+	}
+	if n, ok := r.Int("IN_FLIGHT_BYTES", 1, maxBudgetBytes, "MaxInFlightBytes"); ok {
+		rc.MaxInFlightBytes = int64(n)
+	} else if r.Get("IN_FLIGHT_BYTES") == "" {
+		rc.MaxInFlightBytes = inFlightForMemory(r)
+	}
 	rc.Lease, _ = r.Duration("LEASE", "Lease")
 	rc.PublishTimeout, _ = r.Duration("PUBLISH_TIMEOUT", "PublishTimeout", "RequestTimeout", "DeadlineMargin")
 	rc.MaxAttempts, _ = r.Int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
@@ -152,4 +167,25 @@ func Read(getenv func(string) string) (Config, error) {
 	r.Check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
 	r.Check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
 	return c, r.Err()
+}
+
+// maxBudgetBytes bounds BATCH_BYTES and IN_FLIGHT_BYTES: 10 GB is the largest Lambda.
+const maxBudgetBytes = 10 << 30
+
+// inFlightForMemory is IN_FLIGHT_BYTES's default on Lambda: an eighth of the function's
+// memory (AWS_LAMBDA_FUNCTION_MEMORY_SIZE, MB), so a larger function drains large payloads
+// with more of them in flight; 0 (the library's default) elsewhere. An eighth: at the
+// template's 256 MB that is relay.DefaultMaxInFlightBytes, measured to keep the relay
+// under its memory (relay.DefaultMaxInFlightBytes).
+func inFlightForMemory(r *envconfig.Reader) int64 {
+	v := r.Get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+	if v == "" {
+		return 0
+	}
+	mb, err := strconv.Atoi(v)
+	if err != nil || mb <= 0 {
+		r.Fail("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "%q must be the function's memory in whole MB", v)
+		return 0
+	}
+	return int64(mb) << 20 / 8
 }

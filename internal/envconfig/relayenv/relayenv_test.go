@@ -135,6 +135,10 @@ func TestReadConsistency(t *testing.T) {
 		"qstash url with /v2":          {map[string]string{"QSTASH_URL": "https://qstash.upstash.io/v2"}, []string{"QSTASH_URL: ", "no path"}},
 		"qstash url plain http":        {map[string]string{"QSTASH_URL": "http://qstash.upstash.io"}, []string{"QSTASH_URL: ", "https"}},
 		"outbox retention in horizon":  {map[string]string{"OUTBOX_RETENTION": "2h"}, []string{"OUTBOX_RETENTION: ", "2h0m0s", "retry horizon"}},
+		"batch bytes zero":             {map[string]string{"BATCH_BYTES": "0"}, []string{"BATCH_BYTES: ", "whole number"}},
+		"in flight bytes with a unit":  {map[string]string{"IN_FLIGHT_BYTES": "32MiB"}, []string{"IN_FLIGHT_BYTES: ", "whole number"}},
+		"in flight under one batch":    {map[string]string{"BATCH_BYTES": "9000000", "IN_FLIGHT_BYTES": "8000000"}, []string{"IN_FLIGHT_BYTES: ", "below MaxBatchBytes"}},
+		"lambda memory size":           {map[string]string{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "256MB"}, []string{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE: ", "whole MB"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
