@@ -43,7 +43,7 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, batch, lease.Token, nil, "30 seconds", batch, keyRun)
+			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40)
 			if err != nil {
 				t.Fatal(err)
 			}
