@@ -33,10 +33,10 @@ const (
 	// DefaultLockTimeout bounds every lock wait of a migration statement. A statement queued
 	// for a table lock makes every later writer of that table queue behind it (Postgres
 	// grants locks in order), so this is also the longest a producer's INSERT or a relay's
-	// claim waits because of a migration. Unblocked, the locks are granted in milliseconds:
-	// TestMigrateBesideAnOpenOutboxTransaction's migration gets them within its first retry
-	// once the open transaction ends. One second is short next to the producers' own
-	// timeouts (the 3 s lock_timeout of issue 27's producer) and long next to a claim.
+	// claim waits because of a migration. One second is a choice, not a measurement: short
+	// next to the producers' own timeouts (the 3 s lock_timeout of issue 27's producer),
+	// long next to the short transactions of producers and relays that the lock must wait
+	// out when nothing long-running holds the table.
 	DefaultLockTimeout = time.Second
 	// DefaultLockAttempts bounds the tries of one migration that keeps timing out on a lock:
 	// with DefaultLockBackoff doubling up to DefaultMaxLockBackoff, 20 attempts wait about
