@@ -2,7 +2,19 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
 	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -49,5 +61,92 @@ func TestUpgradeFromTheFirstRelease(t *testing.T) {
 		if n := count(t, db.Pool, q); n != want {
 			t.Errorf("%s = %d, want %d", q, n, want)
 		}
+	}
+}
+
+// migrateWindow builds the schema of a database migrated between 07:39 and 08:05 UTC on
+// 2026-12-03: the migrations of 6d217bb, which were 1-4, 10 (with the error_pattern column
+// 09b9554 dropped), 11 and the first 12 (dead_letters.generation). testdata/window holds
+// those that differ from today's files (git show 6d217bb:migrations/<file>); 0001-0003
+// and 0011 are today's.
+func migrateWindow(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	window := fstest.MapFS{}
+	for _, dir := range []fs.FS{migrations.FS, os.DirFS("testdata/window")} {
+		entries, err := fs.Glob(dir, "*.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range entries {
+			if v := name[:4]; dir == migrations.FS && v != "0001" && v != "0002" && v != "0003" && v != "0011" {
+				continue
+			}
+			b, err := fs.ReadFile(dir, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			window[name] = &fstest.MapFile{Data: b}
+		}
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, window, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(context.Background()); err != nil {
+		t.Fatalf("migrate the window's schema: %v", err)
+	}
+}
+
+// TestUpgradeFromTheWindow: a database migrated in the Dec 3 window holds 12 (as the
+// generation column) but not 5, 6, 7, which goose alone refuses ("detected 3 missing
+// (out-of-order) migrations"). Migrate applies 5, 6, 7 late, then 13: the open-letter index
+// (duplicates resolved), the headers constraint, the legacy window (open: the outbox has
+// rows) and the fillfactor.
+func TestUpgradeFromTheWindow(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	migrateWindow(t, db.Pool)
+	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, dead_lettered_at) VALUES ('t', 'a', '{}', now()), ('t', 'b', '{}', NULL)`)
+	exec(t, db.Pool, `INSERT INTO dead_letters (source, outbox_id, topic, error) VALUES ('relay', 1, 't', 'one'), ('delivery', 1, 't', 'two')`)
+
+	logger, logs := logtest.New()
+	applied, err := postgres.Migrate(ctx, db.Pool, logger)
+	if err != nil {
+		t.Fatalf("upgrade from the window: %v", err)
+	}
+	if fmt.Sprint(applied) != "[5 6 7 13]" {
+		t.Fatalf("applied %v, want [5 6 7 13]", applied)
+	}
+	if !strings.Contains(logs.String(), `"versions":[5,6,7]`) {
+		t.Errorf("no log line names the versions applied late: %s", logs)
+	}
+	for q, want := range map[string]int{
+		`SELECT count(*) FROM dead_letters WHERE outbox_id = 1 AND resolved_at IS NULL`:                                                  1,
+		`SELECT count(*) FROM pg_indexes WHERE indexname = 'dead_letters_one_open_idx' AND schemaname = current_schema()`:                1,
+		`SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_headers_strings' AND conrelid = 'outbox'::regclass AND convalidated`: 1,
+		`SELECT count(*) FROM legacy_identity WHERE accept_until > now()`:                                                                1,
+		`SELECT count(*) FROM pg_class WHERE oid = 'outbox'::regclass AND reloptions @> '{fillfactor=50}'`:                               1,
+	} {
+		if n := count(t, db.Pool, q); n != want {
+			t.Errorf("%s = %d, want %d", q, n, want)
+		}
+	}
+	if again, err := postgres.Migrate(ctx, db.Pool, nil); err != nil || len(again) != 0 {
+		t.Fatalf("second run: %v %v, want nothing to do", again, err)
+	}
+}
+
+// TestUnknownGapIsRefused: a version missing below the database's highest one that is not
+// one of the window's is not applied late; the error names it.
+func TestUnknownGapIsRefused(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	exec(t, db.Pool, `DELETE FROM goose_db_version WHERE version_id = 11`)
+	_, err := postgres.Migrate(context.Background(), db.Pool, nil)
+	if err == nil || !strings.Contains(err.Error(), "versions [11] are missing") {
+		t.Fatalf("migrate with 11 missing: %v, want an error naming 11", err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,8 +54,14 @@ func checkedPool(ctx context.Context, url string, cfg awsenv.PoolConfig) (*pgxpo
 
 func runMigrate(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "migrate")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, "usage: outboxctl migrate up [--example] | status") }
+	fs.Usage = func() {
+		fmt.Fprintln(e.stderr, "usage: outboxctl migrate up [--example] [--lock-timeout D] [--lock-attempts N] | status")
+	}
 	example := fs.Bool("example", false, "also create the example consumer's table (examples/orders: billing_charges), for a deployment that runs the example handler")
+	lockTimeout := fs.Duration("lock-timeout", postgres.DefaultLockTimeout,
+		"longest a migration statement waits for a lock, and so the longest it holds up producers and relays queued behind it; then it is retried")
+	lockAttempts := fs.Int("lock-attempts", postgres.DefaultLockAttempts,
+		"tries of a migration that keeps timing out on a lock (waits between them double from 1s to 30s) before migrate up fails")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,9 +72,9 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			return err
 		}
 	}
-	if fs.NArg() != 0 || (cmd != "up" && cmd != "status") || (*example && cmd != "up") {
+	if fs.NArg() != 0 || (cmd != "up" && cmd != "status") || (*example && cmd != "up") || *lockTimeout <= 0 || *lockAttempts <= 0 {
 		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("expected up [--example] or status")}
+		return &exitError{code: 2, err: fmt.Errorf("expected up [--example] [--lock-timeout D] [--lock-attempts N] (both positive) or status")}
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
@@ -75,7 +82,14 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	}
 	defer pool.Close()
 	if cmd == "up" {
-		applied, err := postgres.Migrate(ctx, pool, nil)
+		// Lock waits and late migrations are logged to stderr, so a deploy job's log shows
+		// what a slow migrate up waited for.
+		logger := slog.New(slog.NewTextHandler(e.stderr, nil))
+		applied, err := postgres.MigrateWithOptions(ctx, pool, postgres.MigrateOptions{
+			Logger: logger, LockTimeout: *lockTimeout, LockAttempts: *lockAttempts})
+		for _, v := range applied {
+			fmt.Fprintf(e.stdout, "applied %04d\n", v)
+		}
 		if err != nil {
 			return err
 		}
@@ -87,9 +101,6 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		}
 		if len(applied) == 0 {
 			fmt.Fprintln(e.stdout, "schema is up to date")
-		}
-		for _, v := range applied {
-			fmt.Fprintf(e.stdout, "applied %04d\n", v)
 		}
 		return nil
 	}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -36,6 +38,55 @@ func TestMigrateExample(t *testing.T) {
 		t.Fatalf("second run: %d %s", code, stderr)
 	}
 	for _, args := range [][]string{{"migrate", "status", "--example"}, {"migrate", "down"}, {"migrate", "up", "extra"}} {
+		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {
+			t.Errorf("%v: code %d stderr %q", args, code, stderr)
+		}
+	}
+}
+
+// TestMigrateLockWait: with 0013 (the outbox's fillfactor) pending, an open producer
+// transaction does not hold it up (its lock lets writers go on); a transaction holding the
+// lock VACUUM or ANALYZE takes makes migrate up log each wait on stderr and fail after
+// --lock-attempts with the lock timeout; once that transaction ends it applies 0013.
+func TestMigrateLockWait(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	pending := func() {
+		if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 13`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold := func(sql string) pgx.Tx {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+
+	pending()
+	producer := hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 0 || !strings.Contains(out, "applied 0013") {
+		t.Fatalf("migrate up beside an open producer transaction: %d %s %s", code, out, stderr)
+	}
+	_ = producer.Rollback(ctx)
+
+	pending()
+	vacuum := hold(`LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE`)
+	code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "2")
+	if code != 1 || strings.Contains(out, "applied") || strings.Count(stderr, "migration waits for a lock") != 1 ||
+		!strings.Contains(stderr, "version=13") || !strings.Contains(stderr, "SQLSTATE 55P03") {
+		t.Fatalf("migrate up behind a held lock: %d %q %q, want one logged wait, then the lock timeout", code, out, stderr)
+	}
+	_ = vacuum.Rollback(ctx)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0013") {
+		t.Fatalf("migrate up after the lock was released: %d %s %s", code, out, stderr)
+	}
+	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
 		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {
 			t.Errorf("%v: code %d stderr %q", args, code, stderr)
 		}

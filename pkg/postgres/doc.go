@@ -1,5 +1,6 @@
 // Package postgres owns the schema's life cycle: Migrate applies the embedded forward-only
-// migrations (package migrations) under an advisory lock, so concurrent deploys are safe;
+// migrations (package migrations) under an advisory lock, so concurrent deploys are safe,
+// with every lock wait bounded and retried, so a live deployment's writers keep going;
 // Status reports them; CreateSchema makes a throwaway migrated schema of its own on a
 // shared server (tests, benchmarks, the local stack) and WithSearchPath points a URL at it.
 // Lambda connection pools and secrets live in package awsenv.

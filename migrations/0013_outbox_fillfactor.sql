@@ -1,0 +1,21 @@
+-- +goose Up
+-- Every event's row is updated twice (the claim's lease, then the mark), and neither update
+-- can be HOT (the lease moves available_at, the mark sets dispatched_at; both are indexed or
+-- in an index predicate). With full pages each new row version goes to another page: the
+-- WAL record carries the whole row and the table grows by two versions per event until
+-- vacuum. Half-empty pages keep both versions on the row's own page, where Postgres logs
+-- only the changed middle of the row and prunes the old versions when it next visits the
+-- page. Measured on 100,000 events over 1,000 keys (serial claim + mark, batch 1000): WAL
+-- 1,399 bytes per event against 2,566, mark 6.9 ms against 10.7 per batch, and the table
+-- 130 MB after the drain against 177 MB (no vacuum in between). The cost: dispatched rows
+-- kept for retention fill their pages only half, up to twice the pages of a vacuumed table
+-- at 100 (5M rows loaded as history: 6.7 GB against 3.2 GB); ALTER TABLE outbox SET
+-- (fillfactor = 100) undoes it for pages filled afterwards.
+--
+-- The setting only governs pages filled from now on: it rewrites nothing, and its lock
+-- (SHARE UPDATE EXCLUSIVE) lets producers and relays go on; only a VACUUM, ANALYZE or
+-- index build of the outbox holds it up, for the runner's lock_timeout, after which it is
+-- tried again. Version 12 set the same value on databases migrated after 18:43 UTC on
+-- 2026-12-03; setting it again changes nothing. (It has its own version because version 12
+-- meant two different migrations: see 0012.)
+ALTER TABLE outbox SET (fillfactor = 50);
