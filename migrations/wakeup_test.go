@@ -127,7 +127,8 @@ func TestWakeUpMigrationYieldsToProducers(t *testing.T) {
 	if _, err := tx.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = postgres.Migrate(ctx, db.Pool, nil)
+	// Two short tries: the runner retries a lock timeout (20 times by default, minutes).
+	_, err = postgres.MigrateWithOptions(ctx, db.Pool, postgres.MigrateOptions{LockAttempts: 2, LockBackoff: 50 * time.Millisecond})
 	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("migrate behind an open producer: %v, want a lock timeout (55P03)", err)
 	}
