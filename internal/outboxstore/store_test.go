@@ -91,7 +91,7 @@ func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 }
 
 // The claim's lease and the mark each write a new version of the row. The outbox keeps
-// half of every page free (migration 0012), so the lease's version stays on the row's page,
+// half of every page free (migration 0013), so the lease's version stays on the row's page,
 // where the WAL records only the changed part of the row; with full pages it would go to
 // another page. The mark's version stays too once the page is pruned of the versions no
 // transaction can still see, which other sessions' open snapshots can delay, so only the
