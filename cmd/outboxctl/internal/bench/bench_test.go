@@ -454,3 +454,64 @@ func TestProducer(t *testing.T) {
 		t.Errorf("trigger after the scenario: %s, want 0014's", def)
 	}
 }
+
+// The pinned scenario at its tiny size: windows cover production, at least one has the
+// snapshot held, the dead tuples are read, and at this rate nothing is left behind; its
+// summary and targets are filled.
+func TestPinned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	production := cfg.Clean + cfg.Hold + cfg.Recovery
+	if want := int(production / cfg.Window); len(res.Windows) != want {
+		t.Fatalf("%d windows, want %d: %+v", len(res.Windows), want, res.Windows)
+	}
+	pinned, produced, dead := 0, 0, int64(0)
+	for _, w := range res.Windows {
+		if w.Pinned {
+			pinned++
+		}
+		produced += w.Produced
+		dead = max(dead, w.DeadTuples)
+		if w.Produced > 0 && (w.Latency.Samples != w.Produced || w.Latency.P99 < w.Latency.P50) {
+			t.Errorf("window %+v: want a latency per event", w)
+		}
+	}
+	if pinned == 0 || pinned == len(res.Windows) {
+		t.Errorf("%d of %d windows pinned, want some", pinned, len(res.Windows))
+	}
+	if res.Produced == 0 || produced != res.Produced || res.LeftBehind != 0 || !res.RelayStopped {
+		t.Errorf("produced %d (windows %d), left behind %d, relay stopped %v: want every event delivered", res.Produced, produced, res.LeftBehind, res.RelayStopped)
+	}
+	if res.PinStartSec < cfg.Clean.Seconds() || res.PinEndSec-res.PinStartSec < cfg.Hold.Seconds() {
+		t.Errorf("snapshot held from %.3f to %.3f s, want from %v for %v", res.PinStartSec, res.PinEndSec, cfg.Clean, cfg.Hold)
+	}
+	if dead == 0 {
+		t.Error("no dead outbox tuples read in any window")
+	}
+	var delivered int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&delivered); err != nil {
+		t.Fatal(err)
+	}
+	if delivered != res.Produced {
+		t.Errorf("%d billing_charges rows, want %d", delivered, res.Produced)
+	}
+
+	r := &bench.Results{Pinned: res}
+	r.Summarise()
+	s := r.Summary
+	if s.PinnedP99Ms == nil || s.PinnedCleanP99Ms == nil || s.PinnedLeftBehind == nil || *s.PinnedLeftBehind != 0 {
+		t.Errorf("summary %+v", s)
+	}
+	var md bytes.Buffer
+	r.WriteMarkdown(&md)
+	for _, want := range []string{"pinned_p99_ms", "pinned_recovery_seconds", "pinned_left_behind", "## 8. Pinned xmin horizon"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q", want)
+		}
+	}
+}
