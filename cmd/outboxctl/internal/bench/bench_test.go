@@ -13,6 +13,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -513,5 +516,65 @@ func TestPinned(t *testing.T) {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown lacks %q", want)
 		}
+	}
+}
+
+// A relay that cannot finish (its marks blocked on rows another session keeps locked past
+// the end) does not hold the scenario: it ends within production plus the grace, reports
+// the events left behind, and does not fail.
+func TestPinnedStuckRelayIsBounded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	cfg.Grace = 4 * time.Second
+	planned := cfg.Warmup + cfg.Clean + cfg.Hold + cfg.Recovery
+
+	// During the last second of production, lock every row not yet dispatched, in one
+	// transaction held until the scenario has returned: the relay's marks of those rows
+	// wait on it.
+	holder, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	locked := make(chan int, 1)
+	began := time.Now()
+	go func() {
+		n := 0
+		time.Sleep(planned - time.Second)
+		for time.Since(began) < planned {
+			rows, err := tx.Query(ctx, `SELECT id FROM outbox WHERE dispatched_at IS NULL FOR UPDATE`)
+			if err != nil {
+				break
+			}
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			time.Sleep(2 * time.Millisecond)
+		}
+		locked <- n
+	}()
+
+	res, err := bench.Pinned(ctx, db.URL, cfg, logf(t))
+	took := time.Since(began)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := <-locked; n == 0 {
+		t.Skip("no row was pending while the holder looked (the relay kept up entirely); nothing to check")
+	}
+	t.Logf("took %v; relay stopped %v, terminated %v (%s)", took, res.RelayStopped, res.RelayTerminated, res.RelayError)
+	if res.LeftBehind == 0 {
+		t.Errorf("nothing left behind with marks blocked: %+v", res)
+	}
+	if limit := planned + cfg.Grace + 3*time.Second; took > limit {
+		t.Errorf("scenario took %v, want within %v", took, limit)
 	}
 }

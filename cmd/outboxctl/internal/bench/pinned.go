@@ -114,9 +114,14 @@ type PinnedResult struct {
 	RecoverySeconds *float64 `json:"recovery_seconds"`
 	// RelayStopped is false when the relay did not return from Run within the grace, even
 	// after its sessions were terminated.
-	RelayStopped bool        `json:"relay_stopped"`
-	Relay        relay.Stats `json:"-"`
-	Seconds      float64     `json:"seconds"`
+	RelayStopped bool `json:"relay_stopped"`
+	// RelayTerminated: Run had not returned a quarter of the grace after its stop, and its
+	// sessions were terminated; RelayError is what Run returned then (not the scenario's
+	// failure: what was left is reported in LeftBehind).
+	RelayTerminated bool        `json:"relay_terminated"`
+	RelayError      string      `json:"relay_error,omitempty"`
+	Relay           relay.Stats `json:"-"`
+	Seconds         float64     `json:"seconds"`
 }
 
 // RecoveryFactor: a window has recovered when its p99 is within this factor of the clean
@@ -155,6 +160,16 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	defer pool.Close()
 	defer pl.Close()
 
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, qClockTimestamp).Scan(&t0); err != nil {
+		return nil, fmt.Errorf("read database clock: %w", err)
+	}
+	warm := time.Now()
+	// t0 and start: the end of the warm-up, where the windows begin, on the database's
+	// clock and on this process's.
+	t0, start := t0.Add(cfg.Warmup), warm.Add(cfg.Warmup)
+	end := start.Add(production)
+
 	// The relay's sessions carry a name of their own, so a claim stuck past the grace can
 	// be terminated.
 	relayApp := runID("bench-pinned-relay-")
@@ -181,16 +196,6 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 		defer close(relayDone)
 		res.Relay, relayErr = r.Run(stopRelay)
 	}()
-
-	var t0 time.Time
-	if err := pool.QueryRow(ctx, qClockTimestamp).Scan(&t0); err != nil {
-		return nil, fmt.Errorf("read database clock: %w", err)
-	}
-	warm := time.Now()
-	// t0 and start: the end of the warm-up, where the windows begin, on the database's
-	// clock and on this process's.
-	t0, start := t0.Add(cfg.Warmup), warm.Add(cfg.Warmup)
-	end := start.Add(production)
 
 	var (
 		wg      sync.WaitGroup
@@ -220,10 +225,11 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	wg.Wait()
 	res.Produced = len(samples)
 
-	// The last deliveries, then the relay: together within the grace.
-	awaitDeliveries(ctx, commits, samples, began.Add(planned+cfg.Grace*3/4))
+	// The last deliveries, then the relay (a quarter of the grace to return, a quarter
+	// more once its sessions are terminated): together within the grace.
+	awaitDeliveries(ctx, commits, samples, began.Add(planned+cfg.Grace/2))
 	stop()
-	res.RelayStopped = awaitRelay(context.WithoutCancel(ctx), pool, relayApp, relayDone, cfg.Grace/4)
+	res.RelayStopped, res.RelayTerminated = awaitRelay(context.WithoutCancel(ctx), pool, relayApp, relayDone, cfg.Grace/4)
 	if res.RelayStopped {
 		relayPool.Close()
 	} else {
@@ -247,6 +253,10 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 		return res, fmt.Errorf("pinned hold: %w", pinErr)
 	case statErr != nil:
 		return res, statErr
+	case res.RelayTerminated:
+		if relayErr != nil {
+			res.RelayError = relayErr.Error()
+		}
 	case relayErr != nil && !errors.Is(relayErr, context.Canceled) && !errors.Is(relayErr, context.DeadlineExceeded):
 		return res, fmt.Errorf("relay run: %w", relayErr)
 	}
@@ -292,13 +302,13 @@ func withApplicationName(dbURL, name string) (string, error) {
 
 // awaitRelay waits up to wait for Run to return after its stop; then it terminates the
 // relay's sessions (a claim Postgres keeps running ignores the cancel) and waits as long
-// again. It reports whether Run returned.
-func awaitRelay(ctx context.Context, admin *pgxpool.Pool, app string, done <-chan struct{}, wait time.Duration) bool {
+// again. It reports whether Run returned, and whether its sessions were terminated.
+func awaitRelay(ctx context.Context, admin *pgxpool.Pool, app string, done <-chan struct{}, wait time.Duration) (stopped, terminated bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-done:
-		return true
+		return true, false
 	case <-t.C:
 	}
 	tctx, cancel := context.WithTimeout(ctx, wait)
@@ -306,9 +316,9 @@ func awaitRelay(ctx context.Context, admin *pgxpool.Pool, app string, done <-cha
 	_, _ = admin.Exec(tctx, qTerminateApp, app)
 	select {
 	case <-done:
-		return true
+		return true, true
 	case <-tctx.Done():
-		return false
+		return false, true
 	}
 }
 
