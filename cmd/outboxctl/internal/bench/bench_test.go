@@ -578,3 +578,20 @@ func TestPinnedStuckRelayIsBounded(t *testing.T) {
 		t.Errorf("scenario took %v, want within %v", took, limit)
 	}
 }
+
+// Producers that cannot keep the rate stop at the end of production all the same: fewer
+// events than planned, none abandoned mid-insert, and no failure.
+func TestPinnedProducersBehindStopAtTheEnd(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	cfg.Rate, cfg.Producers = 50_000, 1
+	cfg.Warmup, cfg.Clean, cfg.Hold, cfg.Recovery, cfg.Window = 0, time.Second, time.Second, time.Second, time.Second
+	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Produced == 0 || res.Produced >= res.Planned || res.InsertsStuck != 0 {
+		t.Errorf("produced %d of %d planned, %d inserts stuck: want the producer stopped at the end, behind", res.Produced, res.Planned, res.InsertsStuck)
+	}
+}

@@ -475,9 +475,9 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("## 8. Pinned xmin horizon (%d events/s, one plain INSERT per transaction over %d keys; after a %.0f-s warm-up, snapshot held %.0f s after %.0f s clean, then %.0f s of recovery; %.0f-s windows)\n\n",
 			c.Rate, c.Keys, c.Warmup.Seconds(), c.Hold.Seconds(), c.Clean.Seconds(), c.Recovery.Seconds(), c.Window.Seconds())
 		p("%s. Windows hold the events created in them; latency is created_at -> handler commit, an event never delivered counted at its age at the end. n_dead_tup is the outbox's (pg_stat_user_tables) at the window's end.\n\n", pn.Path)
-		p("Warm-up (%d events, not in the windows) p50 / p99 %.1f / %.1f ms. Snapshot held from %.1f s to %.1f s. Clean p50 / p99 **%.1f / %.1f ms**; worst pinned window p99 **%.1f ms**; recovery %s; %d of %d events left behind (%d planned); relay stopped: %v.\n\n",
+		p("Warm-up (%d events, not in the windows) p50 / p99 %.1f / %.1f ms. Snapshot held from %.1f s to %.1f s. Clean p50 / p99 **%.1f / %.1f ms**; worst pinned window p99 **%.1f ms**; recovery %s; %d of %d events left behind (%d planned, %d inserts stuck); relay stopped: %v.\n\n",
 			pn.WarmupProduced, pn.WarmupLatency.P50, pn.WarmupLatency.P99, pn.PinStartSec, pn.PinEndSec, pn.CleanLatency.P50, pn.CleanLatency.P99, pn.WorstPinnedP99,
-			fmtSeconds(pn.RecoverySeconds), pn.LeftBehind, pn.Produced, pn.Planned, pn.RelayStopped)
+			fmtSeconds(pn.RecoverySeconds), pn.LeftBehind, pn.Produced, pn.Planned, pn.InsertsStuck, pn.RelayStopped)
 		p("| window s | pinned | produced | delivered | handler commits in window | p50 ms | p99 ms | max ms | n_dead_tup | vacuums |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, w := range pn.Windows {
 			p("| %.0f | %v | %d | %d | %d | %.1f | %.1f | %.1f | %d | %d |\n", w.StartSec, w.Pinned, w.Produced, w.Delivered, w.CommittedInWindow,
