@@ -34,6 +34,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 	out := fs.String("out", "", "write the results as JSON to this file")
 	chart := fs.String("chart", "", "write an SVG chart of drain throughput by batch size to this file, and one by round trip to QStash beside it (name-rtt.svg)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relay, local QStash, webhook) to this file")
+	pinnedHold := fs.Duration("pinned-hold", 0, "hold the pinned scenario's snapshot this long instead of its size's (e.g. 2h: the opt-in long pin)")
 	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
@@ -85,7 +86,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("find outboxctl executable for the drain child: %w", err)
 	}
 	res, runErr := bench.Run(ctx, url, bench.Options{
-		Size: sz, Scenarios: names, Cluster: cluster,
+		Size: sz, Scenarios: names, Cluster: cluster, PinnedHold: *pinnedHold,
 		Spawn:    func(ctx context.Context) *exec.Cmd { return exec.CommandContext(ctx, self, "bench", "drain-child") },
 		Progress: func(s string) { fmt.Fprintln(e.stderr, s) },
 	})

@@ -13,6 +13,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -452,5 +455,143 @@ func TestProducer(t *testing.T) {
 	}
 	if !strings.Contains(def, "WHEN ((NOT pg_try_advisory_xact_lock_shared(1868724343") {
 		t.Errorf("trigger after the scenario: %s, want 0014's", def)
+	}
+}
+
+// The pinned scenario at its tiny size: windows cover production after the warm-up, some have the
+// snapshot held, the dead tuples are read, and at this rate nothing is left behind; its
+// summary and targets are filled.
+func TestPinned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	production := cfg.Clean + cfg.Hold + cfg.Recovery
+	if want := int(production / cfg.Window); len(res.Windows) != want {
+		t.Fatalf("%d windows, want %d: %+v", len(res.Windows), want, res.Windows)
+	}
+	pinned, produced, dead := 0, 0, int64(0)
+	for _, w := range res.Windows {
+		if w.Pinned {
+			pinned++
+		}
+		produced += w.Produced
+		dead = max(dead, w.DeadTuples)
+		if w.Produced > 0 && (w.Latency.Samples != w.Produced || w.Latency.P99 < w.Latency.P50) {
+			t.Errorf("window %+v: want a latency per event", w)
+		}
+	}
+	if pinned == 0 || pinned == len(res.Windows) {
+		t.Errorf("%d of %d windows pinned, want some", pinned, len(res.Windows))
+	}
+	if res.WarmupProduced == 0 || produced == 0 || produced+res.WarmupProduced != res.Produced || res.LeftBehind != 0 || !res.RelayStopped {
+		t.Errorf("produced %d (warm-up %d, windows %d), left behind %d, relay stopped %v: want every event delivered", res.Produced, res.WarmupProduced, produced, res.LeftBehind, res.RelayStopped)
+	}
+	if res.PinStartSec < cfg.Clean.Seconds() || res.PinEndSec-res.PinStartSec < cfg.Hold.Seconds() {
+		t.Errorf("snapshot held from %.3f to %.3f s, want from %v for %v", res.PinStartSec, res.PinEndSec, cfg.Clean, cfg.Hold)
+	}
+	if dead == 0 {
+		t.Error("no dead outbox tuples read in any window")
+	}
+	var delivered int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&delivered); err != nil {
+		t.Fatal(err)
+	}
+	if delivered != res.Produced {
+		t.Errorf("%d billing_charges rows, want %d", delivered, res.Produced)
+	}
+
+	r := &bench.Results{Pinned: res}
+	r.Summarise()
+	s := r.Summary
+	if s.PinnedP99Ms == nil || s.PinnedCleanP99Ms == nil || s.PinnedLeftBehind == nil || *s.PinnedLeftBehind != 0 {
+		t.Errorf("summary %+v", s)
+	}
+	var md bytes.Buffer
+	r.WriteMarkdown(&md)
+	for _, want := range []string{"pinned_p99_ms", "pinned_recovery_seconds", "pinned_left_behind", "## 8. Pinned xmin horizon"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q", want)
+		}
+	}
+}
+
+// A relay that cannot finish (its marks blocked on rows another session keeps locked past
+// the end) does not hold the scenario: it ends within production plus the grace, reports
+// the events left behind, and does not fail.
+func TestPinnedStuckRelayIsBounded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	cfg.Grace = 4 * time.Second
+	planned := cfg.Warmup + cfg.Clean + cfg.Hold + cfg.Recovery
+
+	// During the last second of production, lock every row not yet dispatched, in one
+	// transaction held until the scenario has returned: the relay's marks of those rows
+	// wait on it.
+	holder, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	locked := make(chan int, 1)
+	began := time.Now()
+	go func() {
+		n := 0
+		time.Sleep(planned - time.Second)
+		for time.Since(began) < planned {
+			rows, err := tx.Query(ctx, `SELECT id FROM outbox WHERE dispatched_at IS NULL FOR UPDATE`)
+			if err != nil {
+				break
+			}
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			time.Sleep(2 * time.Millisecond)
+		}
+		locked <- n
+	}()
+
+	res, err := bench.Pinned(ctx, db.URL, cfg, logf(t))
+	took := time.Since(began)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := <-locked; n == 0 {
+		t.Skip("no row was pending while the holder looked (the relay kept up entirely); nothing to check")
+	}
+	t.Logf("took %v; relay stopped %v, terminated %v (%s)", took, res.RelayStopped, res.RelayTerminated, res.RelayError)
+	if res.LeftBehind == 0 {
+		t.Errorf("nothing left behind with marks blocked: %+v", res)
+	}
+	if limit := planned + cfg.Grace + 3*time.Second; took > limit {
+		t.Errorf("scenario took %v, want within %v", took, limit)
+	}
+}
+
+// Producers that cannot keep the rate stop at the end of production all the same: fewer
+// events than planned, none abandoned mid-insert, and no failure.
+func TestPinnedProducersBehindStopAtTheEnd(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := bench.PinnedConfigFor(bench.Tiny)
+	cfg.Rate, cfg.Producers = 50_000, 1
+	cfg.Warmup, cfg.Clean, cfg.Hold, cfg.Recovery, cfg.Window = 0, time.Second, time.Second, time.Second, time.Second
+	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Produced == 0 || res.Produced >= res.Planned || res.InsertsStuck != 0 {
+		t.Errorf("produced %d of %d planned, %d inserts stuck: want the producer stopped at the end, behind", res.Produced, res.Planned, res.InsertsStuck)
 	}
 }

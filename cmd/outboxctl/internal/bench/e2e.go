@@ -106,26 +106,11 @@ func E2E(ctx context.Context, url string, cfg E2EConfig, progress func(string)) 
 
 func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMode, error) {
 	m := E2EMode{Mode: mode}
-	pool, err := openPool(ctx, url, 12)
+	pool, pl, commits, err := startCommitPipeline(ctx, url)
 	if err != nil {
 		return m, err
 	}
 	defer pool.Close()
-	if err := Reset(ctx, pool); err != nil {
-		return m, err
-	}
-
-	commits := newCommitLog()
-	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
-		Pool:      pool,
-		Handlers:  webhook.Handlers{Topic: commitHandler(commits)},
-		QStash:    deliveringOptions(0),
-		Publisher: articlePublisher(false),
-		Logger:    discardLogger(),
-	})
-	if err != nil {
-		return m, err
-	}
 	defer pl.Close()
 	rcfg := relayConfig(cfg.Batch, false)
 	rcfg.PollInterval = time.Second
@@ -173,6 +158,33 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 	m.Delivered = len(lats)
 	m.Latency = summarise(lats)
 	return m, nil
+}
+
+// startCommitPipeline empties the schema's tables and starts the local QStash delivering
+// to webhook.Handler, whose order.created handler records its commits in the log. The
+// pool (the webhook's, 12 connections) and the pipeline are the caller's to close.
+func startCommitPipeline(ctx context.Context, url string) (*pgxpool.Pool, *localstack.Pipeline, *commitLog, error) {
+	pool, err := openPool(ctx, url, 12)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := Reset(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	commits := newCommitLog()
+	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
+		Pool:      pool,
+		Handlers:  webhook.Handlers{Topic: commitHandler(commits)},
+		QStash:    deliveringOptions(0),
+		Publisher: articlePublisher(false),
+		Logger:    discardLogger(),
+	})
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return pool, pl, commits, nil
 }
 
 // produce enqueues cfg.Rate events per second in cfg.Ticks batches per second through the

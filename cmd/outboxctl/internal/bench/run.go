@@ -20,10 +20,11 @@ const (
 	ScenarioConsumer = "consumer"
 	ScenarioMemory   = "memory"
 	ScenarioBacklog  = "backlog"
+	ScenarioPinned   = "pinned"
 )
 
 // Scenarios lists every scenario.
-var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog}
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog, ScenarioPinned}
 
 // ParseScenarios splits a comma-separated list and checks every name.
 func ParseScenarios(s string) ([]string, error) {
@@ -53,6 +54,9 @@ type Options struct {
 	Progress func(string)
 	// Cluster describes the server for the report (empty: DATABASE_URL's).
 	Cluster string
+	// PinnedHold, when set, replaces the pinned scenario's hold (PinnedLongHold: the
+	// opt-in two-hour pin).
+	PinnedHold time.Duration
 }
 
 // Run runs the chosen scenarios, each in its own bench_<random> schema on baseURL's server
@@ -126,6 +130,12 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 			return fmt.Errorf("backlog scenario needs Options.Spawn")
 		}
 		res.Backlog, err = Backlog(ctx, s.URL, BacklogConfigFor(opts.Size), opts.Spawn, opts.Progress)
+	case ScenarioPinned:
+		cfg := PinnedConfigFor(opts.Size)
+		if opts.PinnedHold > 0 {
+			cfg.Hold = opts.PinnedHold
+		}
+		res.Pinned, err = Pinned(ctx, s.URL, cfg, opts.Progress)
 	}
 	return err
 }
