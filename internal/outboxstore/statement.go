@@ -213,6 +213,7 @@ func (s *Store) query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 			return nil, err
 		}
 		if err := r.retry(); err != nil {
+			r.release() // the retry's connection, if its statement failed on it
 			return nil, err
 		}
 	}
