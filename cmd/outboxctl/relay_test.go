@@ -416,7 +416,10 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 			if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
 				t.Fatal(err)
 			}
-			vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": "http://127.0.0.1:1",
+			// Its own application_name: the wait below must see this relay's claim, not
+			// another test's (the subtests run in parallel on one database).
+			app := "grace_" + strings.ReplaceAll(c.grace.String(), ".", "_")
+			vars := map[string]string{"DATABASE_URL": db.URL + "&application_name=" + app, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": "http://127.0.0.1:1",
 				"ORDERING": "publish", "LEASE": "7s", "PUBLISH_TIMEOUT": "1s"}
 			stderr := &logtest.Buffer{}
 			e := env{stdout: io.Discard, stderr: stderr, getenv: func(k string) string { return vars[k] }}
@@ -429,7 +432,7 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 			// The claim waits on the lock.
 			waitFor(t, 15*time.Second, "a claim waiting on the lock", func() bool {
 				var n int
-				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%'`).Scan(&n); err != nil {
+				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%' AND application_name = $1`, app).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n > 0
