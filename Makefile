@@ -101,6 +101,10 @@ fmt: ## gofmt -l (fails if anything is unformatted)
 
 lint: fmt vet ## gofmt + go vet
 
+.PHONY: docs
+docs: ## regenerate docs/configuration.md from the variables' table (outboxctl env); a test fails when it is stale
+	$(GO) run ./cmd/outboxctl env > docs/configuration.md
+
 .PHONY: bench bench-short
 # bench runs on DATABASE_URL when given, else on a throwaway cluster with PostgreSQL's
 # defaults (autovacuum on, unlike the CI machines' server); the report names which.

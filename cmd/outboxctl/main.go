@@ -38,6 +38,7 @@ func commands() []command {
 		{"sign-event", "re-sign a sample Function URL event with the local keys", runSignEvent},
 		{"bench", "benchmark the relay and consumers against the database's limits", runBench},
 		{"chaos", "fault-injection run with an invariant checker", runChaos},
+		{"env", "every environment variable: default, readers, meaning (docs/configuration.md)", runEnv},
 	}
 }
 

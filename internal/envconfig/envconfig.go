@@ -7,7 +7,9 @@
 // through the fields their *publish.ConfigError names, never by reading messages. Defaults
 // are applied once, here; no message repeats a value that may hold a secret.
 //
-// Durations are Go durations (30s, 15m, 1h) or a whole number of days (7d).
+// Durations are Go durations (30s, 15m, 1h) or a whole number of days (7d). Every variable
+// read here is described in package envdoc (`outboxctl env`, docs/configuration.md), whose
+// tests fail when a reader and the description part.
 package envconfig
 
 import (
@@ -42,8 +44,6 @@ type Reader struct {
 	getenv func(string) string
 	fields map[string]string
 	errs   []error
-	// read lists every variable asked for, in order (Variables).
-	read []string
 }
 
 func NewReader(getenv func(string) string) *Reader {

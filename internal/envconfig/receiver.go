@@ -7,20 +7,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// The receivers' variables (ReadWebhook, ReadFailure):
-//
-//	DATABASE_URL                 required
-//	QSTASH_CURRENT_SIGNING_KEY   required
-//	QSTASH_NEXT_SIGNING_KEY      required (an empty key would accept forged tokens)
-//	MAX_BODY_BYTES               default the receiver's (webhook 1 MiB, callback 256 KiB)
-//	LOG_LEVEL                    debug | info (default) | warn | error
-//	METRICS_NAMESPACE            default OutboxRelay
-//	LISTEN_ADDR                  optional: serve over net/http instead of as a Lambda
-//	PUBLIC_BASE_URL              webhook only, optional: the base URL the relay publishes to
-//	                             (default: the Function URL's own origin)
-//	FAILURE_CALLBACK_URL         failure callback only, optional: the exact URL the relay
-//	                             publishes as Upstash-Failure-Callback (default: the
-//	                             Function URL's own origin and path)
+// The receivers' variables, their defaults and meaning are described in package envdoc
+// (`outboxctl env`, docs/configuration.md).
 
 // ReceiverConfig is what a QStash receiver needs.
 type ReceiverConfig struct {

@@ -2,47 +2,8 @@
 // Lambda and `outboxctl relay`, with envconfig's Reader (every problem at once, each a
 // *envconfig.VarError naming its variable).
 //
-// Variables:
-//
-//	DATABASE_URL               required; postgres://user:pass@host:5432/db?sslmode=require
-//	QSTASH_TOKEN               required
-//	QSTASH_URL                 default https://qstash.upstash.io; a bare https origin (http only
-//	                           for a loopback host), no path, no query
-//	QSTASH_PLAN                free | payg (default) | fixed: bounds FIFO_QUEUES, QSTASH_RETRIES and
-//	                           the message size
-//	QSTASH_MAX_MESSAGE_BYTES   default the plan's message size (free 1000000, payg 10000000, fixed
-//	                           50000000); a larger payload is dead-lettered unsent
-//	QSTASH_MAX_REQUEST_BYTES   default 8388608: byte budget of one QStash batch request
-//	OUTBOX_NAME                default outbox; [A-Za-z0-9_-], at most 128: the deployment's name in
-//	                           dedup ids, FIFO queue names and flow-control keys
-//	PUBLIC_BASE_URL            required; the webhook's base URL; events go to <base>/events/<topic>
-//	FAILURE_CALLBACK_URL       optional; the failure function's URL (Upstash-Failure-Callback)
-//	QSTASH_RETRIES             default 3; 0 means a single delivery attempt; at most the plan's cap
-//	                           (free 3, payg 5, fixed 20)
-//	ORDERING                   publish (default) | fifo
-//	FIFO_QUEUES                default 8 (fifo ordering only); at most the plan's queue count (free
-//	                           10, payg 100, fixed 1000)
-//	FLOW_CONTROL_PARALLELISM   optional, publish ordering only
-//	FLOW_CONTROL_RATE          optional, publish ordering only
-//	FLOW_CONTROL_PERIOD        optional, whole seconds, with FLOW_CONTROL_RATE
-//	BATCH_SIZE                 default 1000 rows per claim
-//	PUBLISH_CONCURRENCY        default 8 batches in flight at once (1: strictly serial)
-//	BATCH_BYTES                default 8388608 (8 MiB): payload bytes one claim takes at most (at
-//	                           least one event, however large); at most IN_FLIGHT_BYTES
-//	IN_FLIGHT_BYTES            default an eighth of AWS_LAMBDA_FUNCTION_MEMORY_SIZE (32 MiB at the
-//	                           template's 256 MB; 33554432 outside Lambda): payload bytes of all
-//	                           batches in flight together
-//	LEASE                      default 30s
-//	PUBLISH_TIMEOUT            default 10s (also the QStash request timeout)
-//	MAX_ATTEMPTS               default 12
-//	BACKOFF_BASE               default 30s
-//	BACKOFF_MAX                default 1h
-//	AWS_LAMBDA_FUNCTION_MEMORY_SIZE  set by Lambda (MB): IN_FLIGHT_BYTES's default
-//	LINGER                     default 0 (off): keep draining this long per invocation
-//	OUTBOX_RETENTION           default 7d
-//	DEDUPE_TTL                 default 14d; must exceed the retry horizon
-//	METRICS_NAMESPACE          default OutboxRelay
-//	LOG_LEVEL                  debug | info (default) | warn | error
+// Every variable read here, its default and meaning, is described in package envdoc
+// (`outboxctl env`, docs/configuration.md); its tests fail when the two part.
 package relayenv
 
 import (
