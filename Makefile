@@ -118,7 +118,7 @@ bench-short: ## every benchmark scenario at its short size (a few minutes; CI ru
 
 .PHONY: bench-river
 # Three pairs, taking turns, so the machine's drift reaches both alike.
-bench-river: ## River v0.51.2 working 200k no-op jobs (its benchmark's fetch settings) and the relay draining 200k events at RTT 0, three pairs in turns, on DATABASE_URL (the stretch comparison in README)
+bench-river: ## River v0.51.2 working 200k no-op jobs (its benchmark's fetch settings) and the relay draining 200k events at RTT 0, three pairs in turns, on DATABASE_URL (the stretch comparison in docs/performance.md)
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	cd cmd/outboxctl/internal/bench/riverpeer && $(GO) build -o $(CURDIR)/bin/riverpeer .
 	for i in 1 2 3; do \
