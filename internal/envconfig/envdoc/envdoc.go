@@ -133,7 +133,7 @@ var Vars = []Var{
 	{"BATCH_SIZE", "Relay", fmt.Sprint(relay.DefaultBatchSize), Relay, ec,
 		"Rows per claim, at most " + fmt.Sprint(relay.MaxBatchSize) + ". Payload memory is bounded by `BATCH_BYTES` and `IN_FLIGHT_BYTES`, so large payloads need no smaller batch."},
 	{"PUBLISH_CONCURRENCY", "Relay", fmt.Sprint(relay.DefaultPublishConcurrency), Relay, ec,
-		"Batches in flight at once per relay (the next claim overlaps earlier publishes; 1 is strictly serial), each marked on a database connection of its own; per-key order and leases hold for any value. At most " + fmt.Sprint(relay.MaxPublishConcurrency) + "."},
+		"Batches in flight at once per relay (the next claim overlaps earlier publishes; 1 is strictly serial), each marked on a database connection of its own (the relay Lambda opens up to `PUBLISH_CONCURRENCY` + 2, one more with `LINGER`; `outboxctl relay` + 3, one more with retention); per-key order and leases hold for any value. At most " + fmt.Sprint(relay.MaxPublishConcurrency) + "."},
 	{"BATCH_BYTES", "Relay", bytes(relay.DefaultMaxBatchBytes), Relay, ec,
 		"Payload bytes one claim takes at most (counted as stored, scaled by the text/stored ratio learnt from earlier claims); one larger event still goes, alone. At most `IN_FLIGHT_BYTES`."},
 	{"IN_FLIGHT_BYTES", "Relay", "an eighth of `AWS_LAMBDA_FUNCTION_MEMORY_SIZE` (32 MiB at 256 MB); " + bytes(relay.DefaultMaxInFlightBytes) + " outside Lambda", Relay, ec,

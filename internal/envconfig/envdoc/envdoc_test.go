@@ -119,7 +119,8 @@ func TestEnvTableMatchesAWSReferences(t *testing.T) {
 	}
 }
 
-// TestEnvTableHasTelemetryVariables: what telemetry asks for itself is described.
+// TestEnvTableHasTelemetryVariables: what telemetry asks for itself, and the variables the
+// template passes it, are described.
 func TestEnvTableHasTelemetryVariables(t *testing.T) {
 	t.Parallel()
 	var r recorder
@@ -130,6 +131,10 @@ func TestEnvTableHasTelemetryVariables(t *testing.T) {
 		t.Fatal("telemetry.Setup accepted OTEL_EXPORTER_OTLP_PROTOCOL=grpc; the test relies on that refusal")
 	}
 	tab := table(t)
+	// And what the template passes to the functions.
+	for _, n := range telemetry.Variables {
+		r.read[n] = true
+	}
 	for _, n := range r.names() {
 		if v, ok := tab[n]; !ok || !slices.Contains(v.Sources, envdoc.SourceTelemetry) {
 			t.Errorf("telemetry reads %s; the table has %+v", n, v)
