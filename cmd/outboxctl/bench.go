@@ -28,7 +28,9 @@ func runBench(ctx context.Context, e env, args []string) error {
 	if len(args) > 0 && args[0] == "relay-drain" {
 		return runRelayDrain(ctx, e, args[1:])
 	}
-	fs := newFlagSet(e, "bench")
+	fs := newFlagSet(e, "bench").withUsage("usage: outboxctl bench [--short | --size tiny|short|full] [--out results.json] [--chart drain.svg] [--scenarios " + strings.Join(bench.Scenarios, ",") + "]\n" +
+		"       outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]   (one relay drain; -h for more)\n" +
+		"\nRuns against DATABASE_URL (unset: a throwaway cluster with PostgreSQL's defaults) in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
 	short := fs.Bool("short", false, "run every scenario at its short size (under two minutes on 2 cores)")
 	size := fs.String("size", "", "scenario size: tiny, short or full (default full; --short means short)")
 	out := fs.String("out", "", "write the results as JSON to this file")
@@ -36,12 +38,6 @@ func runBench(ctx context.Context, e env, args []string) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relay, local QStash, webhook) to this file")
 	pinnedHold := fs.Duration("pinned-hold", 0, "hold the pinned scenario's snapshot this long instead of its size's (e.g. 2h: the opt-in long pin)")
 	scenarios := fs.String("scenarios", strings.Join(bench.Scenarios, ","), "comma-separated scenarios to run")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: outboxctl bench [--short] [--out results.json] [--chart drain.svg] [--scenarios "+strings.Join(bench.Scenarios, ",")+"]")
-		fmt.Fprintln(e.stderr, "       outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]   (one relay drain; -h for more)")
-		fmt.Fprintln(e.stderr, "\nRuns against DATABASE_URL (unset: a throwaway cluster with PostgreSQL's defaults) in throwaway bench_<random> schemas; markdown on stdout, progress on stderr.")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -52,13 +48,13 @@ func runBench(ctx context.Context, e env, args []string) error {
 	if *size != "" {
 		s, err := bench.ParseSize(*size)
 		if err != nil {
-			return &exitError{code: 2, err: err}
+			return usageErr(err)
 		}
 		sz = s
 	}
 	names, err := bench.ParseScenarios(*scenarios)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	url, cluster := e.getenv("DATABASE_URL"), ""
 	if url == "" {
@@ -127,21 +123,17 @@ func runBench(ctx context.Context, e env, args []string) error {
 
 // runRelayDrain times one relay drain (bench.RelayDrain) and prints its rate.
 func runRelayDrain(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "bench relay-drain")
+	fs := newFlagSet(e, "bench relay-drain").withUsage("usage: outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]\n" +
+		"\nTimes one drain of the drain scenario's relay against DATABASE_URL, in a throwaway bench_<random> schema.")
 	events := fs.Int("events", 200_000, "events pending at the start")
 	keys := fs.Int("keys", 1000, "partition keys the events are spread over")
 	batch := fs.Int("batch", relay.DefaultBatchSize, "the relay's batch size (PUBLISH_CONCURRENCY is the default)")
 	rtt := fs.Int("rtt", 0, "round trip to the local QStash in milliseconds")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: outboxctl bench relay-drain [--events N] [--keys K] [--batch B] [--rtt ms]")
-		fmt.Fprintln(e.stderr, "\nTimes one drain of the drain scenario's relay against DATABASE_URL, in a throwaway bench_<random> schema.")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *events <= 0 || *keys <= 0 || *batch <= 0 || *rtt < 0 {
-		return &exitError{code: 2, err: fmt.Errorf("--events, --keys and --batch must be positive and --rtt not negative (got %d, %d, %d, %d)", *events, *keys, *batch, *rtt)}
+		return usageErr(fmt.Errorf("--events, --keys and --batch must be positive and --rtt not negative (got %d, %d, %d, %d)", *events, *keys, *batch, *rtt))
 	}
 	url, err := databaseURL(e)
 	if err != nil {

@@ -23,32 +23,26 @@ fault on by default. Once production is done and most events have settled, the f
 stop; when everything has settled, the invariants are read from the database: nothing
 lost, nothing applied twice, poison (and only poison) dead-lettered, per-key order in fifo
 mode. Exit status 0 when every invariant holds, 1 when one fails (the seed is printed to
-rerun it with --seed), 2 for bad flags.
-
-Flags:`
+rerun it with --seed), 2 for bad flags, 3 when the run itself fails.`
 
 func runChaos(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "chaos")
+	fs := newFlagSet(e, "chaos").withUsage(chaosUsage)
 	opts := chaos.Options{Seed: uint64(time.Now().UnixNano()), Faults: chaos.DefaultFaults()}.WithDefaults()
-	fl := chaos.BindFlags(fs, &opts)
+	fl := chaos.BindFlags(fs.FlagSet, &opts)
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	keep := fs.Bool("keep", false, "keep the chaos schema for inspection")
 	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, chaosUsage)
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	fl.Apply()
 	base, err := databaseURL(e)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	opts.DatabaseURL = base // validated below; replaced by the schema's URL
 	if err := opts.Validate(); err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
@@ -84,8 +78,8 @@ func runChaos(ctx context.Context, e env, args []string) error {
 		printChaos(e.stdout, rep)
 	}
 	if !rep.Passed {
-		return &exitError{code: 1, err: fmt.Errorf("invariants failed with seed %d (rerun: outboxctl chaos --seed %d --events %d): %v",
-			rep.Seed, rep.Seed, opts.Events, rep.Violations)}
+		return negativeErr(fmt.Errorf("invariants failed with seed %d (rerun: outboxctl chaos --seed %d --events %d): %v",
+			rep.Seed, rep.Seed, opts.Events, rep.Violations))
 	}
 	return nil
 }

@@ -19,7 +19,12 @@ import (
 )
 
 func runDev(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dev")
+	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json] [--ui] [--forever] [--trace]
+
+Runs the local stack end to end (Postgres: DATABASE_URL in its own schema, else a throwaway
+cluster; the built-in QStash unless QSTASH_URL is set; the relay, the webhook, the failure
+callback) with a demo producer, and prints a summary read from the database. Exit status 1
+when an event was lost, applied twice or dead-lettered without being poison.`)
 	events := fs.Int("events", 1000, "orders (and events) the demo producer writes")
 	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
 	keys := fs.Int("keys", 50, "partition keys (customers) the orders spread over")
@@ -38,7 +43,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
 	trace := fs.Bool("trace", false, "record OpenTelemetry spans in memory and print the span trees of a few events at the end (producer -> relay batch -> delivery -> handler commit)")
 	traces := fs.Int("traces", 3, "with --trace: how many events' trees to print")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	var bad []string
@@ -67,7 +72,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 		for _, b := range bad {
 			fmt.Fprintln(e.stderr, b)
 		}
-		return &exitError{code: 2, err: fmt.Errorf("invalid flags")}
+		return usageErr(fmt.Errorf("invalid flags"))
 	}
 
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -158,7 +163,7 @@ func runDev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if !s.OK() {
-		return &exitError{code: 1, err: fmt.Errorf("lost %d, applied twice %d, unexpected dead letters %d", s.Lost, s.DuplicateEffects, s.DeadLetters-s.PoisonDeadLettered)}
+		return negativeErr(fmt.Errorf("lost %d, applied twice %d, unexpected dead letters %d", s.Lost, s.DuplicateEffects, s.DeadLetters-s.PoisonDeadLettered))
 	}
 	return nil
 }

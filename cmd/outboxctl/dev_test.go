@@ -61,6 +61,7 @@ func TestDevStackEndToEnd(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\n%s", err, stdout.String())
 	}
+	golden(t, "dev", lines[len(lines)-1], shapeOnly)
 	if s.Produced != 2000 || s.Poison != 40 || s.Lost != 0 || s.DuplicateEffects != 0 ||
 		s.DeadLetters != 40 || s.PoisonDeadLettered != 40 || s.Processed != 1960 || s.OrderViolations != 0 {
 		t.Fatalf("summary %+v", s)

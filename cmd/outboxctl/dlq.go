@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -16,54 +15,45 @@ import (
 )
 
 const dlqUsage = `usage:
-  outboxctl dlq list [--group] [--topic T] [--key K] [--since TIME] [--until TIME] [--all] [--limit N] [--json]
-  outboxctl dlq show [--json] (ID | --group FP [--limit N])
+  outboxctl dlq list [--groups] [--topic T] [--key K] [--since TIME] [--until TIME] [--include-resolved] [--limit N] [--json]
+  outboxctl dlq show [--json] (ID | --group FP [--include-resolved] [--limit N])
   outboxctl dlq redrive (ID... | --group FP | --topic T | --key K | --since TIME | --until TIME | --all) [--dry-run] [--json]
   outboxctl dlq sync [--delete-synced] [--json]
 
 TIME is RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01), or a duration ago (90m, 24h).
-list shows open letters; --all includes resolved ones. redrive --all redrives every open letter.
-list --group shows failure groups: letters with the same topic, source, status code and error
-(ids, numbers and times aside). FP is a group's fingerprint; work through them with
-  dlq list --group  ->  dlq show --group FP  ->  dlq redrive --group FP --dry-run  ->  dlq redrive --group FP
-sync records the QStash DLQ entries of this outbox that dead_letters lacks (see dlq sync -h).`
+list shows open letters; --include-resolved adds resolved ones. redrive --all redrives every
+open letter. list --groups shows failure groups: letters with the same topic, source, status
+code and error (ids, numbers and times aside). FP is a group's fingerprint; work through them with
+  dlq list --groups  ->  dlq show --group FP  ->  dlq redrive --group FP --dry-run  ->  dlq redrive --group FP
+sync records the QStash DLQ entries of this outbox that dead_letters lacks (see dlq sync -h).
+Deprecated, removed in the next release: list --group (now --groups), list and show --all
+(now --include-resolved). Run outboxctl dlq <command> -h for its flags.`
 
 func runDLQ(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprintln(e.stderr, dlqUsage)
-		return &exitError{code: 2, err: errors.New("expected list, show, redrive or sync")}
-	}
-	switch args[0] {
-	case "list":
-		return dlqList(ctx, e, args[1:])
-	case "show":
-		return dlqShow(ctx, e, args[1:])
-	case "redrive":
-		return dlqRedrive(ctx, e, args[1:])
-	case "sync":
-		return dlqSync(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		fmt.Fprintln(e.stdout, dlqUsage)
-		return nil
-	default:
-		fmt.Fprintln(e.stderr, dlqUsage)
-		return &exitError{code: 2, err: fmt.Errorf("unknown dlq command %q", args[0])}
-	}
+	return dispatch(ctx, e, "dlq", dlqUsage, []subcommand{
+		{"list", dlqList}, {"show", dlqShow}, {"redrive", dlqRedrive}, {"sync", dlqSync},
+	}, args)
 }
 
 // filterFlags registers the selection flags shared by list and redrive.
 type filterFlags struct {
 	topic, key, since, until string
-	all, asJSON              bool
+	asJSON                   bool
 }
 
-func (f *filterFlags) register(fs *flag.FlagSet, allHelp string) {
+func (f *filterFlags) register(fs *flagSet) {
 	fs.StringVar(&f.topic, "topic", "", "only letters of this topic")
 	fs.StringVar(&f.key, "key", "", "only letters of this partition key")
 	fs.StringVar(&f.since, "since", "", "only letters created at or after TIME")
 	fs.StringVar(&f.until, "until", "", "only letters created before TIME")
-	fs.BoolVar(&f.all, "all", false, allHelp)
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
+// includeResolved registers --include-resolved and its deprecated spelling --all.
+func includeResolved(fs *flagSet, help string) *bool {
+	v := fs.Bool("include-resolved", false, help)
+	fs.alias("all", "include-resolved")
+	return v
 }
 
 func (f *filterFlags) filter(now time.Time) (deadletter.Filter, error) {
@@ -95,57 +85,13 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is not RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01) or a duration (24h)", s)
 }
 
-// parseInterspersed parses flags that may follow positional arguments (dlq redrive 4 5
-// --dry-run), which the flag package alone stops at.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		if fl := fs.Lookup(name); fl != nil {
-			if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-				continue
-			}
-			if i+1 < len(args) {
-				i++
-				flags = append(flags, args[i])
-			}
-		}
-	}
-	if err := fs.Parse(flags); err != nil {
-		return nil, usageError(err)
-	}
-	return pos, nil
-}
-
-// usageError turns a flag parse error into exit status 2. The flag package has already
-// printed it (naming the flag) and the usage, so it is not printed again.
-func usageError(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	return &exitError{code: 2, err: errors.New("")}
-}
-
 // groupFlag reads --group FP: "" when unset, else a valid fingerprint or an exit-2 error.
 func groupFlag(fp string) (string, error) {
 	if fp == "" {
 		return "", nil
 	}
 	if err := deadletter.ValidFingerprint(fp); err != nil {
-		return "", &exitError{code: 2, err: fmt.Errorf("--group: %w (see outboxctl dlq list --group)", err)}
+		return "", usageErr(fmt.Errorf("--group: %w (see outboxctl dlq list --groups)", err))
 	}
 	return fp, nil
 }
@@ -162,24 +108,42 @@ func parseIDs(args []string) ([]int64, error) {
 	return ids, nil
 }
 
+const (
+	dlqListUsage = `usage: outboxctl dlq list [--groups] [--topic T] [--key K] [--since TIME] [--until TIME] [--include-resolved] [--limit N] [--json]
+
+Lists open dead letters, newest first; with --groups, their failure groups, largest first.
+TIME is RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01), or a duration ago (90m, 24h).`
+	dlqShowUsage = `usage: outboxctl dlq show [--json] ID
+       outboxctl dlq show [--json] --group FP [--include-resolved] [--limit N]
+
+Shows one dead letter (headers, payload, its group), or one failure group and its newest letters.
+Exit status 1 when the letter or group does not exist.`
+	dlqRedriveUsage = `usage: outboxctl dlq redrive (ID... | --group FP | --topic T | --key K | --since TIME | --until TIME | --all) [--dry-run] [--json]
+
+Resets the outbox rows of the selected open letters to pending, so the relay sends them again.
+Exit status 1 when a letter could not be redriven (not found, or its outbox row is gone).`
+)
+
 func dlqList(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dlq list")
+	fs := newFlagSet(e, "dlq list").withUsage(dlqListUsage)
 	var ff filterFlags
-	ff.register(fs, "include resolved letters")
-	limit := fs.Int("limit", deadletter.DefaultListLimit, "at most this many letters (groups with --group), newest (largest) first")
-	groups := fs.Bool("group", false, "list failure groups (fingerprint, count, first and last seen) instead of letters")
-	pos, err := parseInterspersed(fs, args)
+	ff.register(fs)
+	resolved := includeResolved(fs, "include resolved letters")
+	limit := fs.Int("limit", deadletter.DefaultListLimit, "at most this many letters (groups with --groups), newest (largest) first")
+	groups := fs.Bool("groups", false, "list failure groups (fingerprint, count, first and last seen) instead of letters")
+	fs.alias("group", "groups")
+	pos, err := fs.parse(args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q; use outboxctl dlq show ID for one letter, dlq show --group FP for one group", pos)}
+		return fs.fail(fmt.Errorf("unexpected arguments %q; use outboxctl dlq show ID for one letter, dlq show --group FP for one group", pos))
 	}
 	f, err := ff.filter(time.Now())
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
-	f.IncludeResolved, f.Limit = ff.all, *limit
+	f.IncludeResolved, f.Limit = *resolved, *limit
 	pool, err := openPool(ctx, e)
 	if err != nil {
 		return err
@@ -216,12 +180,12 @@ func dlqList(ctx context.Context, e env, args []string) error {
 }
 
 func dlqShow(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dlq show")
+	fs := newFlagSet(e, "dlq show").withUsage(dlqShowUsage)
 	asJSON := fs.Bool("json", false, "print JSON")
-	group := fs.String("group", "", "show failure group FP (a fingerprint from dlq list --group) and its newest letters")
+	group := fs.String("group", "", "show failure group FP (a fingerprint from dlq list --groups) and its newest letters")
 	limit := fs.Int("limit", defaultGroupLetters, "with --group: at most this many letters, newest first")
-	includeResolved := fs.Bool("all", false, "with --group: include resolved letters")
-	pos, err := parseInterspersed(fs, args)
+	resolved := includeResolved(fs, "with --group: include resolved letters")
+	pos, err := fs.parse(args)
 	if err != nil {
 		return err
 	}
@@ -231,15 +195,15 @@ func dlqShow(ctx context.Context, e env, args []string) error {
 	}
 	switch {
 	case fp != "" && len(pos) > 0:
-		return &exitError{code: 2, err: fmt.Errorf("--group: give a letter id or --group FP, not both (got %q)", pos)}
+		return usageErr(fmt.Errorf("--group: give a letter id or --group FP, not both (got %q)", pos))
 	case fp != "":
-		return showGroup(ctx, e, fp, deadletter.Filter{IncludeResolved: *includeResolved, Limit: *limit}, *asJSON)
+		return showGroup(ctx, e, fp, deadletter.Filter{IncludeResolved: *resolved, Limit: *limit}, *asJSON)
 	case len(pos) != 1:
-		return &exitError{code: 2, err: errors.New("expected one dead letter id, or --group FP")}
+		return fs.fail(errors.New("expected one dead letter id, or --group FP"))
 	}
 	ids, err := parseIDs(pos)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
@@ -248,7 +212,7 @@ func dlqShow(ctx context.Context, e env, args []string) error {
 	defer pool.Close()
 	l, err := deadletter.Get(ctx, pool, ids[0])
 	if errors.Is(err, deadletter.ErrNotFound) {
-		return &exitError{code: 1, err: fmt.Errorf("dead letter %d does not exist", ids[0])}
+		return negativeErr(fmt.Errorf("dead letter %d does not exist", ids[0]))
 	}
 	if err != nil {
 		return err
@@ -295,29 +259,29 @@ func dlqShow(ctx context.Context, e env, args []string) error {
 }
 
 func dlqRedrive(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dlq redrive")
+	fs := newFlagSet(e, "dlq redrive").withUsage(dlqRedriveUsage)
 	var ff filterFlags
-	ff.register(fs, "redrive every open letter (required when no id or filter is given)")
+	ff.register(fs)
+	all := fs.Bool("all", false, "redrive every open letter (required when no id or filter is given)")
 	dryRun := fs.Bool("dry-run", false, "print what would be redriven, change nothing")
-	group := fs.String("group", "", "only letters of failure group FP (a fingerprint from dlq list --group)")
-	pos, err := parseInterspersed(fs, args)
+	group := fs.String("group", "", "only letters of failure group FP (a fingerprint from dlq list --groups)")
+	pos, err := fs.parse(args)
 	if err != nil {
 		return err
 	}
 	f, err := ff.filter(time.Now())
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	if f.Fingerprint, err = groupFlag(*group); err != nil {
 		return err
 	}
 	if f.IDs, err = parseIDs(pos); err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
-	f.All = ff.all
+	f.All = *all
 	if len(f.IDs) == 0 && f.Fingerprint == "" && f.Topic == "" && f.PartitionKey == "" && f.Since.IsZero() && f.Until.IsZero() && !f.All {
-		fmt.Fprintln(e.stderr, dlqUsage)
-		return &exitError{code: 2, err: errors.New("name letter ids, --group FP or a filter, or pass --all to redrive every open letter")}
+		return fs.fail(errors.New("name letter ids, --group FP or a filter, or pass --all to redrive every open letter"))
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
@@ -346,7 +310,7 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 		printRedrive(e.stdout, res)
 	}
 	if n := len(res.OutboxMissing) + len(res.NotFound); n > 0 {
-		return &exitError{code: 1, err: fmt.Errorf("%d letter(s) could not be redriven", n)}
+		return negativeErr(fmt.Errorf("%d letter(s) could not be redriven", n))
 	}
 	return nil
 }

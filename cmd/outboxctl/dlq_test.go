@@ -129,7 +129,7 @@ func TestDLQArgumentErrors(t *testing.T) {
 		args []string
 		says string
 	}{
-		{[]string{"dlq"}, "expected list, show, redrive or sync"},
+		{[]string{"dlq"}, "expected list, show, redrive, sync"},
 		{[]string{"dlq", "frob"}, `unknown dlq command "frob"`},
 		{[]string{"dlq", "show"}, "expected one dead letter id, or --group FP"},
 		{[]string{"dlq", "show", "x"}, `"x" is not a dead letter id`},
@@ -309,12 +309,13 @@ func TestDLQSync(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Recorded != 0 || res.AlreadyRecorded != 1 || res.Deleted != 1 {
 		t.Fatalf("dlq sync --delete-synced --json: %d %s %s", code, out, stderr)
 	}
+	golden(t, "dlq_sync", out, volatile)
 	if n := len(qs.DLQ()); n != 0 {
 		t.Fatalf("%d entries left in QStash", n)
 	}
-	// A QStash that refuses the token: exit 1, the answer named.
+	// A QStash that refuses the token: a runtime failure (exit 3), the answer named.
 	vars["QSTASH_TOKEN"] = "wrong"
-	if code, _, stderr = runCLIEnv(t, vars, "dlq", "sync"); code != 1 || !strings.Contains(stderr, "401") {
+	if code, _, stderr = runCLIEnv(t, vars, "dlq", "sync"); code != 3 || !strings.Contains(stderr, "401") {
 		t.Fatalf("wrong token: %d %s", code, stderr)
 	}
 }

@@ -70,7 +70,7 @@ func showGroup(ctx context.Context, e env, fp string, f deadletter.Filter, asJSO
 		if !f.IncludeResolved {
 			hint = " (add --all to include resolved letters)"
 		}
-		return &exitError{code: 1, err: fmt.Errorf("no dead letter in group %s%s", fp, hint)}
+		return negativeErr(fmt.Errorf("no dead letter in group %s%s", fp, hint))
 	}
 	if err != nil {
 		return err

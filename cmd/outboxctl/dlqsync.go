@@ -24,20 +24,15 @@ https://qstash.upstash.io); OUTBOX_NAME (default outbox).
 --delete-synced then deletes from QStash the entries dead_letters holds, and nothing else.`
 
 func dlqSync(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dlq sync")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, dlqSyncUsage) }
+	fs := newFlagSet(e, "dlq sync").withUsage(dlqSyncUsage)
 	deleteSynced := fs.Bool("delete-synced", false, "delete from QStash the entries dead_letters holds")
 	asJSON := fs.Bool("json", false, "print the counts as JSON")
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", pos)}
 	}
 	cfg, err := syncConfigFromEnv(e.getenv)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	cfg.DeleteSynced = *deleteSynced
 	// The summary below says what the log line would.
@@ -59,7 +54,7 @@ func dlqSync(ctx context.Context, e env, args []string) error {
 			fmt.Fprintf(e.stdout, "deleted %d recorded entries from QStash\n", res.Deleted)
 		}
 		if res.Recorded > 0 {
-			fmt.Fprintln(e.stdout, "next: outboxctl dlq list --group")
+			fmt.Fprintln(e.stdout, "next: outboxctl dlq list --groups")
 		}
 	}
 	return err

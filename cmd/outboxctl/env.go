@@ -10,12 +10,8 @@ import (
 // runEnv prints the reference of every environment variable (package envdoc) as markdown:
 // docs/configuration.md is this output, and a test keeps the two equal.
 func runEnv(_ context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "env")
+	fs := newFlagSet(e, "env").withUsage(fmt.Sprintf("usage: outboxctl env [--names]\n\nPrints every environment variable the functions and outboxctl relay read: default, readers, meaning\n(markdown; docs/configuration.md is this output: %s).", envdoc.Regenerate))
 	names := fs.Bool("names", false, "print only the variable names, one per line")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: outboxctl env [--names]\n\nPrints every environment variable the functions and outboxctl relay read: default, readers, meaning\n(markdown; docs/configuration.md is this output: %s).\n\n", envdoc.Regenerate)
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -32,9 +32,9 @@ func TestEnvCommandPrintsTheReference(t *testing.T) {
 		t.Fatalf("outboxctl env --names printed %d names starting %q, want %d", len(names), names[0], len(envdoc.Vars))
 	}
 
-	errOut.Reset()
-	if code := run(context.Background(), e, []string{"env", "-h"}); code != 0 || !strings.Contains(errOut.String(), "-names") {
-		t.Fatalf("outboxctl env -h: exit %d, usage %q", code, errOut.String())
+	out.Reset()
+	if code := run(context.Background(), e, []string{"env", "-h"}); code != 0 || !strings.Contains(out.String(), "-names") {
+		t.Fatalf("outboxctl env -h: exit %d, usage %q", code, out.String())
 	}
 	if code := run(context.Background(), e, []string{"env", "extra"}); code != 2 {
 		t.Fatalf("outboxctl env extra: exit %d, want 2", code)

@@ -4,8 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -42,15 +40,6 @@ func commands() []command {
 	}
 }
 
-// exitError carries a specific exit status (status: 1 degraded, 2 unhealthy).
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:])
@@ -59,34 +48,30 @@ func main() {
 }
 
 func run(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return exitUsage
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
 		usage(e.stdout)
-		return 0
+		return exitOK
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
 			continue
 		}
 		err := c.run(ctx, e, args[1:])
-		if err == nil {
-			return 0
-		}
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		var ee *exitError
-		if errors.As(err, &ee) {
-			if ee.err != nil && ee.err.Error() != "" {
-				fmt.Fprintf(e.stderr, "outboxctl %s: %v\n", c.name, ee.err)
+		if code := exitCode(err); code != exitOK {
+			if msg := err.Error(); msg != "" { // "" when already printed (a flag error)
+				fmt.Fprintf(e.stderr, "outboxctl %s: %s\n", c.name, msg)
 			}
-			return ee.code
+			return code
 		}
-		fmt.Fprintf(e.stderr, "outboxctl %s: %v\n", c.name, err)
-		return 1
+		return exitOK
 	}
 	fmt.Fprintf(e.stderr, "outboxctl: unknown command %q\n\n", args[0])
 	usage(e.stderr)
-	return 2
+	return exitUsage
 }
 
 func usage(w io.Writer) {
@@ -95,23 +80,5 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun outboxctl <command> -h for the command's flags.")
-}
-
-// parseFlags parses args into fs and refuses positional arguments: exit 2 with the usage.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
-	}
-	return nil
-}
-
-// newFlagSet returns a flag set that writes its usage to e.stderr and returns errors.
-func newFlagSet(e env, name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	return fs
+	fmt.Fprintln(w, "\n"+exitCodesHelp)
 }

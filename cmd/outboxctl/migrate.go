@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -17,7 +18,7 @@ func databaseURL(e env) (string, error) {
 	if u := e.getenv("DATABASE_URL"); u != "" {
 		return u, nil
 	}
-	return "", fmt.Errorf("DATABASE_URL is not set; export it, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	return "", usageErr(errors.New("DATABASE_URL is not set; export it, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 }
 
 // openPool opens DATABASE_URL, or the database its AWS references name (DB_SECRET_ARN,
@@ -52,30 +53,26 @@ func checkedPool(ctx context.Context, url string, cfg awsenv.PoolConfig) (*pgxpo
 	return pool, nil
 }
 
+const migrateUsage = `usage: outboxctl migrate up [--example] [--lock-timeout D] [--lock-attempts N]
+       outboxctl migrate status
+
+up applies the pending schema migrations to DATABASE_URL; status lists them, applied or pending.`
+
 func runMigrate(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "migrate")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: outboxctl migrate up [--example] [--lock-timeout D] [--lock-attempts N] | status")
-	}
+	fs := newFlagSet(e, "migrate").withUsage(migrateUsage)
 	example := fs.Bool("example", false, "also create the example consumer's table (examples/orders: billing_charges), for a deployment that runs the example handler")
 	lockTimeout := fs.Duration("lock-timeout", postgres.DefaultLockTimeout,
 		"longest a migration statement waits for a lock, and so the longest it holds up producers and relays queued behind it; then it is retried")
 	lockAttempts := fs.Int("lock-attempts", postgres.DefaultLockAttempts,
 		"tries of a migration that keeps timing out on a lock (waits between them double from 1s to 30s) before migrate up fails")
-	if err := fs.Parse(args); err != nil {
+	pos, err := fs.parse(args)
+	if err != nil {
 		return err
 	}
-	cmd := fs.Arg(0)
-	if fs.NArg() > 0 {
-		// Flags may follow the subcommand: migrate up --example.
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return err
-		}
+	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "status") || (*example && pos[0] != "up") || *lockTimeout <= 0 || *lockAttempts <= 0 {
+		return fs.fail(errors.New("expected up [--example] [--lock-timeout D] [--lock-attempts N] (both positive) or status"))
 	}
-	if fs.NArg() != 0 || (cmd != "up" && cmd != "status") || (*example && cmd != "up") || *lockTimeout <= 0 || *lockAttempts <= 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("expected up [--example] [--lock-timeout D] [--lock-attempts N] (both positive) or status")}
-	}
+	cmd := pos[0]
 	pool, err := openPool(ctx, e)
 	if err != nil {
 		return err

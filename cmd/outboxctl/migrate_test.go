@@ -82,7 +82,7 @@ func TestMigrateLockWait(t *testing.T) {
 	pending(13)
 	producer := hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
 	code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1")
-	if code != 1 || !strings.Contains(out, "applied 0013") || strings.Contains(out, "applied 0014") || !strings.Contains(stderr, "SQLSTATE 55P03") {
+	if code != 3 || !strings.Contains(out, "applied 0013") || strings.Contains(out, "applied 0014") || !strings.Contains(stderr, "SQLSTATE 55P03") {
 		t.Fatalf("migrate up beside an open producer transaction: %d %q %q, want 0013 applied and 0014 given up on the lock timeout", code, out, stderr)
 	}
 	_ = producer.Rollback(ctx)
@@ -90,7 +90,7 @@ func TestMigrateLockWait(t *testing.T) {
 	pending(13)
 	vacuum := hold(`LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE`)
 	code, out, stderr = runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "2")
-	if code != 1 || strings.Contains(out, "applied") || strings.Count(stderr, "migration waits for a lock") != 1 ||
+	if code != 3 || strings.Contains(out, "applied") || strings.Count(stderr, "migration waits for a lock") != 1 ||
 		!strings.Contains(stderr, "version=13") || !strings.Contains(stderr, "SQLSTATE 55P03") {
 		t.Fatalf("migrate up behind a held lock: %d %q %q, want one logged wait, then the lock timeout", code, out, stderr)
 	}

@@ -14,7 +14,10 @@ import (
 // runQStashDev runs the local QStash-compatible server until ctx is cancelled, printing
 // the environment a client needs, as the official `qstash dev` does.
 func runQStashDev(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "qstash-dev")
+	fs := newFlagSet(e, "qstash-dev").withUsage(`usage: outboxctl qstash-dev [--port 8080] [--host 127.0.0.1] [--time-scale 1] [--plan free|payg|fixed] [--<fault> RATE ...] [-v]
+
+Runs the local QStash-compatible server until Ctrl-C and prints the environment a client
+needs (QSTASH_URL, QSTASH_TOKEN, the signing keys), as the official "qstash dev" does.`)
 	port := fs.Int("port", 8080, "port to listen on")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	timeScale := fs.Float64("time-scale", 1, "multiplier for retry delays (1: QStash's real backoff; 0.001 for fast local runs)")
@@ -35,24 +38,24 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 	maxInFlight := fs.Int("max-in-flight", 0, "cap on delivery attempts in flight (QStash's parallelism; default: the plan's, none without --plan; -1: none)")
 	hold := fs.Bool("hold-deliveries", false, "accept and keep every message but deliver none (measure a publisher alone)")
 	verbose := fs.Bool("v", false, "log every delivery attempt to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *port < 1 || *port > 65535 {
-		return fmt.Errorf("qstash-dev: --port %d is outside 1..65535", *port)
+		return usageErr(fmt.Errorf("--port %d is outside 1..65535", *port))
 	}
 	if *plan != "" {
 		if _, err := qstash.Plan(*plan).Limits(); err != nil {
-			return fmt.Errorf("qstash-dev: --plan: %w", err)
+			return usageErr(fmt.Errorf("--plan: %w", err))
 		}
 	}
 	switch qstashtest.BatchErrorMode(*batchErrors) {
 	case qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest:
 	default:
-		return fmt.Errorf("qstash-dev: --batch-errors %q must be %s or %s", *batchErrors, qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest)
+		return usageErr(fmt.Errorf("--batch-errors %q must be %s or %s", *batchErrors, qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest))
 	}
 	if *quota < 0 || *latency < 0 || *jitter < 0 {
-		return fmt.Errorf("qstash-dev: --quota, --latency and --latency-jitter must not be negative")
+		return usageErr(fmt.Errorf("--quota, --latency and --latency-jitter must not be negative"))
 	}
 	opts := qstashtest.Options{
 		Addr:             net.JoinHostPort(*host, strconv.Itoa(*port)),
@@ -82,7 +85,7 @@ func runQStashDev(ctx context.Context, e env, args []string) error {
 	}
 	srv, err := qstashtest.Start(opts)
 	if err != nil {
-		return fmt.Errorf("qstash-dev: %w", err)
+		return fmt.Errorf("start local qstash: %w", err)
 	}
 	defer srv.Close()
 	fmt.Fprintf(e.stdout, "QStash-compatible local server is running at %s\n", srv.URL)

@@ -35,7 +35,7 @@ flags override it. Serves /healthz and /metrics (Prometheus text format) on --li
 loopback address. SIGTERM or Ctrl-C stops it after the batches in flight are published and
 marked: within the lease (a claim gives up at the lease minus the publish and mark
 timeouts, a batch is marked by the end of its lease). --grace (default: the lease) bounds
-the stop whatever the database does; past it the process exits 1 and the rows of the
+the stop whatever the database does; past it the process exits 3 and the rows of the
 batches still in flight go out again after their lease. Set the orchestrator's grace period
 (terminationGracePeriodSeconds, ECS stopTimeout) a few seconds above it. With DB_SECRET_ARN
 a password the database refuses after a rotation is re-read from the secret. Any number of
@@ -46,11 +46,10 @@ instances may run against one database.`
 const relayChunk = 5 * time.Second
 
 func runRelay(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "relay")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, relayUsage) }
+	fs := newFlagSet(e, "relay").withUsage(relayUsage)
 	sf := stringFlags{}
-	sf.add(fs, "batch", "BATCH_SIZE", "rows per claim")
-	sf.add(fs, "lease", "LEASE", "lease per claimed batch")
+	sf.add(fs, "batch", "BATCH_SIZE", "int", "rows per claim")
+	sf.add(fs, "lease", "LEASE", "duration", "lease per claimed batch")
 	pollInterval := fs.Duration("poll-interval", relay.DefaultPollInterval, "drain at least this often when no notification arrives")
 	listen := fs.String("listen", "127.0.0.1:9090", "loopback address for /healthz and /metrics (port 0 picks one)")
 	retentionEvery := fs.Duration("retention-interval", 24*time.Hour, "run retention this often (0: never)")
@@ -60,10 +59,10 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if err := checkLoopback(*listen); err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 || *grace < 0 {
-		return &exitError{code: 2, err: errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval and --grace not negative")}
+		return usageErr(errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval and --grace not negative"))
 	}
 	// One read of the environment, AWS secret references resolved, for the whole process.
 	base := overlayEnv(e.getenv, sf.overlay())
@@ -73,12 +72,12 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	}
 	cfg, err := relayenv.Read(getenv)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	pub, err := qstash.NewPublisher(cfg.Publisher)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	// In FIFO ordering the queues must exist with parallelism 1 and not be paused.
 	if err := pub.EnsureQueues(ctx); err != nil {
@@ -109,7 +108,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	rc.PollInterval, rc.Logger, rc.Tracer = *pollInterval, logger, tr
 	r, err := relay.New(pool, pub, rc)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	ret := cfg.Retention
 	ret.Logger = logger

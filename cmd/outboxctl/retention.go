@@ -4,23 +4,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
+	"strconv"
 
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-const retentionUsage = `usage: outboxctl retention run [--outbox-retention 7d] [--dedupe-ttl 14d] [--batch 1000]
+const retentionUsage = `usage: outboxctl retention run [--outbox-retention 7d] [--dedupe-ttl 14d] [--delete-batch 1000]
                                [--max-batches 1000] [--dry-run] [--json]
 
 Deletes dispatched outbox rows older than the outbox retention (never pending, leased, or
 dead-lettered rows whose dead letter is unresolved) and processed_messages older than the
 dedupe TTL, in small batches. Defaults come from OUTBOX_RETENTION and DEDUPE_TTL, like the
 relay's; the dedupe TTL is refused if it does not exceed the retry horizon computed from
-MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LEASE and QSTASH_RETRIES.`
+MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, LEASE and QSTASH_RETRIES. --batch, the old spelling
+of --delete-batch, is deprecated and goes in the next release.`
 
 // overlayEnv returns getenv with the given variables replaced (flags win over the
 // environment).
@@ -33,13 +35,38 @@ func overlayEnv(getenv func(string) string, set map[string]string) func(string) 
 	}
 }
 
-// stringFlags records which string flags were set, to overlay them on the environment.
+// stringFlags records the flags that override environment variables, to overlay them on
+// the environment.
 type stringFlags map[string]*string
 
-func (s stringFlags) add(fs *flag.FlagSet, name, envVar, usage string) {
-	v := new(string)
-	fs.StringVar(v, name, "", usage+" (default $"+envVar+" or the built-in default)")
-	s[envVar] = v
+// add registers --name, overriding envVar; kind ("int" or "duration", as the variable is
+// read) is the flag's type: a value that is not one is a flag error.
+func (s stringFlags) add(fs *flagSet, name, envVar, kind, usage string) {
+	v := &envFlag{kind: kind}
+	fs.Var(v, name, usage+" (`"+kind+"`; default $"+envVar+" or the built-in default)")
+	s[envVar] = &v.value
+}
+
+// envFlag is a flag whose text is handed to the environment reader, checked for its kind.
+type envFlag struct {
+	kind, value string
+}
+
+func (f *envFlag) String() string { return f.value }
+
+func (f *envFlag) Set(s string) error {
+	switch f.kind {
+	case "int":
+		if _, err := strconv.Atoi(s); err != nil {
+			return errors.New("not a whole number")
+		}
+	case "duration":
+		if _, err := envconfig.ParseDuration(s); err != nil {
+			return errors.New("not a duration (e.g. 30s, 15m, 1h, 7d)")
+		}
+	}
+	f.value = s
+	return nil
 }
 
 func (s stringFlags) overlay() map[string]string {
@@ -53,29 +80,22 @@ func (s stringFlags) overlay() map[string]string {
 }
 
 func runRetention(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "run" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprintln(e.stdout, retentionUsage)
-			return nil
-		}
-		fmt.Fprintln(e.stderr, retentionUsage)
-		return &exitError{code: 2, err: errors.New("expected: retention run")}
-	}
-	fs := newFlagSet(e, "retention run")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, retentionUsage) }
+	return dispatch(ctx, e, "retention", retentionUsage, []subcommand{{"run", runRetentionRun}}, args)
+}
+
+func runRetentionRun(ctx context.Context, e env, args []string) error {
+	fs := newFlagSet(e, "retention run").withUsage(retentionUsage)
 	sf := stringFlags{}
-	sf.add(fs, "outbox-retention", "OUTBOX_RETENTION", "delete finished outbox rows older than this (e.g. 7d, 36h)")
-	sf.add(fs, "dedupe-ttl", "DEDUPE_TTL", "delete processed_messages older than this")
-	batch := fs.Int("batch", retention.DefaultBatchSize, "rows per delete statement")
+	sf.add(fs, "outbox-retention", "OUTBOX_RETENTION", "duration", "delete finished outbox rows older than this (e.g. 7d, 36h)")
+	sf.add(fs, "dedupe-ttl", "DEDUPE_TTL", "duration", "delete processed_messages older than this")
+	// --batch is the relay's rows per claim everywhere else.
+	batch := fs.Int("delete-batch", retention.DefaultBatchSize, "rows per delete statement")
+	fs.alias("batch", "delete-batch")
 	maxBatches := fs.Int("max-batches", retention.DefaultMaxBatches, "delete statements per table and run")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	set := sf.overlay()
 	// Retention does not publish: stand-ins for the publisher's required settings, so the
@@ -92,7 +112,7 @@ func runRetention(ctx context.Context, e env, args []string) error {
 	}
 	cfg, err := relayenv.Read(getenv)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	rc := cfg.Retention
 	rc.BatchSize, rc.MaxBatches = *batch, *maxBatches

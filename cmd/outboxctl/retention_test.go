@@ -35,7 +35,7 @@ func TestRetentionRunCLI(t *testing.T) {
 	}
 
 	// --outbox-retention 12h also takes the 1-day-old rows; batches of 8 are bounded.
-	code, out, stderr = runCLI(t, db.URL, "retention", "run", "--outbox-retention", "12h", "--batch", "8")
+	code, out, stderr = runCLI(t, db.URL, "retention", "run", "--outbox-retention", "12h", "--delete-batch", "8")
 	if code != 0 || !strings.Contains(out, "deleted 35 outbox rows (older than 12h0m0s) and 4 processed_messages rows") || !strings.Contains(out, "complete") {
 		t.Fatalf("run: %d %q %s", code, out, stderr)
 	}

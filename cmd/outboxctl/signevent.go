@@ -20,20 +20,15 @@ import (
 // (https://<requestContext.domainName><rawPath>[?<rawQueryString>], or -url), signed now
 // with the local key, and writes the event to stdout. Every other field is kept.
 func runSignEvent(_ context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "sign-event")
+	fs := newFlagSet(e, "sign-event").withUsage("usage: outboxctl sign-event --in events/webhook.json [--key current|next] [--url URL] > signed.json")
 	in := fs.String("in", "", "Function URL event file (JSON); - reads stdin (required)")
 	key := fs.String("key", "current", "signing key: current or next (QSTASH_CURRENT_SIGNING_KEY / QSTASH_NEXT_SIGNING_KEY, else the dev keys)")
 	signURL := fs.String("url", "", "URL to sign instead of the one rebuilt from the event (set when the receiver has PUBLIC_BASE_URL / FAILURE_CALLBACK_URL)")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: outboxctl sign-event -in events/webhook.json [-key current|next] [-url URL] > signed.json")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *in == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return &exitError{code: 2, err: errors.New("-in is required and takes no positional arguments")}
+	if *in == "" {
+		return fs.fail(errors.New("--in is required"))
 	}
 	var signingKey string
 	switch *key {
@@ -42,7 +37,7 @@ func runSignEvent(_ context.Context, e env, args []string) error {
 	case "next":
 		signingKey = signingKeyOr(e.getenv("QSTASH_NEXT_SIGNING_KEY"), qstash.DevNextSigningKey)
 	default:
-		return &exitError{code: 2, err: fmt.Errorf("-key %q must be current or next", *key)}
+		return usageErr(fmt.Errorf("--key %q must be current or next", *key))
 	}
 	var raw []byte
 	var err error

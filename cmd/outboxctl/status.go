@@ -17,9 +17,10 @@ import (
 const statusUsage = `usage: outboxctl status [--json] [--max-oldest-age 5m] [--max-dead-letters 0] [--max-stuck-leases 0]
                         [--max-flapping 0] [--max-transaction-age 5m] [--max-xmin-age 10000000]
 
-Exit status: 0 healthy, 1 degraded, 2 unhealthy (the oldest pending event is older than
---max-oldest-age). Counts are how many are tolerated; a negative value or duration turns
-that check off.
+Exit status: 0 healthy; 1 degraded or unhealthy (unhealthy: the oldest pending event is
+older than --max-oldest-age; the output and --json "status" say which, and why); 3 the
+report could not be read (the database unreachable). Counts are how many are tolerated; a
+negative value or duration turns that check off.
 
 It also reports the attempts QStash made (and bills) per delivered event over the last hour
 and day, from each delivery's Upstash-Retried and the dead letters' retries (qstash_attempts
@@ -27,17 +28,17 @@ in --json; informational, no threshold).`
 
 // statusOutput is the --json document: the verdict, its reasons, and the whole report.
 type statusOutput struct {
-	Status   health.Status `json:"status"`
-	ExitCode int           `json:"exit_code"`
-	Reasons  []string      `json:"reasons"`
+	Status health.Status `json:"status"`
+	// ExitCode is the process's: 0 healthy, 1 degraded or unhealthy.
+	ExitCode int      `json:"exit_code"`
+	Reasons  []string `json:"reasons"`
 	health.Report
 	// QStashAttempts is null when it could not be read (the report still is).
 	QStashAttempts *health.AttemptsReport `json:"qstash_attempts"`
 }
 
 func runStatus(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "status")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, statusUsage) }
+	fs := newFlagSet(e, "status").withUsage(statusUsage)
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	var th health.Thresholds
 	fs.DurationVar(&th.MaxOldestPendingAge, "max-oldest-age", health.DefaultMaxOldestPendingAge, "unhealthy when the oldest pending event is older")
@@ -51,15 +52,18 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	}
 	pool, err := openPool(ctx, e)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return err
 	}
 	defer pool.Close()
 	report, err := health.Collect(ctx, pool)
 	if err != nil {
-		// Not knowing is as bad as knowing it is broken.
-		return &exitError{code: 2, err: err}
+		return err
 	}
 	st, reasons := report.Check(th)
+	code := exitOK
+	if st != health.Healthy {
+		code = exitNegative
+	}
 	// Attempts are informational: a failure to read them (a schema before migration 0011)
 	// is shown, not allowed to hide the verdict.
 	var attempts *health.AttemptsReport
@@ -69,7 +73,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
-		if err := enc.Encode(statusOutput{Status: st, ExitCode: int(st), Reasons: reasons, Report: report, QStashAttempts: attempts}); err != nil {
+		if err := enc.Encode(statusOutput{Status: st, ExitCode: code, Reasons: reasons, Report: report, QStashAttempts: attempts}); err != nil {
 			return fmt.Errorf("write status: %w", err)
 		}
 	} else {
@@ -80,7 +84,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	if st == health.Healthy {
 		return nil
 	}
-	return &exitError{code: int(st), err: errors.New(st.String() + ": " + strings.Join(reasons, "; "))}
+	return negativeErr(errors.New(st.String() + ": " + strings.Join(reasons, "; ")))
 }
 
 func printStatus(w io.Writer, r health.Report, st health.Status) {

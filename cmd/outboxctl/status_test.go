@@ -68,7 +68,7 @@ func TestStatusBacklogIsUnhealthy(t *testing.T) {
 	db := pgtest.New(t)
 	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, created_at) VALUES ('t', 'k', '{}', now() - interval '20 minutes'), ('t', 'k', '{}', now())`)
 	code, m, stderr := statusJSON(t, db.URL, relaxed...)
-	if code != 2 || m["status"] != "unhealthy" || field(m, "queue", "pending") != 2.0 {
+	if code != 1 || m["status"] != "unhealthy" || m["exit_code"] != 1.0 || field(m, "queue", "pending") != 2.0 {
 		t.Fatalf("code %d %v", code, m)
 	}
 	if age := field(m, "queue", "oldest_pending_age_seconds").(float64); age < 1199 {
@@ -83,7 +83,7 @@ func TestStatusBacklogIsUnhealthy(t *testing.T) {
 	}
 	// Text mode says the same.
 	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
-	if code != 2 || !strings.Contains(out, "outbox is UNHEALTHY") || !strings.Contains(out, "pending         2") || !strings.Contains(out, "reasons:") {
+	if code != 1 || !strings.Contains(out, "outbox is UNHEALTHY") || !strings.Contains(out, "pending         2") || !strings.Contains(out, "reasons:") {
 		t.Fatalf("text: %d\n%s", code, out)
 	}
 }
@@ -170,7 +170,7 @@ func TestStatusOpenTransaction(t *testing.T) {
 func TestStatusUnreachableDatabase(t *testing.T) {
 	t.Parallel()
 	code, _, stderr := runCLI(t, "postgres://postgres@127.0.0.1:1/none?connect_timeout=1", "status")
-	if code != 2 || !strings.Contains(stderr, "connect to database") {
+	if code != 3 || !strings.Contains(stderr, "connect to database") {
 		t.Fatalf("code %d stderr %q", code, stderr)
 	}
 }

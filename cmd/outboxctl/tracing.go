@@ -23,7 +23,7 @@ const (
 func startTracing(ctx context.Context, getenv func(string) string, service string) (tr trace.Tracer, stop func(), err error) {
 	tel, err := telemetry.Setup(ctx, getenv, service)
 	if err != nil {
-		return nil, nil, &exitError{code: 2, err: fmt.Errorf("set up tracing: %w", err)}
+		return nil, nil, usageErr(fmt.Errorf("set up tracing: %w", err))
 	}
 	return tel.Tracer(), func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -18,8 +18,7 @@ is not loopback needs a token (--token, or better OUTBOX_UI_TOKEN, which stays o
 process list); requests then carry it as "Authorization: Bearer T" or log in at /login.`
 
 func runUI(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "ui")
-	fs.Usage = func() { fmt.Fprintln(e.stderr, uiUsage); fs.PrintDefaults() }
+	fs := newFlagSet(e, "ui").withUsage(uiUsage)
 	listen := fs.String("listen", console.DefaultListen, "address to serve the console on (host:port)")
 	allow := fs.Bool("allow-redrive", false, "enable redrive (otherwise the console is read-only)")
 	token := fs.String("token", "", "bearer token every request must carry (default $"+console.TokenEnv+"); required off loopback")
@@ -34,7 +33,7 @@ func runUI(ctx context.Context, e env, args []string) error {
 	// Refuse before touching the database: an exposed console without a token is never
 	// what was meant.
 	if err := console.CheckListen(*listen, tok); err != nil {
-		return &exitError{code: 2, err: err}
+		return usageErr(err)
 	}
 	level := slog.LevelInfo
 	if *verbose {
@@ -67,7 +66,7 @@ func serveConsole(ctx context.Context, e env, cfg console.Config) error {
 func listenConsole(w io.Writer, cfg console.Config) (*console.Server, net.Listener, error) {
 	srv, err := console.New(cfg)
 	if err != nil {
-		return nil, nil, &exitError{code: 2, err: err}
+		return nil, nil, usageErr(err)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

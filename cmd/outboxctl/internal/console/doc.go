@@ -9,7 +9,7 @@
 //     figures of finished buckets in memory (chartCache), so a page reads only the minutes
 //     since the last one.
 //   - Dead letters: a filtered, keyset-paginated list, the failure groups of a filter
-//     (deadletter.Groups, as outboxctl dlq list --group), a letter's detail with its group,
+//     (deadletter.Groups, as outboxctl dlq list --groups), a letter's detail with its group,
 //     and redrive of one letter, a selection, a whole filter or a failure group, always
 //     after a dry-run count. Redrive calls
 //     deadletter.Plan and deadletter.Redrive, as outboxctl dlq redrive does: one

@@ -74,7 +74,7 @@ func (s *Server) groupsPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // groupsOf returns up to limit failure groups of the letters matching f, largest first,
-// through deadletter.Groups (the code behind outboxctl dlq list --group), and whether more
+// through deadletter.Groups (the code behind outboxctl dlq list --groups), and whether more
 // matched. deadletter.Filter has no source, but a group has exactly one, so a filter on
 // source is applied to the groups: over the largest MaxPageSize of them.
 func (s *Server) groupsOf(ctx context.Context, f letterFilter, limit int) ([]groupRow, bool, error) {
