@@ -38,6 +38,7 @@ func commands() []command {
 		{"sign-event", "re-sign a sample Function URL event with the local keys", runSignEvent},
 		{"bench", "benchmark the relay and consumers against the database's limits", runBench},
 		{"chaos", "fault-injection run with an invariant checker", runChaos},
+		{"version", "the build's version, commit and Go toolchain (--json)", runVersion},
 	}
 }
 
@@ -61,6 +62,9 @@ func run(ctx context.Context, e env, args []string) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(e.stdout)
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
