@@ -39,6 +39,7 @@ func commands() []command {
 		{"bench", "benchmark the relay and consumers against the database's limits", runBench},
 		{"chaos", "fault-injection run with an invariant checker", runChaos},
 		{"env", "every environment variable: default, readers, meaning (docs/configuration.md)", runEnv},
+		{"version", "the build's version, commit and Go toolchain (--json)", runVersion},
 	}
 }
 
@@ -62,6 +63,9 @@ func run(ctx context.Context, e env, args []string) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(e.stdout)
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
