@@ -99,7 +99,24 @@ vet: ## go vet
 fmt: ## gofmt -l (fails if anything is unformatted)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "$$out"; exit 1; fi
 
-lint: fmt vet ## gofmt + go vet
+# staticcheck is pinned (2026.2.2 supports Go 1.26); lint installs it when the one on
+# GOPATH/bin is missing or another version, so a fresh clone (CI) needs nothing first.
+STATICCHECK_VERSION ?= v0.8.2
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+.PHONY: lint-install staticcheck cfn-lint
+
+lint-install: ## install the pinned staticcheck (STATICCHECK_VERSION) where STATICCHECK points, $(go env GOPATH)/bin by default
+	GOBIN="$(abspath $(dir $(STATICCHECK)))" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+staticcheck: ## staticcheck ./... (installs the pinned version when missing)
+	@"$(STATICCHECK)" -version 2>/dev/null | grep -qF '($(STATICCHECK_VERSION:v%=%))' || $(MAKE) --no-print-directory lint-install
+	"$(STATICCHECK)" ./...
+
+cfn-lint: ## cfn-lint on template.yaml, informational rules included (.cfnlintrc)
+	@command -v cfn-lint >/dev/null || { echo "cfn-lint not found: pip install 'cfn-lint==1.51.*' (brings aws-sam-translator)" >&2; exit 1; }
+	cfn-lint
+
+lint: fmt vet staticcheck cfn-lint ## gofmt, go vet, staticcheck, cfn-lint: fails on any finding
 
 .PHONY: docs
 docs: ## regenerate docs/configuration.md from the variables' table (outboxctl env); a test fails when it is stale

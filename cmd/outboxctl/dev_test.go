@@ -17,11 +17,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
-// buildCLI compiles outboxctl once per test binary run.
-func buildCLI(t *testing.T) string {
+// buildCLI compiles outboxctl into a temporary directory, with flags added to go build.
+func buildCLI(t *testing.T, flags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "outboxctl")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

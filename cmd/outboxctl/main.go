@@ -37,6 +37,7 @@ func commands() []command {
 		{"bench", "benchmark the relay and consumers against the database's limits", runBench},
 		{"chaos", "fault-injection run with an invariant checker", runChaos},
 		{"env", "every environment variable: default, readers, meaning (docs/configuration.md)", runEnv},
+		{"version", "the build's version, commit and Go toolchain (--json)", runVersion},
 	}
 }
 
@@ -55,6 +56,9 @@ func run(ctx context.Context, e env, args []string) int {
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
 		usage(e.stdout)
 		return exitOK
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {

@@ -175,7 +175,7 @@ func newTracedStack(t *testing.T, tr trace.Tracer) *stack {
 
 func attrString(s sdktrace.ReadOnlySpan, key string) string {
 	v, _ := tracingtest.Attr(s, attribute.Key(key))
-	return v.Emit()
+	return v.String()
 }
 
 func hasChild(spans []sdktrace.ReadOnlySpan, parent sdktrace.ReadOnlySpan, name string) bool {

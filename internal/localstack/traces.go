@@ -95,7 +95,7 @@ func attrs(s sdktrace.ReadOnlySpan) string {
 		switch kv.Key {
 		case "messaging.destination.name", "messaging.batch.message_count", "messaging.message.id",
 			"messaging.qstash.retried", "outbox.inbox_outcome", "http.response.status_code":
-			fmt.Fprintf(&b, " %s=%s", kv.Key, kv.Value.Emit())
+			fmt.Fprintf(&b, " %s=%s", kv.Key, kv.Value.String())
 		}
 	}
 	return b.String()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,12 +17,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -35,7 +37,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	buildDir = dir
-	code := m.Run()
+	code := awstest.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -130,10 +132,10 @@ func urlResponse(t *testing.T, r lambdatest.Response) lambdatest.URLResponse {
 	return out
 }
 
-func count(t *testing.T, db *pgtest.DB, q string, args ...any) int {
+func count(t *testing.T, pool *pgxpool.Pool, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+	if err := pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -165,43 +167,48 @@ type relayResult struct {
 }
 
 // TestRIEScheduledDrainEndToEnd deploys the three built functions as the template wires
-// them: the relay resolves its database secret and QStash token from (stub) Secrets Manager
-// and SSM, learns the receivers' URLs with the trailing "/" a FunctionUrl has, and
+// them: the relay resolves its database secret and QStash token from Secrets Manager and SSM
+// (moto_server), learns the receivers' URLs with the trailing "/" a FunctionUrl has, and
 // publishes to the local QStash, which delivers over TLS to emulated Function URLs whose
 // functions verify the signature against https://<domainName><rawPath>. A delivery is
 // only processed if the relay published byte-for-byte the URL the webhook rebuilds.
+//
+// Then both secrets rotate under the warm functions: the database password (role and
+// secret, every session dropped, as a frozen environment's sockets die) and the QStash
+// token (SSM parameter and QStash). The relay's and the webhook's next invocations succeed
+// without a cold start: each re-reads the secret once on the password's refusal, and the
+// relay re-reads the token once on QStash's 401.
 func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	t.Parallel()
 	relayBin, webhookBin, failureBin := binary(t, "./functions/relay"), binary(t, "./functions/webhook"), binary(t, "./functions/failure")
-	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-
-	// Secrets as deployed: the RDS JSON in Secrets Manager, QStash values in SSM.
-	aws := awsenvtest.NewServer()
-	defer aws.Close()
-	server, err := pgx.ParseConfig(db.URL)
+	// Secrets as deployed: the RDS JSON in Secrets Manager, QStash values in SSM
+	// SecureStrings; the database demands the secret's password, as RDS does.
+	aws := awstest.New(t)
+	db := aws.StartDB(t)
+	ctx := ctxT(t, 3*time.Minute)
+	app, err := pgxpool.New(ctx, db.AppAdminURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const secretARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:outbox/db-Ab12Cd"
-	secret, _ := json.Marshal(map[string]any{"username": server.User, "password": orText(server.Password, "unused-locally"),
-		"host": server.Host, "port": server.Port, "dbname": server.Database, "engine": "postgres"})
-	aws.PutSecret(secretARN, string(secret))
-	aws.PutParameter("/outbox-relay/qstash/token", qstash.DevToken)
-	aws.PutParameter("/outbox-relay/qstash/current-signing-key", qstash.DevCurrentSigningKey)
-	aws.PutParameter("/outbox-relay/qstash/next-signing-key", qstash.DevNextSigningKey)
-	sslmode := "require"
-	if strings.Contains(db.URL, "sslmode=disable") {
-		sslmode = "disable"
+	defer app.Close()
+	// The tables belong to the role the functions log in as, as a deploy's migration makes them.
+	owner, err := pgxpool.New(ctx, fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/app?sslmode=disable", awstest.DBUser, awstest.FirstPassword, db.Cluster.Port))
+	if err != nil {
+		t.Fatal(err)
 	}
+	if _, err := postgres.Migrate(ctx, owner, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := orders.Migrate(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	owner.Close()
+	aws.PutParameter(t, "/outbox-relay/qstash/token", qstash.DevToken)
+	aws.PutParameter(t, "/outbox-relay/qstash/current-signing-key", qstash.DevCurrentSigningKey)
+	aws.PutParameter(t, "/outbox-relay/qstash/next-signing-key", qstash.DevNextSigningKey)
 	deployed := func(extra map[string]string) map[string]string {
-		env := map[string]string{
-			"AWS_ENDPOINT_URL": aws.URL, "DB_SECRET_ARN": secretARN, "DB_SSLMODE": sslmode,
-			// The secret cannot carry the test schema; libpq's PGOPTIONS can.
-			"PGOPTIONS": "-c search_path=" + db.Schema, "LOG_LEVEL": "debug",
-		}
+		env := aws.Env()
+		env["DB_SECRET_ARN"], env["DB_SSLMODE"], env["LOG_LEVEL"] = db.SecretARN, "disable", "debug"
 		for k, v := range extra {
 			env[k] = v
 		}
@@ -233,32 +240,37 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 		"QSTASH_RETRIES": "1",
 	})})
 
-	ctx := ctxT(t, 2*time.Minute)
-	var events []outbox.Event
-	for i := range 4 {
-		events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "cust-" + strconv.Itoa(i),
-			Payload: json.RawMessage(`{"order_id":"ord-` + strconv.Itoa(i) + `","amount_cents":` + strconv.Itoa(100*(i+1)) + `,"currency":"EUR"}`)})
+	orderEvents := func(from, n int) []outbox.Event {
+		var events []outbox.Event
+		for i := from; i < from+n; i++ {
+			events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "cust-" + strconv.Itoa(i),
+				Payload: json.RawMessage(`{"order_id":"ord-` + strconv.Itoa(i) + `","amount_cents":` + strconv.Itoa(100*(i+1)) + `,"currency":"EUR"}`)})
+		}
+		return events
 	}
 	// A payload the handler rejects permanently: 489 -> failure callback -> dead letter.
-	events = append(events, outbox.Event{Topic: "order.created", PartitionKey: "cust-poison", Payload: json.RawMessage(`{"order_id":"ord-poison","amount_cents":-1,"currency":"EUR"}`)})
-	if _, err := outbox.EnqueueBatch(ctx, db.Pool, events); err != nil {
+	events := append(orderEvents(0, 4), outbox.Event{Topic: "order.created", PartitionKey: "cust-poison", Payload: json.RawMessage(`{"order_id":"ord-poison","amount_cents":-1,"currency":"EUR"}`)})
+	if _, err := outbox.EnqueueBatch(ctx, app, events); err != nil {
 		t.Fatal(err)
 	}
-
-	var res relayResult
-	if err := invoke(t, relay, readFile(t, "events/schedule.json")).Decode(&res); err != nil {
-		t.Fatalf("drain: %v\n%s", err, relay.Log())
+	drain := func(what string, want int) {
+		t.Helper()
+		var res relayResult
+		if err := invoke(t, relay, readFile(t, "events/schedule.json")).Decode(&res); err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, relay.Log())
+		}
+		if res.Task != "drain" || res.Claimed != want || res.Dispatched != want || res.BacklogPending == nil || *res.BacklogPending != 0 {
+			t.Fatalf("%s: result %+v, want %d claimed and dispatched, backlog 0\n%s", what, res, want, relay.Log())
+		}
+		if err := qs.WaitIdle(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if res.Task != "drain" || res.Claimed != 5 || res.Dispatched != 5 || res.BacklogPending == nil || *res.BacklogPending != 0 {
-		t.Fatalf("drain result %+v, want 5 claimed and dispatched, backlog 0", res)
-	}
-	if err := qs.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(t, db, "select count(*) from billing_charges"); n != 4 {
+	drain("drain", 5)
+	if n := count(t, app, "select count(*) from billing_charges"); n != 4 {
 		t.Errorf("%d charges, want 4 (each valid event applied once)", n)
 	}
-	if n := count(t, db, "select count(*) from dead_letters where source = 'delivery' and topic = 'order.created'"); n != 1 {
+	if n := count(t, app, "select count(*) from dead_letters where source = 'delivery' and topic = 'order.created'"); n != 1 {
 		t.Errorf("%d delivery dead letters, want 1 (the poison event)", n)
 	}
 	for _, a := range qs.Attempts() {
@@ -273,19 +285,45 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 		}
 	}
 	// Secrets were read once per cold start, not per invocation.
-	if _, err := relay.Invoke(ctx, readFile(t, "events/schedule.json")); err != nil {
-		t.Fatal(err)
-	}
-	if n := aws.Requests(awsenvtest.TargetGetSecretValue); n != 3 {
+	drain("second drain", 0)
+	idleSince := time.Now()
+	if n := aws.Requests(awstest.TargetGetSecretValue); n != 3 {
 		t.Errorf("%d secret reads for three cold starts", n)
 	}
-}
-
-func orText(s, def string) string {
-	if s == "" {
-		return def
+	if n := aws.Requests(awstest.TargetGetParameters); n != 3 {
+		t.Errorf("%d parameter reads for three cold starts", n)
 	}
-	return s
+
+	db.Rotate(t, "second-password")
+	db.TerminateSessions(t)
+	aws.PutParameter(t, "/outbox-relay/qstash/token", "rotated-token")
+	qs.SetToken("rotated-token")
+	if _, err := outbox.EnqueueBatch(ctx, app, orderEvents(4, 3)); err != nil {
+		t.Fatal(err)
+	}
+	// A warm environment is frozen between schedule ticks (a minute), so pgxpool pings a
+	// connection before reusing it (it does once one has been idle a second) and drops
+	// the dead ones: the invocation starts on a new connection. Invoked back to back, the
+	// relay would reuse a dead session without a ping, the claim's one retry would meet
+	// the refused password, and that invocation would fail (the re-read serves the next).
+	time.Sleep(time.Until(idleSince.Add(1100 * time.Millisecond)))
+	drain("drain after the rotations", 3)
+	if n := count(t, app, "select count(*) from billing_charges"); n != 7 {
+		t.Errorf("%d charges after the rotations, want 7", n)
+	}
+	// One re-read each by the relay and the webhook (the failure function had nothing to
+	// do), and the token once by the relay; no cold start.
+	if n := aws.Requests(awstest.TargetGetSecretValue); n != 5 {
+		t.Errorf("%d secret reads, want 5: three cold starts, one re-read by the relay and one by the webhook\n%s", n, relay.Log())
+	}
+	if n := aws.Requests(awstest.TargetGetParameters); n != 4 {
+		t.Errorf("%d parameter reads, want 4: three cold starts and the relay's token re-read\n%s", n, relay.Log())
+	}
+	for _, a := range qs.Attempts() {
+		if a.Status == http.StatusUnauthorized {
+			t.Errorf("delivery to %s refused (401)", a.URL)
+		}
+	}
 }
 
 func TestRIERetention(t *testing.T) {
@@ -317,10 +355,10 @@ VALUES ('webhook', 'old', now() - interval '15 days'), ('webhook', 'new', now() 
 	if res.Task != "retention" || res.OutboxDeleted != 2 || res.ProcessedDeleted != 1 || res.Complete == nil || !*res.Complete {
 		t.Fatalf("retention result %+v, want 2 outbox and 1 processed deleted, complete", res)
 	}
-	if n := count(t, db, "select count(*) from outbox"); n != 2 {
+	if n := count(t, db.Pool, "select count(*) from outbox"); n != 2 {
 		t.Errorf("%d outbox rows left, want 2 (recent and pending)", n)
 	}
-	if n := count(t, db, "select count(*) from processed_messages where message_id = 'new'"); n != 1 {
+	if n := count(t, db.Pool, "select count(*) from processed_messages where message_id = 'new'"); n != 1 {
 		t.Errorf("recent dedupe record deleted")
 	}
 }
@@ -347,7 +385,7 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 	if again.StatusCode != http.StatusOK || !strings.Contains(again.Body, "duplicate") {
 		t.Errorf("repeated delivery: %d %s, want 200 duplicate", again.StatusCode, again.Body)
 	}
-	if n := count(t, db, "select count(*) from billing_charges where order_id = 'ord_1001' and amount_cents = 4200"); n != 1 {
+	if n := count(t, db.Pool, "select count(*) from billing_charges where order_id = 'ord_1001' and amount_cents = 4200"); n != 1 {
 		t.Errorf("%d charges for ord_1001, want exactly 1", n)
 	}
 	// Signed with the next key (rotation in progress): still accepted, still once.
@@ -377,7 +415,7 @@ func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
 			t.Fatalf("callback %d: %d %s, want 200 %s\n%s", i, r.StatusCode, r.Body, want, f.Log())
 		}
 	}
-	if n := count(t, db, `select count(*) from dead_letters where source = 'delivery'
+	if n := count(t, db.Pool, `select count(*) from dead_letters where source = 'delivery'
 		and qstash_message_id = 'msg_26hZCxZCuWyyTWPmSVBrNB882AMRP1TsgzpygELRcLWep' and status_code = 489`); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
@@ -441,7 +479,7 @@ func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
 	if !res.StoppedAtDeadline || res.Claimed < 1 || res.Claimed >= 20 || res.Dispatched != 0 {
 		t.Errorf("result %+v: want some rows claimed, none dispatched, stopped at the deadline", res)
 	}
-	if n := count(t, db, "select count(*) from outbox where dispatched_at is null and dead_lettered_at is null"); n != 20 {
+	if n := count(t, db.Pool, "select count(*) from outbox where dispatched_at is null and dead_lettered_at is null"); n != 20 {
 		t.Errorf("%d pending rows, want all 20 still pending", n)
 	}
 }

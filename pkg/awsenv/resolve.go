@@ -66,7 +66,7 @@ type SSMAPI interface {
 // config.LoadDefaultConfig (region and credentials from the Lambda environment), only when
 // a reference variable is set.
 type Resolver struct {
-	// AWSConfig replaces config.LoadDefaultConfig (tests point BaseEndpoint at a stub).
+	// AWSConfig replaces config.LoadDefaultConfig (tests point BaseEndpoint at moto_server).
 	AWSConfig *aws.Config
 	// SecretsManager and SSM replace the clients built from the AWS config.
 	SecretsManager SecretsManagerAPI

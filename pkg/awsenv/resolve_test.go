@@ -3,7 +3,9 @@ package awsenv_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,24 +15,26 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
+func TestMain(m *testing.M) { os.Exit(awstest.Main(m)) }
+
+// secretName names the database secret in each test's own account on moto_server.
+const secretName = "outbox/db"
+
+// secretARN is a well-formed ARN of a secret no account holds. Table tests write it where
+// the ARN of the secret they create goes: moto gives that one a random suffix.
 const secretARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:outbox/db-AbCdEf"
 
-// resolver returns a Resolver whose real SDK clients talk to a fresh stub.
-func resolver(t *testing.T) (awsenv.Resolver, *awsenvtest.Server) {
+// resolver returns a Resolver whose real SDK clients talk to a fresh account on moto.
+func resolver(t *testing.T) (awsenv.Resolver, *awstest.Account) {
 	t.Helper()
-	stub := awsenvtest.NewServer()
-	t.Cleanup(stub.Close)
-	cfg := aws.Config{
-		Region:       "eu-west-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
-		BaseEndpoint: aws.String(stub.URL),
-	}
-	return awsenv.Resolver{AWSConfig: &cfg}, stub
+	acct := awstest.New(t)
+	cfg := acct.Config
+	return awsenv.Resolver{AWSConfig: &cfg}, acct
 }
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -46,10 +50,10 @@ func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
 	if password == "" {
 		password = "ignored by trust auth" // the secret must hold one
 	}
-	r, stub := resolver(t)
+	r, acct := resolver(t)
 	// The rotation-template shape, port as a number; the password is the server's own
 	// (trust auth ignores it locally, a CI server may not).
-	stub.PutSecret(secretARN, `{"engine":"postgres","username":`+jsonString(server.User)+`,"password":`+jsonString(password)+
+	secretARN := acct.CreateSecret(t, secretName, `{"engine":"postgres","username":`+jsonString(server.User)+`,"password":`+jsonString(password)+
 		`,"host":`+jsonString(server.Host)+`,"port":`+strconv.Itoa(int(server.Port))+`,"dbname":`+jsonString(server.Database)+`}`)
 	sslmode := "require"
 	if strings.Contains(db.URL, "sslmode=disable") {
@@ -76,9 +80,9 @@ func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
 
 func TestResolveDSNEscapesEveryPart(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
+	r, acct := resolver(t)
 	password := `p@ss:w/rd?#%20&x y'"\`
-	stub.PutSecret(secretARN, `{"username":"app user","password":`+jsonString(password)+`,"host":"db.internal","port":"6432","dbname":"my db"}`)
+	secretARN := acct.CreateSecret(t, secretName, `{"username":"app user","password":`+jsonString(password)+`,"host":"db.internal","port":"6432","dbname":"my db"}`)
 	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
 	if err != nil {
 		t.Fatal(err)
@@ -103,9 +107,9 @@ func TestResolveDSNEscapesEveryPart(t *testing.T) {
 
 func TestResolveRDSManagedSecretWithEndpointVariables(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
+	r, acct := resolver(t)
 	// ManageMasterUserPassword secrets hold only username and password.
-	stub.PutSecret(secretARN, `{"username":"relay","password":"pw"}`)
+	secretARN := acct.CreateSecret(t, secretName, `{"username":"relay","password":"pw"}`)
 	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
 		awsenv.VarDBSecretARN: secretARN, awsenv.VarDBHost: "proxy.proxy-abc.eu-west-1.rds.amazonaws.com",
 		awsenv.VarDBPort: "5433", awsenv.VarDBName: "outbox", awsenv.VarDBProxy: "true",
@@ -127,7 +131,7 @@ func TestResolveRDSManagedSecretWithEndpointVariables(t *testing.T) {
 
 func TestResolveIAMAuthWithoutSecret(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
+	r, acct := resolver(t)
 	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
 		awsenv.VarDBHost: "db.internal", awsenv.VarDBUser: "relay", awsenv.VarDBIAMAuth: "true",
 	}))
@@ -141,17 +145,17 @@ func TestResolveIAMAuthWithoutSecret(t *testing.T) {
 	if _, has := u.User.Password(); has || u.User.Username() != "relay" || u.Query().Get("rds_iam_auth") != "true" {
 		t.Fatalf("DSN %s: want user relay, no password, rds_iam_auth=true", u.Redacted())
 	}
-	if n := stub.Requests(awsenvtest.TargetGetSecretValue); n != 0 {
+	if n := acct.Requests(awstest.TargetGetSecretValue); n != 0 {
 		t.Errorf("%d secret reads without DB_SECRET_ARN", n)
 	}
 }
 
 func TestResolveQStashParametersInOneCall(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
-	stub.PutParameter("/outbox/qstash/token", "tok-123\n")
-	stub.PutParameter("/outbox/qstash/current", "sig_current")
-	stub.PutParameter("/outbox/qstash/next", "sig_next")
+	r, acct := resolver(t)
+	acct.PutParameter(t, "/outbox/qstash/token", "tok-123\n")
+	acct.PutParameter(t, "/outbox/qstash/current", "sig_current")
+	acct.PutParameter(t, "/outbox/qstash/next", "sig_next")
 	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
 		"QSTASH_TOKEN_PARAM":               "/outbox/qstash/token",
 		"QSTASH_CURRENT_SIGNING_KEY_PARAM": "/outbox/qstash/current",
@@ -171,7 +175,7 @@ func TestResolveQStashParametersInOneCall(t *testing.T) {
 			}
 		}
 	}
-	if n := stub.Requests(awsenvtest.TargetGetParameters); n != 1 {
+	if n := acct.Requests(awstest.TargetGetParameters); n != 1 {
 		t.Errorf("GetParameters called %d times, want 1 (batched, once per cold start)", n)
 	}
 }
@@ -180,21 +184,21 @@ func TestResolveQStashParametersInOneCall(t *testing.T) {
 // on each call; without QSTASH_TOKEN_PARAM there is no reader.
 func TestParameterReaderRereads(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
+	r, acct := resolver(t)
 	env := envOf(map[string]string{"QSTASH_TOKEN_PARAM": "/outbox/qstash/token"})
 	if read := r.ParameterReader(envOf(map[string]string{"QSTASH_TOKEN": "tok"}), "QSTASH_TOKEN"); read != nil {
 		t.Fatal("a reader for a plain QSTASH_TOKEN")
 	}
 	read := r.ParameterReader(env, "QSTASH_TOKEN")
-	stub.PutParameter("/outbox/qstash/token", "tok-1")
+	acct.PutParameter(t, "/outbox/qstash/token", "tok-1")
 	if v, err := read(context.Background()); err != nil || v != "tok-1" {
 		t.Fatalf("%q, %v", v, err)
 	}
-	stub.PutParameter("/outbox/qstash/token", "tok-2\n")
+	acct.PutParameter(t, "/outbox/qstash/token", "tok-2\n")
 	if v, err := read(context.Background()); err != nil || v != "tok-2" {
 		t.Fatalf("after the rotation: %q, %v", v, err)
 	}
-	stub.PutParameter("/outbox/qstash/token", " ")
+	acct.PutParameter(t, "/outbox/qstash/token", " ")
 	if _, err := read(context.Background()); err == nil || !strings.Contains(err.Error(), "QSTASH_TOKEN_PARAM") || !strings.Contains(err.Error(), "is empty") {
 		t.Fatalf("an emptied parameter: %v", err)
 	}
@@ -202,8 +206,6 @@ func TestParameterReaderRereads(t *testing.T) {
 
 func TestResolveWithoutReferencesCallsNothing(t *testing.T) {
 	t.Parallel()
-	stub := awsenvtest.NewServer()
-	defer stub.Close()
 	// No AWSConfig: loading one would be the bug (local runs have no AWS configuration).
 	env := map[string]string{"DATABASE_URL": "postgres://u@h/db", "QSTASH_TOKEN": "t"}
 	getenv, err := awsenv.Resolver{}.Resolve(context.Background(), envOf(env))
@@ -251,18 +253,24 @@ func TestResolveErrorsNameTheSecret(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r, stub := resolver(t)
+			r, acct := resolver(t)
+			arn := secretARN
 			if tt.secret != "" {
-				stub.PutSecret(secretARN, tt.secret)
+				arn = acct.CreateSecret(t, secretName, tt.secret)
+			}
+			env := map[string]string{}
+			for k, v := range tt.env {
+				env[k] = strings.ReplaceAll(v, secretARN, arn)
 			}
 			for k, v := range tt.params {
-				stub.PutParameter(k, v)
+				acct.PutParameter(t, k, v)
 			}
-			_, err := r.Resolve(context.Background(), envOf(tt.env))
+			_, err := r.Resolve(context.Background(), envOf(env))
 			if err == nil {
 				t.Fatal("Resolve succeeded")
 			}
 			for _, w := range tt.want {
+				w = strings.ReplaceAll(w, secretARN, arn)
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
@@ -276,12 +284,15 @@ func TestResolveErrorsNameTheSecret(t *testing.T) {
 
 func TestResolveUnreachableEndpointIsBounded(t *testing.T) {
 	t.Parallel()
-	stub := awsenvtest.NewServer()
-	endpoint := stub.URL
-	stub.Close() // nothing listens there any more
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close() // nothing listens there any more
 	cfg := aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("a", "b", ""), BaseEndpoint: aws.String(endpoint)}
 	start := time.Now()
-	_, err := awsenv.Resolver{AWSConfig: &cfg, Timeout: 2 * time.Second}.Resolve(context.Background(),
+	_, err = awsenv.Resolver{AWSConfig: &cfg, Timeout: 2 * time.Second}.Resolve(context.Background(),
 		envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
 	if err == nil || !strings.Contains(err.Error(), secretARN) {
 		t.Fatalf("err = %v, want one naming %s", err, secretARN)

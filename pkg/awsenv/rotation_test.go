@@ -7,14 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv/awsenvtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -33,119 +27,27 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// passwordCluster is a throwaway Postgres cluster that demands a password over TCP
-// (scram-sha-256) and trusts its Unix socket, where the test administers it.
-type passwordCluster struct {
-	dir, bin, runAs string
-	port            int
-	admin           *pgx.Conn
-}
-
-func startPasswordCluster(t *testing.T) *passwordCluster {
-	t.Helper()
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(bins) == 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package")
-		}
-		t.Skip("no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package to run this test")
-	}
-	dir, err := os.MkdirTemp("", "pwcluster") // not t.TempDir: the postgres user must reach it
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &passwordCluster{dir: dir, bin: filepath.Dir(bins[len(bins)-1])}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root needs a postgres system user: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		c.runAs = "postgres"
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	data := filepath.Join(dir, "data")
-	c.run(t, "initdb", "-D", data, "-U", "postgres", "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")
-	c.run(t, "pg_ctl", "-D", data, "-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", c.port, dir),
-		"-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start")
-	t.Cleanup(func() {
-		c.run(t, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-		_ = os.RemoveAll(dir)
-	})
-	ctx := context.Background()
-	c.admin, err = pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", dir, c.port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.admin.Close(context.Background()) })
-	return c
-}
-
-func (c *passwordCluster) run(t *testing.T, tool string, args ...string) {
-	t.Helper()
-	path := filepath.Join(c.bin, tool)
-	cmd := exec.Command(path, args...)
-	if c.runAs != "" {
-		cmd = exec.Command("runuser", append([]string{"-u", c.runAs, "--", path}, args...)...)
-	}
-	cmd.Dir = c.dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", tool, err, out)
-	}
-}
-
-func (c *passwordCluster) exec(t *testing.T, sql string) {
-	t.Helper()
-	if _, err := c.admin.Exec(context.Background(), sql); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-// appDB is a password cluster with a role app (password first-password) owning database
-// app, and a Secrets Manager stub holding its secret, resolved into a DATABASE_URL.
+// appDB is a database whose password is in a Secrets Manager secret on moto, resolved
+// into a DATABASE_URL as a function's cold start does.
 type appDB struct {
-	c      *passwordCluster
+	*awstest.DB
+	acct   *awstest.Account
 	r      awsenv.Resolver
-	stub   *awsenvtest.Server
 	env    func(string) string // the function's environment: DB_SECRET_ARN
 	getenv func(string) string // resolved: DATABASE_URL
 }
 
 func startAppDB(t *testing.T, ctx context.Context) *appDB {
 	t.Helper()
-	a := &appDB{c: startPasswordCluster(t)}
-	a.c.exec(t, `CREATE ROLE app LOGIN PASSWORD 'first-password'`)
-	a.c.exec(t, `CREATE DATABASE app OWNER app`)
-	a.r, a.stub = resolver(t)
-	a.stub.PutSecret(secretARN, a.secret("first-password"))
-	a.env = envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: "disable"})
+	a := &appDB{}
+	a.r, a.acct = resolver(t)
+	a.DB = a.acct.StartDB(t)
+	a.env = envOf(map[string]string{awsenv.VarDBSecretARN: a.SecretARN, awsenv.VarDBSSLMode: "disable"})
 	var err error
 	if a.getenv, err = a.r.Resolve(ctx, a.env); err != nil {
 		t.Fatal(err)
 	}
 	return a
-}
-
-func (a *appDB) secret(pw string) string {
-	b, _ := json.Marshal(map[string]any{"username": "app", "password": pw, "host": "127.0.0.1", "port": a.c.port, "dbname": "app"})
-	return string(b)
-}
-
-// rotate changes the password as RDS rotation does: the role's, then the secret's; open
-// sessions stay.
-func (a *appDB) rotate(t *testing.T, pw string) {
-	t.Helper()
-	a.c.exec(t, `ALTER ROLE app PASSWORD '`+pw+`'`)
-	a.stub.PutSecret(secretARN, a.secret(pw))
 }
 
 // failures records what failed and when.
@@ -209,8 +111,8 @@ func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 	return res
 }
 
-// TestPasswordRotationWhileRunning rotates the database password (Secrets Manager stub and
-// role together, as RDS rotation does) while a relay loop and a webhook run on pools opened
+// TestPasswordRotationWhileRunning rotates the database password (the secret on moto and
+// the role together, as RDS rotation does) while a relay loop and a webhook run on pools opened
 // once, then drops every open session, as a frozen Lambda environment's sockets die. The
 // first new connections are refused (28P01); each pool re-reads the secret once and carries
 // on: after the rotation settles no delivery fails, every event is processed once, and the
@@ -221,7 +123,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	a := startAppDB(t, ctx)
-	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
+	r, env, getenv := a.r, a.env, a.getenv
 	// Two pools with their own credentials, as the relay and webhook functions have.
 	open := func() (*pgxpool.Pool, *awsenv.Credentials) {
 		creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
@@ -296,7 +198,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 			invocations.Add(1)
 		}
 	}()
-	appAdmin, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=app", c.dir, c.port))
+	appAdmin, err := pgx.Connect(ctx, a.AppAdminURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,8 +237,8 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	conns := relayPool.Stat().NewConnsCount() + hookPool.Stat().NewConnsCount()
 
 	// Rotate: the role's password and the secret change; then every open session dies.
-	a.rotate(t, "second-password")
-	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
+	a.Rotate(t, "second-password")
+	a.TerminateSessions(t)
 	// pgxpool finds a dead idle socket by pinging it before use once it has been idle a
 	// second (a frozen environment's always have); Reset is that discovery, without waiting.
 	relayPool.Reset()
@@ -371,10 +273,10 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 
 	// A second rotation met by many callers at once: one re-read between them.
-	a.rotate(t, "third-password")
+	a.Rotate(t, "third-password")
 	hookPool.Reset() // no idle connection left: every caller must open one
-	c.exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
-	reads := stub.Requests(awsenvtest.TargetGetSecretValue)
+	a.TerminateSessions(t)
+	reads := a.acct.Requests(awstest.TargetGetSecretValue)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for range 8 {
@@ -387,8 +289,8 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 			t.Fatalf("Ready after the second rotation: %v", err)
 		}
 	}
-	if hookCreds.Reads() != 2 || stub.Requests(awsenvtest.TargetGetSecretValue) != reads+1 {
-		t.Fatalf("concurrent refusals re-read the secret %d times, want once", stub.Requests(awsenvtest.TargetGetSecretValue)-reads)
+	if hookCreds.Reads() != 2 || a.acct.Requests(awstest.TargetGetSecretValue) != reads+1 {
+		t.Fatalf("concurrent refusals re-read the secret %d times, want once", a.acct.Requests(awstest.TargetGetSecretValue)-reads)
 	}
 }
 
@@ -397,7 +299,8 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 // value.
 func TestDatabaseURLReader(t *testing.T) {
 	t.Parallel()
-	r, stub := resolver(t)
+	r, acct := resolver(t)
+	secretARN := acct.CreateSecret(t, secretName, `{"username":"app","password":"zero","host":"db.internal","port":5432}`)
 	for name, env := range map[string]map[string]string{
 		"plain DATABASE_URL": {"DATABASE_URL": "postgres://u:p@h/db"},
 		"IAM tokens":         {awsenv.VarDBSecretARN: secretARN, awsenv.VarDBIAMAuth: "true"},
@@ -412,7 +315,7 @@ func TestDatabaseURLReader(t *testing.T) {
 		t.Fatal("DB_SECRET_ARN: no reader")
 	}
 	for _, pw := range []string{"one", "two"} {
-		stub.PutSecret(secretARN, `{"username":"app","password":"`+pw+`","host":"db.internal","port":5432}`)
+		acct.PutSecretValue(t, secretARN, `{"username":"app","password":"`+pw+`","host":"db.internal","port":5432}`)
 		dsn, err := read(context.Background())
 		if err != nil || !bytes.Contains([]byte(dsn), []byte(":"+pw+"@")) {
 			t.Fatalf("read %q %v, want the password %q", dsn, err, pw)
@@ -469,7 +372,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	a := startAppDB(t, ctx)
-	c, r, stub, env, getenv := a.c, a.r, a.stub, a.env, a.getenv
+	r, env, getenv := a.r, a.env, a.getenv
 	creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
 	const concurrency = 4
 	var logs logtest.Buffer
@@ -504,7 +407,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	}
 	opened := pool.Stat().NewConnsCount()
 
-	a.rotate(t, "second-password")
+	a.Rotate(t, "second-password")
 	if err := creds.Ready(ctx, pool); err != nil || creds.Reads() != 0 {
 		t.Fatalf("Ready on the idle pre-rotation session: %v, %d re-reads; want success without one (the case this test is about)", err, creds.Reads())
 	}
@@ -518,7 +421,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("drain after the rotation: %v (stats %+v)", err, st)
 	}
-	appAdmin, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=app", c.dir, c.port))
+	appAdmin, err := pgx.Connect(ctx, a.AppAdminURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,8 +444,8 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	if published != n {
 		t.Fatalf("%d events published, want %d", published, n)
 	}
-	if creds.Reads() != 1 || stub.Requests(awsenvtest.TargetGetSecretValue) != 2 {
-		t.Fatalf("%d re-reads (%d GetSecretValue calls), want 1 (and the one at start)", creds.Reads(), stub.Requests(awsenvtest.TargetGetSecretValue))
+	if creds.Reads() != 1 || a.acct.Requests(awstest.TargetGetSecretValue) != 2 {
+		t.Fatalf("%d re-reads (%d GetSecretValue calls), want 1 (and the one at start)", creds.Reads(), a.acct.Requests(awstest.TargetGetSecretValue))
 	}
 	if pool.Stat().NewConnsCount() <= opened {
 		t.Fatal("the drain opened no connection: the test did not exercise the rotation")

@@ -93,10 +93,10 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 	}
 	var errs []error
 	if cfg.Pool == nil {
-		errs = append(errs, errors.New("Pool is nil"))
+		errs = append(errs, errors.New("missing Pool"))
 	}
 	if cfg.Verifier == nil {
-		errs = append(errs, errors.New("Verifier is nil"))
+		errs = append(errs, errors.New("missing Verifier"))
 	}
 	if cfg.MaxBodyBytes < 0 {
 		errs = append(errs, errors.New("MaxBodyBytes is negative"))

@@ -108,7 +108,7 @@ func TestTracingFirstDeliveryAndRedelivery(t *testing.T) {
 			t.Fatalf("commit %d: %s = %q, want %q", i, webhook.InboxOutcomeKey, v.AsString(), want)
 		}
 		if v, _ := tracingtest.Attr(s, "http.response.status_code"); v.AsInt64() != http.StatusOK {
-			t.Fatalf("delivery %d: status code attribute %v, want 200", i, v.Emit())
+			t.Fatalf("delivery %d: status code attribute %v, want 200", i, v.String())
 		}
 		if s.Status().Code == codes.Error {
 			t.Fatalf("delivery %d has an error status", i)
@@ -156,7 +156,7 @@ func TestTracingErrorsAndSecrets(t *testing.T) {
 		t.Fatalf("failed delivery: span status %v, commit %v; want both errors", failed.Status(), commits[0].Status())
 	}
 	if v, _ := tracingtest.Attr(failed, "http.response.status_code"); v.AsInt64() != http.StatusInternalServerError {
-		t.Fatalf("failed delivery status attribute %s", v.Emit())
+		t.Fatalf("failed delivery status attribute %s", v.String())
 	}
 	if v, _ := tracingtest.Attr(commits[0], "error.type"); v.AsString() != "transient" {
 		t.Fatalf("failed commit error.type %q, want transient", v.AsString())
@@ -172,12 +172,12 @@ func TestTracingErrorsAndSecrets(t *testing.T) {
 	for _, s := range rec.Ended() {
 		text := s.Status().Description
 		for _, kv := range s.Attributes() {
-			text += " " + kv.Value.Emit()
+			text += " " + kv.Value.String()
 		}
 		for _, e := range s.Events() {
 			text += " " + e.Name
 			for _, kv := range e.Attributes {
-				text += " " + kv.Value.Emit()
+				text += " " + kv.Value.String()
 			}
 		}
 		for _, leak := range append([]string{"o-secret", "o-other", "4111", "amount_cents"}, sigs...) {

@@ -135,10 +135,10 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if c.Pool == nil {
-		errs = append(errs, errors.New("Pool is nil"))
+		errs = append(errs, errors.New("missing Pool"))
 	}
 	if c.Verifier == nil {
-		errs = append(errs, errors.New("Verifier is nil"))
+		errs = append(errs, errors.New("missing Verifier"))
 	}
 	if len(c.Handlers) == 0 {
 		errs = append(errs, errors.New("Handlers is empty; register at least one topic"))

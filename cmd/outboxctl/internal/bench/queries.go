@@ -20,8 +20,6 @@ END $$`
 	// the WAL written in between, by every session of the server.
 	qWALPosition = `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`
 
-	qDispatchedCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL`
-
 	// qCreatedAt reads the producer-side timestamps of the e2e events.
 	qCreatedAt = `SELECT id, created_at FROM outbox WHERE id = ANY($1::bigint[])`
 

@@ -251,7 +251,7 @@ func planSummary(plan string) string {
 			continue
 		}
 		desc := node
-		if i := strings.Index(part, `"Index Name":"`); i >= 0 && (strings.Index(part, `"Node Type"`) < 0 || i < strings.Index(part, `"Node Type"`)) {
+		if i := strings.Index(part, `"Index Name":"`); i >= 0 && (!strings.Contains(part, `"Node Type"`) || i < strings.Index(part, `"Node Type"`)) {
 			rest := part[i+len(`"Index Name":"`):]
 			desc += " " + rest[:strings.Index(rest, `"`)]
 		} else if i := strings.Index(part, `"Relation Name":"`); i >= 0 {
