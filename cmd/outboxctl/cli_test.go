@@ -29,6 +29,7 @@ var helpCases = []struct {
 	{[]string{"bench", "relay-drain"}, "-rtt"},
 	{[]string{"chaos"}, "-no-faults"},
 	{[]string{"env"}, "-names"},
+	{[]string{"version"}, "-json"},
 }
 
 // TestEveryCommandHelpAndBadFlag: -h and --help print the usage and the flags on stdout and

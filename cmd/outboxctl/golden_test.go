@@ -214,3 +214,13 @@ func TestJSONGoldenChaos(t *testing.T) {
 	}
 	golden(t, "chaos", out, shapeOnly)
 }
+
+// TestJSONGoldenVersion pins the fields of version --json (their values are the build's).
+func TestJSONGoldenVersion(t *testing.T) {
+	t.Parallel()
+	code, out, stderr := runCLIEnv(t, nil, "version", "--json")
+	if code != 0 {
+		t.Fatalf("version: exit %d\n%s%s", code, out, stderr)
+	}
+	golden(t, "version", out, shapeOnly)
+}
