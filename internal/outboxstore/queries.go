@@ -53,6 +53,26 @@ const (
 	// per id even before the table has statistics (an unanalysed table got a nested loop
 	// over every pending row here).
 	//
+	// $8, $9 and $10 bound the walks that a pinned xmin horizon would otherwise make grow
+	// with every event since the pin (walk.go says how the Store chooses them; NULL, 0 and
+	// NULL walk everything): win starts the ready index at available_at $8, and each head
+	// probe starts its key at id $9, or at the window row's own id if that is smaller (so a
+	// row below the bound still finds itself as its key's head and is never starved by
+	// it), unless migration 0016's counter of reopened rows is no longer $11: a row made
+	// pending again below $9 counts there before its transaction commits, so a claim that
+	// can see the row sees the count too, and then probes every key from its start. The last five columns feed the next claim's bounds, read in this statement's
+	// snapshot: db_now, ready_from (the oldest ready row at or after $8), pending_from, a
+	// lower bound of the pending ids: a walk of the primary key from $10 up to the first
+	// pending row, or over 2,000 rows, after which it says "past the last row walked" (a
+	// long run of dispatched rows after a row that backed off for an hour takes several
+	// claims, not one long one). The 2,000 are a LIMIT on an ordered subquery rather than
+	// an upper bound on id: a range with both ends was planned as a bitmap scan and a sort
+	// of every row in it on a never-analysed table, the LIMIT as an index walk in every
+	// state (the plan test checks it). With $10 NULL, the
+	// minimum over the pending rows, written min(id + 0) so the planner cannot make it a
+	// primary-key walk over the retained history. Then max_id and reopened (migration
+	// 0016's counter of rows made pending again).
+	//
 	// window_rows tells the caller whether the window was full: if not, every ready row was
 	// seen and a short batch means the outbox is drained (or blocked). run_cut tells it that
 	// some key's run reached lim, so that key may have ready events this batch left out
@@ -80,9 +100,12 @@ WITH win AS MATERIALIZED (
         FROM outbox h
         WHERE h.partition_key = o.partition_key
           AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL
+          AND h.id >= least(CASE WHEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_reopened_seq) = $11::bigint
+                                 THEN $9::bigint ELSE 0 END, o.id)
         ORDER BY h.id
         LIMIT 1) hd
     WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
+      AND o.available_at >= coalesce($8::timestamptz, '-infinity')
       AND o.available_at <= coalesce($3::timestamptz, now())
       AND hd.head_at <= coalesce($3::timestamptz, now())
     ORDER BY o.available_at, o.id
@@ -152,7 +175,42 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
           (SELECT count(*) FROM win) AS window_rows,
           coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut,
           (SELECT coalesce(max(ord), 0) FROM chosen) AS keys_end,
-          (SELECT count(*) FROM eligible) > (SELECT count(*) FROM kept) AS bytes_cut`
+          (SELECT count(*) FROM eligible) > (SELECT count(*) FROM kept) AS bytes_cut,
+          coalesce($3::timestamptz, now()) AS db_now,
+          (SELECT a.available_at FROM outbox a
+           WHERE a.dispatched_at IS NULL AND a.dead_lettered_at IS NULL
+             AND a.available_at >= coalesce($8::timestamptz, '-infinity')
+             AND a.available_at <= coalesce($3::timestamptz, now())
+           ORDER BY a.available_at, a.id LIMIT 1) AS ready_from,
+          coalesce((SELECT s.id
+                    FROM (SELECT p.id, p.dispatched_at, p.dead_lettered_at FROM outbox p
+                          WHERE p.id >= $10::bigint ORDER BY p.id LIMIT 2000) s
+                    WHERE coalesce(s.dispatched_at, s.dead_lettered_at) IS NULL
+                    ORDER BY s.id LIMIT 1),
+                   (SELECT max(s.id) + 1
+                    FROM (SELECT p.id FROM outbox p WHERE p.id >= $10::bigint ORDER BY p.id LIMIT 2000) s),
+                   CASE WHEN $10::bigint IS NULL THEN
+                       (SELECT min(p.id + 0) FROM outbox p
+                        WHERE p.dispatched_at IS NULL AND p.dead_lettered_at IS NULL)
+                   ELSE $10::bigint END) AS pending_from,
+          (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
+          (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_reopened_seq) AS reopened`
+
+	// qClaimPlanner runs before qClaim in its implicit transaction: no sorts where an index
+	// gives the order. Every walk of the claim (the ready index for win, a key's pending
+	// ids for the head probes and runs, the primary key for pending_from) has an index
+	// that yields its rows in the order it needs; a plan that sorts there instead has
+	// scanned some other index whole. Statistics invite exactly that: analysed while the
+	// outbox was drained (the steady state), the table says no row is pending, every
+	// pending partial index looks empty, and the planner scanned the smallest one
+	// (outbox_pending_age_idx) whole and sorted it, once per window row; under a pinned
+	// horizon that index held every dead entry since the pin, and a claim took 8 s, then
+	// more than its 15 s (measured, pinned bench on a cluster with PostgreSQL's defaults).
+	// enable_sort off does not forbid the sorts the claim cannot avoid (heads, the prefix
+	// and budget windows): it makes each sort cost more than any index walk, so where an
+	// index gives the order it wins whatever the estimates say. TestClaimPlanIgnoresStatistics
+	// checks the plan in that state too.
+	qClaimPlanner = `SELECT set_config('enable_sort', 'off', true)`
 
 	// qMarkDispatched marks the published rows of one lease. QStash's failure callback can
 	// beat this statement (a 489 answered within the publish round trip); its dead letter

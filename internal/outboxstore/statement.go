@@ -64,6 +64,7 @@ const (
 	codeCannotConnectNow   = "57P03" // starting up or shutting down
 	codeIdleSessionTimeout = "57P05" // idle_session_timeout (PostgreSQL 14+)
 	codeQueryCanceled      = "57014" // statement_timeout or a cancel request
+	codeInvalidPassword    = "28P01" // the server refused the password
 )
 
 // gone reports whether err says the statement never ran on a live session, so running it
@@ -187,9 +188,19 @@ func (s *Store) live(ctx context.Context) (*pgxpool.Conn, error) {
 		return nil, nil
 	}
 	var err error
-	for range int(pool.Config().MaxConns) + 1 {
+	refused := false
+	for range int(pool.Config().MaxConns) + 2 {
 		var conn *pgxpool.Conn
 		if conn, err = pool.Acquire(ctx); err != nil {
+			// A new connection refused with 28P01 after a password rotation: the pool's
+			// connect hook re-reads the secret before the next attempt (awsenv.Credentials),
+			// so one more is worth it. Seen: a warm relay invoked within a second of the
+			// rotation met a dead session, then the refusal, and failed its drain.
+			var pgErr *pgconn.PgError
+			if !refused && errors.As(err, &pgErr) && pgErr.Code == codeInvalidPassword && ctx.Err() == nil {
+				refused = true
+				continue
+			}
 			return nil, err
 		}
 		if err = conn.Ping(ctx); err == nil {
@@ -206,8 +217,11 @@ func (s *Store) live(ctx context.Context) (*pgxpool.Conn, error) {
 // query runs a statement that returns rows. If it never ran (see gone) and no row came
 // back, it is run once more, on the first call to Next that finds the failure; a claim
 // that returned rows is never re-run, since its rows are leased.
-func (s *Store) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	r := &retryRows{s: s, ctx: ctx, sql: sql, args: args}
+//
+// prelude, when set, runs first in the statement's implicit transaction (a set_config of
+// a planner setting, local to it: see qClaimPlanner); it needs a db that sends batches.
+func (s *Store) query(ctx context.Context, prelude, sql string, args ...any) (pgx.Rows, error) {
+	r := &retryRows{s: s, ctx: ctx, prelude: prelude, sql: sql, args: args}
 	if err := r.open(s.db); err != nil {
 		if !r.retryable(err) {
 			return nil, err
@@ -224,10 +238,11 @@ func (s *Store) query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 // them, and the one retry.
 type retryRows struct {
 	pgx.Rows
-	s    *Store
-	ctx  context.Context
-	sql  string
-	args []any
+	s       *Store
+	ctx     context.Context
+	prelude string
+	sql     string
+	args    []any
 
 	b       bounded
 	br      pgx.BatchResults // the batch behind Rows, if any
@@ -240,7 +255,8 @@ type retryRows struct {
 // open sends the statement on db.
 func (r *retryRows) open(db querier) error {
 	r.b = bounded{start: time.Now(), limit: serverBound(r.ctx, db)}
-	if r.b.limit == 0 {
+	sender, batches := db.(batcher)
+	if r.b.limit == 0 && (r.prelude == "" || !batches) {
 		rows, err := db.Query(r.ctx, r.sql, r.args...)
 		if err != nil {
 			return r.b.classify(err)
@@ -249,13 +265,20 @@ func (r *retryRows) open(db querier) error {
 		return nil
 	}
 	var batch pgx.Batch
-	batch.Queue(qStatementTimeout, r.b.limit.Milliseconds())
+	if r.b.limit > 0 {
+		batch.Queue(qStatementTimeout, r.b.limit.Milliseconds())
+	}
+	if r.prelude != "" {
+		batch.Queue(r.prelude)
+	}
 	batch.Queue(r.sql, r.args...)
-	r.br = db.(batcher).SendBatch(r.ctx, &batch)
-	if _, err := r.br.Exec(); err != nil {
-		_ = r.br.Close()
-		r.br = nil
-		return r.b.classify(err)
+	r.br = sender.SendBatch(r.ctx, &batch)
+	for range len(batch.QueuedQueries) - 1 {
+		if _, err := r.br.Exec(); err != nil {
+			_ = r.br.Close()
+			r.br = nil
+			return r.b.classify(err)
+		}
 	}
 	rows, err := r.br.Query()
 	if err != nil {

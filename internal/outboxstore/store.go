@@ -39,6 +39,8 @@ type Store struct {
 	// textPerStored is the payloads' text size per stored byte (math.Float64bits; 0:
 	// not yet learned), learned from the last claim (see ClaimWithin).
 	textPerStored atomic.Uint64
+	// walks bounds the claim's index walks (walk.go).
+	walks walks
 }
 
 // NewStore returns a Store over db (a *pgxpool.Pool in practice).
@@ -139,7 +141,9 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 		window = w
 	}
 	budget := storedBudget(maxBytes, math.Float64frombits(s.textPerStored.Load()))
-	rows, err := s.query(ctx, qClaim, limit, lease.Token, now, d, window, max(keyRun, 1), budget)
+	wp, claimNo := s.walks.next(time.Now(), now)
+	rows, err := s.query(ctx, qClaimPlanner, qClaim, limit, lease.Token, now, d, window, max(keyRun, 1), budget,
+		wp.readyFrom, wp.idFrom, wp.pendingFrom, wp.reopened)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -148,13 +152,15 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 	var windowRows, keysEnd, stored, storedSum int64
 	var runCut bool
 	var headers []byte
+	var view walkView
 	for rows.Next() {
 		// Scanned in place: a local Message would escape to the heap through Scan, once
 		// per row.
 		c.Messages = append(c.Messages, outbox.Message{})
 		m := &c.Messages[len(c.Messages)-1]
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
-			&stored, &windowRows, &runCut, &keysEnd, &c.BytesCut); err != nil {
+			&stored, &windowRows, &runCut, &keysEnd, &c.BytesCut,
+			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		c.Bytes += int64(len(m.Payload))
@@ -168,6 +174,10 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 	if err := rows.Err(); err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
+	if c.Len() > 0 {
+		s.walks.offer(claimNo, wp, view)
+	}
+
 	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
 	c.More = c.Len() == limit || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut))

@@ -124,10 +124,13 @@ type PinnedResult struct {
 	// RelayTerminated: Run had not returned a quarter of the grace after its stop, and its
 	// sessions were terminated; RelayError is what Run returned then (not the scenario's
 	// failure: what was left is reported in LeftBehind).
-	RelayTerminated bool        `json:"relay_terminated"`
-	RelayError      string      `json:"relay_error,omitempty"`
-	Relay           relay.Stats `json:"-"`
-	Seconds         float64     `json:"seconds"`
+	RelayTerminated bool   `json:"relay_terminated"`
+	RelayError      string `json:"relay_error,omitempty"`
+	// RelayRestarts counts runs that failed and were started again (relay.Supervise, as
+	// outboxctl relay does); RelayRunError is the last one's error.
+	RelayRestarts int     `json:"relay_restarts"`
+	RelayRunError string  `json:"relay_run_error,omitempty"`
+	Seconds       float64 `json:"seconds"`
 }
 
 // RecoveryFactor: a window has recovered when its p99 is within this factor of the clean
@@ -196,11 +199,26 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	}
 	stopRelay, stop := context.WithDeadline(ctx, began.Add(planned+cfg.Grace))
 	defer stop()
-	var relayErr error
+	var (
+		relayErr  error
+		restartMu sync.Mutex
+		restarts  int
+		lastErr   string
+	)
 	relayDone := make(chan struct{})
 	go func() {
 		defer close(relayDone)
-		res.Relay, relayErr = r.Run(stopRelay)
+		// As outboxctl relay runs it: a run that fails (a claim out of its time under the
+		// pin, say) is followed by another after a backoff instead of ending the relay.
+		relayErr = relay.Supervise(stopRelay, func(int) (*relay.Relay, error) { return r, nil }, relay.SuperviseConfig{
+			OnRun: func(_ relay.Stats, err error) {
+				if err != nil && stopRelay.Err() == nil {
+					restartMu.Lock()
+					restarts, lastErr = restarts+1, err.Error()
+					restartMu.Unlock()
+				}
+			},
+		})
 	}()
 
 	var (
@@ -247,6 +265,9 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 		end0 = t0.Add(time.Since(start))
 	}
 
+	restartMu.Lock()
+	res.RelayRestarts, res.RelayRunError = restarts, lastErr
+	restartMu.Unlock()
 	res.summarise(samples, commits, stats, t0, end0)
 	res.Seconds = round3(time.Since(began).Seconds())
 	if progress != nil {

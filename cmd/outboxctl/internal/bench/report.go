@@ -478,6 +478,9 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("Warm-up (%d events, not in the windows) p50 / p99 %.1f / %.1f ms. Snapshot held from %.1f s to %.1f s. Clean p50 / p99 **%.1f / %.1f ms**; worst pinned window p99 **%.1f ms**; recovery %s; %d of %d events left behind (%d planned, %d inserts stuck); relay stopped: %v.\n\n",
 			pn.WarmupProduced, pn.WarmupLatency.P50, pn.WarmupLatency.P99, pn.PinStartSec, pn.PinEndSec, pn.CleanLatency.P50, pn.CleanLatency.P99, pn.WorstPinnedP99,
 			fmtSeconds(pn.RecoverySeconds), pn.LeftBehind, pn.Produced, pn.Planned, pn.InsertsStuck, pn.RelayStopped)
+		if pn.RelayRestarts > 0 {
+			p("The relay's run failed and was started again %d times; the last: %s\n\n", pn.RelayRestarts, pn.RelayRunError)
+		}
 		p("| window s | pinned | produced | delivered | handler commits in window | p50 ms | p99 ms | max ms | n_dead_tup | vacuums |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, w := range pn.Windows {
 			p("| %.0f | %v | %d | %d | %d | %.1f | %.1f | %.1f | %d | %d |\n", w.StartSec, w.Pinned, w.Produced, w.Delivered, w.CommittedInWindow,

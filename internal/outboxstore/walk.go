@@ -1,0 +1,192 @@
+package outboxstore
+
+import (
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Under a pinned xmin horizon (a long report, an idle-in-transaction session, a replica
+// with hot_standby_feedback) Postgres removes no dead index entry, and every event the
+// relay leases and marks leaves two in the outbox's partial indexes. An unbounded claim
+// walks them all, from the start of the ready index and from the start of every key in
+// the head probes: 195 ms per claim after 120,000 events under a pin, growing for as long
+// as the pin lasts. The claim therefore starts its walks at lower bounds learnt from the
+// claims before it, so it passes only the dead entries of the last few seconds:
+//
+//   - the ready index from readyFrom: the oldest ready row the last claim saw, but never
+//     later than walkLag before its clock, so a producer transaction that commits within
+//     walkLag of its start (available_at defaults to the transaction's start) is still
+//     in range;
+//   - each head probe from the smaller of the smallest pending id (pendingFrom, found by a
+//     short primary-key walk from the last one) and the newest id as it was walkLag ago,
+//     so that the head probes of a key's later events still see an earlier event that a
+//     producer committed late; a row below the bound is its own head (see qClaim), so it
+//     is never starved, only ordered by the rows around it;
+//   - the statement itself checks migration 0016's counter of reopened rows (a redrive)
+//     against the value the id bound was learnt under, and probes every key from its start
+//     if it moved; while it moved within the last walkLag the Store asks for no id bound,
+//     and once it is still again pendingFrom is found afresh, so a redriven event blocks
+//     its key's later ones as before.
+//
+// What the bounds cannot see (a row whose producer transaction ran for longer than
+// walkLag and whose key had no other event in the window, an available_at written in the
+// past by hand) an unbounded claim finds: one every fullWalkEvery. Its cost under a pin is
+// the old one, once per period rather than every claim.
+const (
+	walkLag       = 5 * time.Second
+	fullWalkEvery = 30 * time.Second
+)
+
+// walks holds one Store's bounds. Claims run concurrently (batches in flight); each
+// takes the bounds as they are and offers what it saw, and the view of the latest claim
+// to start wins, so an older view never replaces a newer one.
+type walks struct {
+	mu sync.Mutex
+	// started counts claims; applied is the number of the claim whose view is held.
+	started, applied uint64
+	// fullAt is when the last unbounded claim started (the relay's clock); fullEvery is
+	// fullWalkEvery but for tests.
+	fullAt    time.Time
+	fullEvery time.Duration
+	// readyFrom bounds the ready-index walk (invalid: unbounded).
+	readyFrom time.Time
+	// pendingFrom is the smallest pending id seen (0: unknown, find it afresh).
+	pendingFrom int64
+	// refind is set when the reopened counter moved: pendingFrom is found afresh once the
+	// counter has been still for walkLag.
+	refind bool
+	// samples are the last claims' (database clock, newest id, reopened counter), oldest
+	// first, back to the newest one at least walkLag old.
+	samples []walkSample
+}
+
+type walkSample struct {
+	at       time.Time
+	maxID    int64
+	reopened int64
+}
+
+// walkParams are qClaim's $8 to $11.
+type walkParams struct {
+	readyFrom   pgtype.Timestamptz
+	idFrom      int64
+	pendingFrom pgtype.Int8
+	// reopened is the counter's value idFrom holds for (-1: none).
+	reopened int64
+}
+
+// walkView is what one claim saw, read from its first row.
+type walkView struct {
+	dbNow       time.Time
+	readyFrom   pgtype.Timestamptz
+	pendingFrom pgtype.Int8
+	maxID       pgtype.Int8
+	reopened    int64
+}
+
+// next returns the bounds for a claim starting now (the relay's clock) with the caller's
+// database clock override (nil in production), and the claim's number for offer.
+func (w *walks) next(now time.Time, dbNow *time.Time) (walkParams, uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.started++
+	every := w.fullEvery
+	if every == 0 {
+		every = fullWalkEvery
+	}
+	if dbNow != nil && len(w.samples) > 0 && dbNow.Before(w.samples[len(w.samples)-1].at) {
+		// A test's clock went back: what was learnt at a later instant bounds nothing.
+		w.samples, w.readyFrom, w.pendingFrom = nil, time.Time{}, 0
+	}
+	p := walkParams{reopened: -1}
+	if w.pendingFrom > 0 && !(w.refind && w.stillFor(walkLag)) {
+		p.pendingFrom = pgtype.Int8{Int64: w.pendingFrom, Valid: true}
+	}
+	if w.fullAt.IsZero() || now.Sub(w.fullAt) >= every {
+		w.fullAt = now
+		return p, w.started
+	}
+	if !w.readyFrom.IsZero() {
+		p.readyFrom = pgtype.Timestamptz{Time: w.readyFrom, Valid: true}
+	}
+	if lagged, ok := w.lagged(); ok && w.pendingFrom > 0 && !w.refind && w.stillFor(walkLag) {
+		p.idFrom = min(w.pendingFrom, lagged.maxID)
+		p.reopened = w.samples[len(w.samples)-1].reopened
+	}
+	return p, w.started
+}
+
+// lagged returns the newest sample at least walkLag older than the newest one.
+func (w *walks) lagged() (walkSample, bool) {
+	if len(w.samples) == 0 {
+		return walkSample{}, false
+	}
+	cut := w.samples[len(w.samples)-1].at.Add(-walkLag)
+	for i := len(w.samples) - 1; i >= 0; i-- {
+		if !w.samples[i].at.After(cut) {
+			return w.samples[i], true
+		}
+	}
+	return walkSample{}, false
+}
+
+// stillFor reports whether the reopened counter has not moved over the last d of
+// samples (and there are samples that old).
+func (w *walks) stillFor(d time.Duration) bool {
+	if len(w.samples) == 0 {
+		return false
+	}
+	last := w.samples[len(w.samples)-1]
+	cut := last.at.Add(-d)
+	for i := len(w.samples) - 1; i >= 0; i-- {
+		if w.samples[i].reopened != last.reopened {
+			return false
+		}
+		if !w.samples[i].at.After(cut) {
+			return true
+		}
+	}
+	return false
+}
+
+// offer records what claim number n saw, unless a later claim's view is held already.
+// p is what the claim was given: a pendingFrom found afresh ends a refind.
+func (w *walks) offer(n uint64, p walkParams, v walkView) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n <= w.applied {
+		return
+	}
+	w.applied = n
+	if len(w.samples) > 0 && v.reopened != w.samples[len(w.samples)-1].reopened {
+		w.refind = true
+	} else if w.refind && !p.pendingFrom.Valid && w.stillFor(walkLag) {
+		w.refind = false
+	}
+	w.readyFrom = v.dbNow.Add(-walkLag)
+	if v.readyFrom.Valid && v.readyFrom.Time.Before(w.readyFrom) {
+		w.readyFrom = v.readyFrom.Time
+	}
+	switch {
+	case v.pendingFrom.Valid:
+		w.pendingFrom = v.pendingFrom.Int64
+	case v.maxID.Valid:
+		// Nothing pending: the next pending row is a new one.
+		w.pendingFrom = v.maxID.Int64 + 1
+	default:
+		w.pendingFrom = 0
+	}
+	w.samples = append(w.samples, walkSample{at: v.dbNow, maxID: v.maxID.Int64, reopened: v.reopened})
+	// Keep the newest sample at least walkLag old and everything after it.
+	cut := v.dbNow.Add(-walkLag)
+	keep := 0
+	for i := len(w.samples) - 1; i >= 0; i-- {
+		if !w.samples[i].at.After(cut) {
+			keep = i
+			break
+		}
+	}
+	w.samples = w.samples[keep:]
+}

@@ -1,0 +1,317 @@
+package outboxstore
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+)
+
+// walkRig drives a Store on a fake database clock, so the bounds' lag passes without
+// sleeping: every insert, claim and mark happens at clock.
+type walkRig struct {
+	t     *testing.T
+	db    *pgtest.DB
+	s     *Store
+	clock time.Time
+}
+
+func newWalkRig(t *testing.T) *walkRig {
+	db := pgtest.New(t)
+	s := NewStore(db.Pool)
+	// The first claim walks everything; after it, only the bounded walks unless a test
+	// asks for a full one.
+	s.walks.fullEvery = time.Hour
+	return &walkRig{t: t, db: db, s: s, clock: time.Now().Truncate(time.Second)}
+}
+
+// insert adds one event per key at the clock and returns their ids.
+func (r *walkRig) insert(keys ...string) []outbox.ID {
+	r.t.Helper()
+	rows, err := r.db.Pool.Query(context.Background(), `
+INSERT INTO outbox (topic, partition_key, payload, available_at)
+SELECT 'test.event', k, '{}', $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord) ORDER BY ord
+RETURNING id`, keys, r.clock)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[outbox.ID])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return ids
+}
+
+// claim leases one batch at the clock and returns its ids in claim order (sorted by id).
+func (r *walkRig) claim() (Lease, []outbox.ID) {
+	r.t.Helper()
+	lease, err := NewLease()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	c, err := r.s.Claim(context.Background(), lease, 1000, 4, time.Minute, &r.clock)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ids := make([]outbox.ID, 0, c.Len())
+	for _, m := range c.Messages {
+		ids = append(ids, m.ID)
+	}
+	return lease, ids
+}
+
+// drain claims and marks until a claim comes back empty, and returns what it marked.
+func (r *walkRig) drain() []outbox.ID {
+	r.t.Helper()
+	var all []outbox.ID
+	for {
+		lease, ids := r.claim()
+		if len(ids) == 0 {
+			return all
+		}
+		if _, err := r.s.MarkDispatched(context.Background(), lease, ids, &r.clock); err != nil {
+			r.t.Fatal(err)
+		}
+		all = append(all, ids...)
+	}
+}
+
+// rounds produces perRound events over keys once a second of the clock and drains them.
+func (r *walkRig) rounds(n, perRound, keys int) {
+	r.t.Helper()
+	for range n {
+		r.clock = r.clock.Add(time.Second)
+		ks := make([]string, perRound)
+		for i := range ks {
+			ks[i] = "k" + string(rune('A'+i%keys/26)) + string(rune('a'+i%keys%26))
+		}
+		r.insert(ks...)
+		if got := r.drain(); len(got) != perRound {
+			r.t.Fatalf("round drained %d events, want %d", len(got), perRound)
+		}
+	}
+}
+
+// buffers runs one claim of the next round under EXPLAIN (ANALYZE, BUFFERS), rolled back,
+// with the bounds the Store would use (bounded false: none), and returns the buffers it
+// touched.
+func (r *walkRig) buffers(bounded bool) int {
+	r.t.Helper()
+	ctx := context.Background()
+	p := walkParams{reopened: -1}
+	if bounded {
+		p, _ = r.s.walks.next(time.Now(), &r.clock)
+	}
+	tx, err := r.db.Pool.Begin(ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	lease, err := NewLease()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var plan []byte
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+qClaim, 1000, lease.Token, r.clock, "1 minute", 1000, 4,
+		int64(1)<<40, p.readyFrom, p.idFrom, p.pendingFrom, p.reopened).Scan(&plan); err != nil {
+		r.t.Fatal(err)
+	}
+	var out []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+		} `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &out); err != nil || len(out) != 1 {
+		r.t.Fatalf("EXPLAIN output %s: %v", plan, err)
+	}
+	return out[0].Plan.Hit + out[0].Plan.Read
+}
+
+// pin holds the database's xmin horizon for the rest of the test, as a long report or an
+// idle-in-transaction session does: no dead tuple from now on can be removed.
+func pin(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM dead_letters"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Under a pinned horizon every event leased and marked leaves two dead entries in the
+// partial indexes that no vacuum can remove. The bounded claim passes only those of the
+// last walkLag; the unbounded one passes all of them. Counted in buffers, not timed.
+func TestClaimWalksStayFlatUnderAPinnedHorizon(t *testing.T) {
+	t.Parallel()
+	r := newWalkRig(t)
+	pin(t, r.db)
+	const perRound, keys = 300, 300
+	r.rounds(10, perRound, keys)
+	r.insert("probe")
+	early, earlyAll := r.buffers(true), r.buffers(false)
+	r.drain()
+	r.rounds(50, perRound, keys)
+	r.insert("probe")
+	late, lateAll := r.buffers(true), r.buffers(false)
+	t.Logf("claim buffers after 3,000 events since the pin: %d bounded, %d unbounded; after 18,000: %d bounded, %d unbounded",
+		early, earlyAll, late, lateAll)
+	if late > early*3/2 {
+		t.Errorf("bounded claim grew from %d to %d buffers with the events since the pin", early, late)
+	}
+	if lateAll < 3*earlyAll {
+		t.Errorf("unbounded claim grew from %d to %d buffers only: the pin did not show", earlyAll, lateAll)
+	}
+}
+
+// A row that appears below the bounds (its producer's transaction started long before it
+// committed, or available_at was written in the past) is claimed together with its key's
+// next event if that one is in range, and by the periodic unbounded claim otherwise.
+func TestClaimFindsRowsBelowItsBounds(t *testing.T) {
+	t.Parallel()
+	r := newWalkRig(t)
+	r.rounds(8, 50, 50)
+	now := r.clock
+	r.clock = now.Add(-time.Hour)
+	late := r.insert("late-alone", "late-pair")
+	r.clock = now
+	pair := r.insert("late-pair")
+
+	_, ids := r.claim()
+	if want := []outbox.ID{late[1], pair[0]}; !slices.Equal(ids, want) {
+		t.Fatalf("bounded claim took %v, want the late row with its key's next event %v", ids, want)
+	}
+	r.s.walks.fullAt = time.Time{}
+	if _, ids := r.claim(); !slices.Equal(ids, late[:1]) {
+		t.Fatalf("unbounded claim took %v, want the late row %v", ids, late[:1])
+	}
+}
+
+// A redriven event lies below the id bound. While it is pending (here backing off), its
+// key's later events must wait for it, both in the claim that first meets the reopened
+// counter and after the Store has found its bounds again.
+func TestClaimRedrivenRowBelowItsBoundHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	r := newWalkRig(t)
+	ctx := context.Background()
+	first := r.insert("redriven")[0]
+	if _, err := r.db.Pool.Exec(ctx, `UPDATE outbox SET dead_lettered_at = $2 WHERE id = $1`, first, r.clock); err != nil {
+		t.Fatal(err)
+	}
+	r.rounds(8, 50, 50)
+	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom <= int64(first) {
+		t.Fatalf("id bound %d is not above the dead-lettered row %d: the test proves nothing", p.idFrom, first)
+	}
+	later := r.insert("redriven")[0]
+	if _, err := r.db.Pool.Exec(ctx, `UPDATE outbox SET dead_lettered_at = NULL, available_at = $2 WHERE id = $1`,
+		first, r.clock.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 10 {
+		r.clock = r.clock.Add(time.Second)
+		r.insert("other")
+		lease, ids := r.claim()
+		if slices.Contains(ids, later) {
+			t.Fatalf("round %d: event %d of a key whose redriven event %d is backing off was claimed", round, later, first)
+		}
+		if _, err := r.s.MarkDispatched(ctx, lease, ids, &r.clock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.clock = r.clock.Add(time.Hour)
+	if _, ids := r.claim(); !slices.Equal(ids, []outbox.ID{first, later}) {
+		t.Fatalf("after the backoff the claim took %v, want %v", ids, []outbox.ID{first, later})
+	}
+}
+
+// The bounds' bookkeeping without a database: what next asks for after a sequence of
+// claims' views.
+func TestWalkBounds(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	view := func(s int, pending, maxID, reopened int64) walkView {
+		return walkView{dbNow: at(s), pendingFrom: pgInt8(pending), maxID: pgInt8(maxID), reopened: reopened}
+	}
+	type step struct {
+		view walkView
+		// want: the id bound and whether pendingFrom is passed, for a claim after view.
+		idFrom      int64
+		pendingFrom bool
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"no id bound until a view is walkLag old", []step{
+			{view(0, 10, 100, 0), 0, true},
+			{view(3, 50, 200, 0), 0, true},
+			{view(5, 120, 300, 0), 100, true},  // min(pending 120, max id 5 s ago 100)
+			{view(9, 290, 500, 0), 200, true},  // the 3 s view is the newest 5 s old
+			{view(20, 400, 900, 0), 400, true}, // pending is below the lagged max id
+		}},
+		{"a reopened row drops the id bound, then pendingFrom is found afresh", []step{
+			{view(0, 10, 100, 7), 0, true},
+			{view(6, 150, 300, 7), 100, true},
+			{view(7, 310, 400, 8), 0, true},  // counter moved: no id bound
+			{view(10, 410, 500, 8), 0, true}, // still within walkLag of the move
+			{view(12, 510, 600, 8), 0, false},
+			{view(13, 5, 700, 8), 5, true}, // found afresh: the redriven row 5
+		}},
+		{"nothing pending: the next pending row is a new one", []step{
+			{walkView{dbNow: at(0), maxID: pgInt8(100)}, 0, true},
+			{walkView{dbNow: at(6), maxID: pgInt8(200)}, 100, true}, // pendingFrom 201 (max id + 1), above the lagged max id
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var w walks
+			w.fullEvery = time.Hour
+			w.next(t0, nil) // the first claim is the unbounded one
+			for i, s := range tc.steps {
+				p, n := w.next(t0, nil)
+				w.offer(n, p, s.view)
+				got, _ := w.next(t0, nil)
+				if got.idFrom != s.idFrom || got.pendingFrom.Valid != s.pendingFrom {
+					t.Fatalf("after view %d: idFrom %d, pendingFrom passed %v; want %d, %v", i, got.idFrom, got.pendingFrom.Valid, s.idFrom, s.pendingFrom)
+				}
+			}
+		})
+	}
+
+	t.Run("an older claim's view does not replace a newer one", func(t *testing.T) {
+		var w walks
+		p1, n1 := w.next(t0, nil)
+		p2, n2 := w.next(t0, nil)
+		w.offer(n2, p2, view(10, 500, 600, 0))
+		w.offer(n1, p1, view(9, 100, 200, 0))
+		if w.pendingFrom != 500 {
+			t.Fatalf("pendingFrom %d, want the newer claim's 500", w.pendingFrom)
+		}
+	})
+	t.Run("a test clock that goes back forgets the bounds", func(t *testing.T) {
+		var w walks
+		w.fullEvery = time.Hour
+		w.next(t0, nil)
+		for s := 0; s <= 10; s += 5 {
+			p, n := w.next(t0, nil)
+			w.offer(n, p, view(s, 100, 200, 0))
+		}
+		back := at(-60)
+		if p, _ := w.next(t0, &back); p.readyFrom.Valid || p.idFrom != 0 || p.pendingFrom.Valid {
+			t.Fatalf("bounds after the clock went back: %+v", p)
+		}
+	})
+}
+
+func pgInt8(v int64) pgtype.Int8 { return pgtype.Int8{Int64: v, Valid: true} }
