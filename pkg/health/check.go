@@ -9,11 +9,17 @@ import (
 type Status int
 
 const (
-	Healthy   Status = 0
-	Degraded  Status = 1
+	// Healthy: nothing needs attention.
+	Healthy Status = 0
+	// Degraded: something needs a look soon (a growing backlog, a new dead letter), but
+	// events still flow.
+	Degraded Status = 1
+	// Unhealthy: events are not flowing or are being lost to dead letters; act now.
 	Unhealthy Status = 2
 )
 
+// String returns the lower-case name outboxctl status prints ("healthy", "degraded",
+// "unhealthy").
 func (s Status) String() string {
 	switch s {
 	case Healthy:

@@ -181,6 +181,7 @@ type Faults struct {
 type Outage string
 
 const (
+	// OutageNone (the zero value) injects no outage.
 	OutageNone Outage = ""
 	// Outage503 answers 503 {"error"}, as a failing service or its load balancer does.
 	Outage503 Outage = "503"
