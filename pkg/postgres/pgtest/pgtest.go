@@ -59,8 +59,7 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-
-	sc, err := postgres.CreateSchema(ctx, URL(), "t", false, nil)
+	db, closeDB, err := open(ctx, opts)
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
 		unreachable(tb, err)
@@ -69,34 +68,56 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	schema, url := sc.Name, sc.URL
 	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := sc.Drop(ctx); err != nil {
+		if err := closeDB(); err != nil {
 			tb.Logf("pgtest: %v", err)
 		}
 	})
+	return db
+}
 
-	cfg, err := pgxpool.ParseConfig(url)
+// Open is New for code without a testing.TB, such as an Example function: it creates a
+// fresh migrated schema on the server of URL and returns it with a func that closes the
+// pool and drops the schema. Unlike New it neither skips nor fails: an unreachable server
+// is its error.
+func Open(ctx context.Context) (db *DB, closeDB func() error, err error) {
+	return open(ctx, Options{})
+}
+
+func open(ctx context.Context, opts Options) (*DB, func() error, error) {
+	sc, err := postgres.CreateSchema(ctx, URL(), "t", false, nil)
 	if err != nil {
-		tb.Fatalf("pgtest: parse DATABASE_URL: %v", err)
+		return nil, nil, err
+	}
+	db := &DB{Schema: sc.Name, URL: sc.URL}
+	closeDB := func() error {
+		if db.Pool != nil {
+			db.Pool.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return sc.Drop(ctx)
+	}
+	fail := func(format string, err error) (*DB, func() error, error) {
+		return nil, nil, errors.Join(fmt.Errorf(format, err), closeDB())
+	}
+	cfg, err := pgxpool.ParseConfig(sc.URL)
+	if err != nil {
+		return fail("parse DATABASE_URL: %w", err)
 	}
 	cfg.MaxConns = 8
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("pgtest: open pool: %v", err)
+	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return fail("open pool: %w", err)
 	}
-	tb.Cleanup(pool.Close)
 	if !opts.NoMigrate {
-		if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
-			tb.Fatalf("pgtest: migrate: %v", err)
+		if _, err := postgres.Migrate(ctx, db.Pool, nil); err != nil {
+			return fail("migrate: %w", err)
 		}
 	}
-	return &DB{Pool: pool, Schema: schema, URL: url}
+	return db, closeDB, nil
 }
 
 func unreachable(tb testing.TB, err error) {
