@@ -24,11 +24,8 @@ import (
 // same from a shell.
 func ExampleRedrive() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx)
+	defer db.Close()
 	// Deliveries are held: this example is about the relay's side only.
 	qs := qstashtest.NewServer(qstashtest.Options{HoldDeliveries: true})
 	defer qs.Close()

@@ -18,11 +18,8 @@ import (
 // yourself in a consumer that is not an HTTP handler.
 func ExampleHandleOnce() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx)
+	defer db.Close()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE credits (account text PRIMARY KEY, cents bigint NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}

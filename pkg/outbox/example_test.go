@@ -19,17 +19,14 @@ func ExampleEnqueue() {
 	ctx := context.Background()
 	// A migrated schema of its own on DATABASE_URL's server; in an application this is
 	// the pool it already has, migrated with postgres.Migrate.
-	db, closeDB, err := pgtest.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx)
+	defer db.Close()
 	pool := db.Pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, amount_cents bigint)`); err != nil {
 		log.Fatal(err)
 	}
 
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The business change ...
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount_cents) VALUES ($1, $2)`, "o-42", 1299); err != nil {
 			return err
@@ -65,13 +62,10 @@ func ExampleEnqueue() {
 // names the field; the caller's transaction is untouched and may still commit.
 func ExampleEnqueue_validation() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx)
+	defer db.Close()
 
-	_, err = outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "order created", Payload: []byte(`{}`)})
+	_, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "order created", Payload: []byte(`{}`)})
 	var verr *outbox.ValidationError
 	if errors.As(err, &verr) {
 		fmt.Println("field:", verr.Field)

@@ -26,11 +26,8 @@ import (
 // webhook.Handler on the same database.
 func ExampleRelay_Run() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx)
+	defer db.Close()
 	qs := qstashtest.NewServer(qstashtest.Options{})
 	defer qs.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

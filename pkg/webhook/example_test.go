@@ -27,11 +27,8 @@ import (
 // pkg/funcurl, and http.ListenAndServe serves it anywhere else.
 func ExampleNew() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx) // in production: the application's pool
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
+	db := pgtest.MustOpen(ctx) // in production: the application's pool
+	defer db.Close()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE invoices (id text PRIMARY KEY, paid boolean NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -23,26 +24,9 @@ const baseURL = "https://hooks.example.com"
 type fixture struct {
 	db      *pgtest.DB
 	h       *webhook.Handler
-	logs    *syncBuffer
+	logs    *logtest.Buffer
 	mu      sync.Mutex
 	observe []string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func verifier(t testing.TB) *qstash.Verifier {
@@ -60,7 +44,7 @@ func verifier(t testing.TB) *qstash.Verifier {
 // newFixture builds a Handler on a fresh schema; edit tweaks the config before New.
 func newFixture(t testing.TB, edit func(*webhook.Config)) *fixture {
 	t.Helper()
-	f := &fixture{db: pgtest.New(t), logs: &syncBuffer{}}
+	f := &fixture{db: pgtest.New(t), logs: &logtest.Buffer{}}
 	if err := orders.Migrate(context.Background(), f.db.Pool); err != nil {
 		t.Fatal(err)
 	}

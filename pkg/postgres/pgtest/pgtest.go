@@ -38,6 +38,19 @@ type DB struct {
 	Schema string
 	// URL connects to the schema (search_path in the connection string), for subprocesses.
 	URL string
+
+	close func() error // set by MustOpen
+}
+
+// Close closes the pool and drops the schema of a DB from MustOpen, panicking if the drop
+// fails. A DB from New is closed when its test ends; Close does nothing for it.
+func (db *DB) Close() {
+	if db.close == nil {
+		return
+	}
+	if err := db.close(); err != nil {
+		panic("pgtest: " + err.Error())
+	}
 }
 
 // New creates a fresh schema, applies all migrations to it and drops it when the test ends.
@@ -76,12 +89,17 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	return db
 }
 
-// Open is New for code without a testing.TB, such as an Example function: it creates a
-// fresh migrated schema on the server of URL and returns it with a func that closes the
-// pool and drops the schema. Unlike New it neither skips nor fails: an unreachable server
-// is its error.
-func Open(ctx context.Context) (db *DB, closeDB func() error, err error) {
-	return open(ctx, Options{})
+// MustOpen is New for code without a testing.TB, such as an Example function: a fresh
+// migrated schema on the server of URL, which Close drops. Unlike New it neither skips
+// nor fails a test: it panics when the server cannot be reached or migrated, so an
+// example without a database fails with the reason.
+func MustOpen(ctx context.Context) *DB {
+	db, closeDB, err := open(ctx, Options{})
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: DATABASE_URL=%q: %v", URL(), err))
+	}
+	db.close = closeDB
+	return db
 }
 
 func open(ctx context.Context, opts Options) (*DB, func() error, error) {
