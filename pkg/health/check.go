@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -68,15 +69,9 @@ type Thresholds struct {
 
 // WithDefaults returns t with zero durations and MaxXminAge set to their defaults.
 func (t Thresholds) WithDefaults() Thresholds {
-	if t.MaxOldestPendingAge == 0 {
-		t.MaxOldestPendingAge = DefaultMaxOldestPendingAge
-	}
-	if t.MaxTransactionAge == 0 {
-		t.MaxTransactionAge = DefaultMaxTransactionAge
-	}
-	if t.MaxXminAge == 0 {
-		t.MaxXminAge = DefaultMaxXminAge
-	}
+	t.MaxOldestPendingAge = cmp.Or(t.MaxOldestPendingAge, DefaultMaxOldestPendingAge)
+	t.MaxTransactionAge = cmp.Or(t.MaxTransactionAge, DefaultMaxTransactionAge)
+	t.MaxXminAge = cmp.Or(t.MaxXminAge, DefaultMaxXminAge)
 	return t
 }
 

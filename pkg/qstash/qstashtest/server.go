@@ -20,6 +20,7 @@ package qstashtest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -288,15 +289,9 @@ func Start(opts Options) (*Server, error) {
 }
 
 func start(ln net.Listener, opts Options) *Server {
-	if opts.Token == "" {
-		opts.Token = qstash.DevToken
-	}
-	if opts.CurrentSigningKey == "" {
-		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
-	}
-	if opts.NextSigningKey == "" {
-		opts.NextSigningKey = qstash.DevNextSigningKey
-	}
+	opts.Token = cmp.Or(opts.Token, qstash.DevToken)
+	opts.CurrentSigningKey = cmp.Or(opts.CurrentSigningKey, qstash.DevCurrentSigningKey)
+	opts.NextSigningKey = cmp.Or(opts.NextSigningKey, qstash.DevNextSigningKey)
 	if opts.TimeScale <= 0 {
 		opts.TimeScale = 1
 	}
@@ -309,9 +304,7 @@ func start(ln net.Listener, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.BatchErrors == "" {
-		opts.BatchErrors = BatchErrorsPerItem
-	}
+	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
 	if opts.QuotaWindow <= 0 {
 		opts.QuotaWindow = DefaultQuotaWindow
 	}
@@ -322,9 +315,7 @@ func start(ln net.Listener, opts Options) *Server {
 			panic(fmt.Sprintf("qstashtest: %v", err))
 		}
 		limits = &l
-		if opts.MaxInFlight == 0 {
-			opts.MaxInFlight = l.MaxParallelism
-		}
+		opts.MaxInFlight = cmp.Or(opts.MaxInFlight, l.MaxParallelism)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
