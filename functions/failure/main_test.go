@@ -15,21 +15,9 @@ import (
 
 func TestLoadConfig(t *testing.T) {
 	t.Parallel()
-	if c := receivertest.LoadConfig(t, readConfig, nil); c.MaxBodyBytes != 4<<20 || c.LogLevel != slog.LevelInfo || c.PublicURL != "" {
-		t.Fatalf("defaults %+v", c)
-	}
-	c := receivertest.LoadConfig(t, readConfig, map[string]string{
-		"FAILURE_CALLBACK_URL": "https://abc.lambda-url.eu-west-1.on.aws/", "MAX_BODY_BYTES": "1000", "LOG_LEVEL": "warn"})
-	if c.PublicURL != "https://abc.lambda-url.eu-west-1.on.aws/" || c.MaxBodyBytes != 1000 || c.LogLevel != slog.LevelWarn {
-		t.Fatalf("config %+v", c)
-	}
-}
-
-func TestLoadConfigReportsEveryProblem(t *testing.T) {
-	t.Parallel()
-	receivertest.RequireEveryProblem(t, readConfig,
-		map[string]string{"FAILURE_CALLBACK_URL": "/failure", "MAX_BODY_BYTES": "lots", "LOG_LEVEL": "chatty"},
-		"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", "FAILURE_CALLBACK_URL", "MAX_BODY_BYTES", "LOG_LEVEL")
+	receivertest.RequireConfig(t, readConfig, receivertest.Vars{
+		PublicURL: "FAILURE_CALLBACK_URL", Good: "https://abc.lambda-url.eu-west-1.on.aws/", Bad: "/failure", DefaultMaxBodyBytes: 4 << 20,
+	})
 }
 
 func TestBuildServesRecorder(t *testing.T) {

@@ -50,18 +50,44 @@ func LoadConfig(t *testing.T, read receiverfunc.Read, vars map[string]string) re
 	return c
 }
 
-// RequireEveryProblem fails unless reading env (every variable missing or invalid) fails
-// with an error that names each of names, so an operator fixes them in one deploy.
-func RequireEveryProblem(t *testing.T, read receiverfunc.Read, env map[string]string, names ...string) {
+// Vars names a receiver's own variables for RequireConfig.
+type Vars struct {
+	// PublicURL is the variable of the URL QStash signs (PUBLIC_BASE_URL,
+	// FAILURE_CALLBACK_URL); Good and Bad are a valid and an invalid value of it.
+	PublicURL, Good, Bad string
+	// DefaultMaxBodyBytes is MAX_BODY_BYTES's default.
+	DefaultMaxBodyBytes int64
+}
+
+// RequireConfig checks read as every receiver reads its environment: the defaults (no
+// public URL, v.DefaultMaxBodyBytes, info logs), the values it was given, one error that
+// names every missing or invalid variable (so an operator fixes them in one deploy), and
+// a bad DATABASE_URL reported without its password.
+func RequireConfig(t *testing.T, read receiverfunc.Read, v Vars) {
 	t.Helper()
-	_, err := read(Env(env))
+	if c := LoadConfig(t, read, nil); c.MaxBodyBytes != v.DefaultMaxBodyBytes || c.LogLevel != slog.LevelInfo || c.PublicURL != "" {
+		t.Fatalf("defaults %+v", c)
+	}
+	c := LoadConfig(t, read, map[string]string{v.PublicURL: v.Good, "MAX_BODY_BYTES": "2048", "LOG_LEVEL": "DEBUG"})
+	if c.PublicURL != v.Good || c.MaxBodyBytes != 2048 || c.LogLevel != slog.LevelDebug {
+		t.Fatalf("config %+v", c)
+	}
+
+	_, err := read(Env(map[string]string{v.PublicURL: v.Bad, "MAX_BODY_BYTES": "lots", "LOG_LEVEL": "loud"}))
 	if err == nil {
 		t.Fatal("invalid environment accepted")
 	}
-	for _, want := range names {
+	for _, want := range []string{"DATABASE_URL", "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY", v.PublicURL, "MAX_BODY_BYTES", "LOG_LEVEL"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}
+	}
+	_, err = read(Env(Valid(map[string]string{"DATABASE_URL": "postgres://u:p@db:notaport/app"})))
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("bad DATABASE_URL: %v", err)
+	}
+	if strings.Contains(err.Error(), ":p@") {
+		t.Fatalf("error leaks the password: %v", err)
 	}
 }
 
