@@ -26,29 +26,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// deliveries counts what the webhook stand-in received, per outbox id.
-type deliveries struct {
-	mu    sync.Mutex
-	count map[string]int
-}
-
-func (d *deliveries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	d.mu.Lock()
-	d.count[r.Header.Get("X-Outbox-Id")]++
-	d.mu.Unlock()
-}
-
-func (d *deliveries) snapshot() map[string]int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]int, len(d.count))
-	for k, v := range d.count {
-		out[k] = v
-	}
-	return out
-}
-
 type relayInstance struct {
 	stderr *logtest.Buffer
 	done   chan int
@@ -137,7 +114,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	db := pgtest.New(t)
 	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
 	defer qs.Close()
-	got := &deliveries{count: map[string]int{}}
+	got := &qstashtest.Destination{}
 	dest := httptest.NewServer(got)
 	defer dest.Close()
 	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL}
@@ -163,7 +140,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	if err := qs.WaitIdle(wctx); err != nil {
 		t.Fatal(err)
 	}
-	seen := got.snapshot()
+	seen := got.Counts()
 	if len(seen) != n {
 		t.Fatalf("consumer saw %d distinct events, want %d", len(seen), n)
 	}
@@ -222,7 +199,7 @@ func TestRelayTwoInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	dispatched := countRows(t, db, "dispatched_at IS NOT NULL")
-	seen = got.snapshot()
+	seen = got.Counts()
 	if len(seen) != dispatched {
 		t.Fatalf("consumer saw %d events, %d dispatched", len(seen), dispatched)
 	}
