@@ -3,6 +3,7 @@ package outboxstore_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -26,26 +27,16 @@ func onePool(t *testing.T, db *pgtest.DB, noPing bool, params map[string]string)
 
 func openPool(t *testing.T, db *pgtest.DB, noPing bool, params map[string]string, tune func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tune != nil {
-		tune(cfg)
-	}
-	cfg.MaxConns = 1
-	if noPing {
-		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	}
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.OpenPool(t, db.URL, func(cfg *pgxpool.Config) {
+		if tune != nil {
+			tune(cfg)
+		}
+		cfg.MaxConns = 1
+		if noPing {
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		}
+		maps.Copy(cfg.ConnConfig.RuntimeParams, params)
+	})
 }
 
 // terminate ends the pool's one session from db's admin pool and waits until it is gone.

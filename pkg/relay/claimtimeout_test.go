@@ -91,17 +91,10 @@ func TestClaimTimeoutFromTheLease(t *testing.T) {
 func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.OpenPool(t, db.URL, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 2
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
+	})
 	pub := &fakePublisher{}
 	r, err := relay.New(pool, pub, relay.Config{PublishConcurrency: 1, Logger: quiet()})
 	if err != nil {

@@ -184,3 +184,23 @@ func (db *DB) HoldSnapshot(tb testing.TB, application string) Snapshot {
 	}
 	return s
 }
+
+// OpenPool opens a pool of its own on url (a DB's URL, or another database's), tuned by
+// tune when it is not nil, and closes it when the test ends: for a test that needs a pool
+// other than DB.Pool (one connection, no ping, session settings).
+func OpenPool(tb testing.TB, url string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatalf("pgtest: parse pool url: %v", err)
+	}
+	if tune != nil {
+		tune(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: open pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
