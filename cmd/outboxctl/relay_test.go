@@ -112,8 +112,7 @@ func enqueueKeys(t *testing.T, db *pgtest.DB, n, first, keys int) {
 func TestRelayTwoInstances(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	got := &qstashtest.Destination{}
 	dest := httptest.NewServer(got)
 	defer dest.Close()
@@ -258,8 +257,7 @@ func TestCheckLoopback(t *testing.T) {
 func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for _, path := range []string{"/v2/queues/", "/v2/queues/shop-1/pause"} {
 		body := ""
 		if path == "/v2/queues/" {
@@ -381,8 +379,7 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 		t.Run(c.grace.String(), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-			defer qs.Close()
+			qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 			enqueueN(t, db, 10, 10)
 			bg := context.Background()
 			tx, err := db.Pool.Begin(bg)

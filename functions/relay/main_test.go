@@ -32,8 +32,7 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	cons := &qstashtest.Destination{}
 	dest := httptest.NewServer(cons)
 	t.Cleanup(dest.Close)

@@ -119,8 +119,7 @@ func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]deadletter.DLQE
 func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) {
 	t.Helper()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	webhook, _ := answering(t, http.StatusInternalServerError)
 	return db, qs, webhook
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )

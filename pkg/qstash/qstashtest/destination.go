@@ -4,6 +4,9 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync"
 
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -36,4 +39,22 @@ func (d *Destination) Counts() map[string]int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return maps.Clone(d.seen)
+}
+
+// V2Gateway returns the URL of a proxy in front of s that adds /v2 to every path: what a
+// client whose QSTASH_URL ends in /v2 sends (/v2/v2/batch), which QStash answers 404. It is
+// for tests of that misconfiguration; the proxy closes when the test ends.
+func V2Gateway(tb TB, s *Server) string {
+	tb.Helper()
+	target, err := url.Parse(s.URL)
+	if err != nil {
+		panic("qstashtest: server url: " + err.Error())
+	}
+	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.URL.Path = "/v2" + r.In.URL.Path
+		r.Out.URL.RawPath = ""
+	}})
+	tb.Cleanup(gw.Close)
+	return gw.URL
 }

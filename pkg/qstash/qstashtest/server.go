@@ -265,6 +265,28 @@ type Server struct {
 	dedupOrder []string
 }
 
+// TB is the part of testing.TB that NewTestServer uses.
+type TB interface {
+	Helper()
+	Cleanup(func())
+}
+
+// TestTimeScale is the TimeScale NewTestServer sets when the options set none: QStash's
+// retry delays shrunk so a test waits milliseconds for what takes minutes in production.
+const TestTimeScale = 0.0001
+
+// NewTestServer is NewServer for a test: TimeScale defaults to TestTimeScale, and the
+// server is closed when the test ends.
+func NewTestServer(tb TB, opts Options) *Server {
+	tb.Helper()
+	if opts.TimeScale == 0 {
+		opts.TimeScale = TestTimeScale
+	}
+	s := NewServer(opts)
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
 // httptest.NewServer does. Call Close when done.
 func NewServer(opts Options) *Server {

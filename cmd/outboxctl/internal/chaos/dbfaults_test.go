@@ -137,8 +137,7 @@ func newRecordingPublisher(t *testing.T) *recordingPublisher {
 	t.Helper()
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(sink.Close)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	pub, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: sink.URL})
 	if err != nil {
 		t.Fatal(err)
