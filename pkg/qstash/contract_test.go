@@ -184,11 +184,7 @@ func TestRequestByteBudget(t *testing.T) {
 	for i := range msgs {
 		msgs[i].Payload = []byte(fmt.Sprintf(`{"id":%d,"pad":%q}`, msgs[i].ID, strings.Repeat("x", 3000)))
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	var sizes []int64
 	for _, r := range srv.Requests() {
 		if r.Path == "/v2/batch" {
@@ -284,11 +280,7 @@ func TestFlowControlKeyAccepted(t *testing.T) {
 	for i := range msgs {
 		msgs[i].PartitionKey = "customer:7/eu west"
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	key := qstash.FlowControlKey("shop", "customer:7/eu west")
 	if key != qstash.FlowControlKey("shop", "customer:7/eu west") || !qstash.ValidResourceName(key) || !strings.HasPrefix(key, "shop.customer_7_eu_west-") {
@@ -519,11 +511,7 @@ func TestPublishModeOneRequestPerCall(t *testing.T) {
 	for i := range msgs {
 		msgs[i].PartitionKey = fmt.Sprintf("order:%d", i%20)
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	if len(rt.bodies) != 1 {
 		t.Fatalf("%d requests for 1000 messages over 20 keys, want 1", len(rt.bodies))
 	}

@@ -116,6 +116,16 @@ func wantDelivered(t *testing.T, srv *qstashtest.Server, cons *consumer, n int) 
 	return got
 }
 
+// publishAll publishes msgs in one call and fails the test unless QStash took every one.
+func publishAll(t testing.TB, p *qstash.Publisher, msgs []outbox.Message) {
+	t.Helper()
+	for i, r := range p.Publish(context.Background(), msgs) {
+		if r.Err != nil {
+			t.Fatalf("message %d: %v", i, r.Err)
+		}
+	}
+}
+
 func idle(t testing.TB, srv *qstashtest.Server) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -606,11 +616,7 @@ func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.3, MaxDelay: 2 * time.Millisecond}})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
 	msgs := messages(1, 1000, 20)
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	got, bad := cons.snapshot()
 	if len(bad) > 0 || len(got) != 1000 {
@@ -634,11 +640,7 @@ func TestPublishModeDeliversEverything(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FlowControlParallelism: 2, FlowControlRate: 1000, FlowControlPeriod: time.Second})
 	msgs := messages(1, 1000, 20)
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	got, bad := cons.snapshot()
 	ids := map[string]bool{}
