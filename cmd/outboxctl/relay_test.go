@@ -382,14 +382,7 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 			qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 			enqueueN(t, db, 10, 10)
 			bg := context.Background()
-			tx, err := db.Pool.Begin(bg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(bg)
-			if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			tx := db.LockTable(t, "outbox")
 			// Its own application_name: the wait below must see this relay's claim, not
 			// another test's (the subtests run in parallel on one database).
 			app := "grace_" + strings.ReplaceAll(c.grace.String(), ".", "_")

@@ -209,13 +209,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	}
 	insertReady(t, db, 5, func(i int) string { return "k" })
 
-	tx, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := db.LockTable(t, "outbox")
 	// Without a server-side bound the claim would wait for this.
 	release := time.AfterFunc(20*time.Second, func() { _ = tx.Rollback(bg) })
 	t.Cleanup(func() {
@@ -227,7 +221,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, bound)
 	defer cancel()
 	start := time.Now()
-	_, err = s.Claim(ctx, lease, 5, 1, time.Minute, nil)
+	_, err := s.Claim(ctx, lease, 5, 1, time.Minute, nil)
 	took := time.Since(start)
 	if !errors.Is(err, outboxstore.ErrTimeout) || !strings.HasPrefix(err.Error(), "claim outbox batch: statement timed out after ") {
 		t.Fatalf("claim behind a lock: %v, want claim outbox batch: statement timed out after ...", err)
@@ -253,14 +247,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 
 	// A stricter session setting wins over the context's minute.
 	strict := outboxstore.NewStore(onePool(t, db, false, map[string]string{"statement_timeout": "200"}))
-	tx2, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback(bg)
-	if _, err := tx2.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	db.LockTable(t, "outbox")
 	start = time.Now()
 	lease, _ = outboxstore.NewLease()
 	_, err = strict.Claim(ctx2, lease, 5, 1, time.Minute, nil)

@@ -26,14 +26,7 @@ func TestClaimGivesUpAtItsTimeout(t *testing.T) {
 	const bound = 500 * time.Millisecond
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
 	bg := context.Background()
-	tx, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg)
-	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := db.LockTable(t, "outbox")
 
 	type result struct {
 		st  relay.Stats

@@ -204,3 +204,20 @@ func OpenPool(tb testing.TB, url string, tune func(*pgxpool.Config)) *pgxpool.Po
 	tb.Cleanup(pool.Close)
 	return pool
 }
+
+// LockTable begins a transaction that takes table's ACCESS EXCLUSIVE lock, so every other
+// statement on the table waits: for tests of what a blocked statement does. The test may
+// roll the transaction back itself; a cleanup does otherwise, before the schema is dropped.
+func (db *DB) LockTable(tb testing.TB, table string) pgx.Tx {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		tb.Fatalf("pgtest: begin: %v", err)
+	}
+	tb.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		tb.Fatalf("pgtest: lock %s: %v", table, err)
+	}
+	return tx
+}
