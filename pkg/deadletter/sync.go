@@ -53,9 +53,7 @@ type SyncConfig struct {
 func (c SyncConfig) WithDefaults() SyncConfig {
 	c.Name = cmp.Or(c.Name, qstash.DefaultName)
 	c.QueuePrefix = cmp.Or(c.QueuePrefix, c.Name)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -188,9 +188,7 @@ func (c Config) WithDefaults() Config {
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
 	c.Channel = cmp.Or(c.Channel, "outbox")
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -74,9 +74,7 @@ func (c Config) WithDefaults() Config {
 	c.DedupeTTL = cmp.Or(c.DedupeTTL, DefaultDedupeTTL)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.MaxBatches = cmp.Or(c.MaxBatches, DefaultMaxBatches)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -122,9 +122,7 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.Consumer = cmp.Or(c.Consumer, DefaultConsumer)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
