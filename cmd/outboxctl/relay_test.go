@@ -85,11 +85,7 @@ func scrape(t *testing.T, addr, name string) float64 {
 
 func countRows(t *testing.T, db *pgtest.DB, where string) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) { enqueueKeys(t, db, n, 0, keys) }

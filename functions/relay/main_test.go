@@ -69,11 +69,7 @@ func (s *stack) enqueue(t *testing.T, n int) {
 
 func (s *stack) count(t *testing.T, where string) int {
 	t.Helper()
-	var n int
-	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return s.db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (result, error) {

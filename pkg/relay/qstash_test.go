@@ -59,7 +59,7 @@ func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 			t.Fatalf("row %d: %d attempts, want 1 (a 429 spends none)", id, n)
 		}
 	}
-	if n := deadLetters(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
 }

@@ -115,11 +115,7 @@ func (f *fixture) serve(r *http.Request) *httptest.ResponseRecorder {
 
 func (f *fixture) count(t testing.TB, table string) int {
 	t.Helper()
-	var n int
-	if err := f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return f.db.Count(t, "SELECT count(*) FROM "+table)
 }
 
 // assertNothingWritten fails unless both the dedupe table and the side-effect table are empty.

@@ -221,3 +221,14 @@ func (db *DB) LockTable(tb testing.TB, table string) pgx.Tx {
 	}
 	return tx
 }
+
+// Count runs query, which selects one integer (a count(*)), on the schema and returns it,
+// failing the test on an error.
+func (db *DB) Count(tb testing.TB, query string, args ...any) int {
+	tb.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		tb.Fatalf("pgtest: %s: %v", query, err)
+	}
+	return n
+}
