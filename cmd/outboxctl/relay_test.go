@@ -26,29 +26,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// deliveries counts what the webhook stand-in received, per outbox id.
-type deliveries struct {
-	mu    sync.Mutex
-	count map[string]int
-}
-
-func (d *deliveries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	d.mu.Lock()
-	d.count[r.Header.Get("X-Outbox-Id")]++
-	d.mu.Unlock()
-}
-
-func (d *deliveries) snapshot() map[string]int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]int, len(d.count))
-	for k, v := range d.count {
-		out[k] = v
-	}
-	return out
-}
-
 type relayInstance struct {
 	stderr *logtest.Buffer
 	done   chan int
@@ -108,11 +85,7 @@ func scrape(t *testing.T, addr, name string) float64 {
 
 func countRows(t *testing.T, db *pgtest.DB, where string) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) { enqueueKeys(t, db, n, 0, keys) }
@@ -135,9 +108,8 @@ func enqueueKeys(t *testing.T, db *pgtest.DB, n, first, keys int) {
 func TestRelayTwoInstances(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
-	got := &deliveries{count: map[string]int{}}
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	got := &qstashtest.Destination{}
 	dest := httptest.NewServer(got)
 	defer dest.Close()
 	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL}
@@ -163,7 +135,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	if err := qs.WaitIdle(wctx); err != nil {
 		t.Fatal(err)
 	}
-	seen := got.snapshot()
+	seen := got.Counts()
 	if len(seen) != n {
 		t.Fatalf("consumer saw %d distinct events, want %d", len(seen), n)
 	}
@@ -222,7 +194,7 @@ func TestRelayTwoInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	dispatched := countRows(t, db, "dispatched_at IS NOT NULL")
-	seen = got.snapshot()
+	seen = got.Counts()
 	if len(seen) != dispatched {
 		t.Fatalf("consumer saw %d events, %d dispatched", len(seen), dispatched)
 	}
@@ -281,8 +253,7 @@ func TestCheckLoopback(t *testing.T) {
 func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for _, path := range []string{"/v2/queues/", "/v2/queues/shop-1/pause"} {
 		body := ""
 		if path == "/v2/queues/" {
@@ -404,18 +375,10 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 		t.Run(c.grace.String(), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-			defer qs.Close()
+			qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 			enqueueN(t, db, 10, 10)
 			bg := context.Background()
-			tx, err := db.Pool.Begin(bg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(bg)
-			if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			tx := db.LockTable(t, "outbox")
 			// Its own application_name: the wait below must see this relay's claim, not
 			// another test's (the subtests run in parallel on one database).
 			app := "grace_" + strings.ReplaceAll(c.grace.String(), ".", "_")

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -126,25 +124,7 @@ func TestStatusDeadLettersAreDegraded(t *testing.T) {
 func TestStatusOpenTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
-	cfg := db.Pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "status-test-holder"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	// Taken before BEGIN: the server dates the transaction from BEGIN, so a clock read after
-	// the first statement could lag the reported age under load.
-	opened := time.Now()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
+	opened := db.HoldSnapshot(t, "status-test-holder").Began
 	deadline := opened.Add(15 * time.Second)
 	for {
 		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")

@@ -7,30 +7,12 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the command's goroutine and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestUIRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
 	t.Parallel()
@@ -46,7 +28,7 @@ var consoleURLRE = regexp.MustCompile(`outbox console on (http://\S+)`)
 func TestUIServesTheConsoleUntilCancelled(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	var out, errb lockedBuffer
+	var out, errb logtest.Buffer
 	const token = "ui-test-token"
 	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 		switch k {
@@ -134,7 +116,7 @@ func TestOpenPoolReadsTheAWSReferences(t *testing.T) {
 func TestDevUIServesTheConsoleWhileTheStackRuns(t *testing.T) {
 	t.Parallel()
 	requirePostgres(t)
-	var out, errb lockedBuffer
+	var out, errb logtest.Buffer
 	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 		if k == "DATABASE_URL" {
 			return pgtest.URL()

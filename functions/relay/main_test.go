@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,31 +21,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
-// consumer is the webhook stand-in behind the local QStash server: it counts deliveries
-// per outbox id.
-type consumer struct {
-	mu   sync.Mutex
-	seen map[string]int
-}
-
-func (c *consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	c.mu.Lock()
-	c.seen[r.Header.Get("X-Outbox-Id")]++
-	c.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
-}
-
-func (c *consumer) distinct() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen)
-}
-
 type stack struct {
 	db      *pgtest.DB
 	qs      *qstashtest.Server
-	cons    *consumer
+	cons    *qstashtest.Destination
 	env     map[string]string
 	metrics *logtest.Buffer
 }
@@ -55,9 +32,8 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
-	cons := &consumer{seen: map[string]int{}}
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	cons := &qstashtest.Destination{}
 	dest := httptest.NewServer(cons)
 	t.Cleanup(dest.Close)
 	return &stack{db: db, qs: qs, cons: cons, metrics: &logtest.Buffer{}, env: map[string]string{
@@ -93,11 +69,7 @@ func (s *stack) enqueue(t *testing.T, n int) {
 
 func (s *stack) count(t *testing.T, where string) int {
 	t.Helper()
-	var n int
-	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return s.db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (result, error) {
@@ -128,7 +100,7 @@ func TestDrainTask(t *testing.T) {
 	if err := s.qs.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if d := s.cons.distinct(); d != 230 {
+	if d := len(s.cons.Counts()); d != 230 {
 		t.Fatalf("consumer saw %d distinct events, want 230", d)
 	}
 	lines := s.metrics.Lines()

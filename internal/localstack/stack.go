@@ -6,6 +6,7 @@
 package localstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,12 +72,8 @@ type Options struct {
 // Run brings the stack up, runs the demo, waits until every event is applied or
 // dead-lettered (or Timeout), and returns the summary.
 func Run(ctx context.Context, opts Options) (Summary, error) {
-	if opts.Ordering == "" {
-		opts.Ordering = qstash.OrderingFIFO
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 2 * time.Minute
-	}
+	opts.Ordering = cmp.Or(opts.Ordering, qstash.OrderingFIFO)
+	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

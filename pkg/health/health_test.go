@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -154,22 +152,7 @@ func TestOpenTransactionHoldsHorizon(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	cfg := db.Pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "health-test-holder"
-	holder, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	tx, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	var pid int64
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
+	pid := db.HoldSnapshot(t, "health-test-holder").PID
 	// Make the horizon age measurable: other transactions consume ids after the snapshot.
 	for range 3 {
 		exec(t, db, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', gen_random_uuid()::text)`)

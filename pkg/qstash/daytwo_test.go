@@ -44,7 +44,7 @@ func TestSharedRefusalDefersEverything(t *testing.T) {
 			}
 			t.Run(fmt.Sprintf("%s/%q", mode, w.text), func(t *testing.T) {
 				t.Parallel()
-				srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanFree, BatchErrors: mode, RetriesRefusal: w.text, HoldDeliveries: true})
+				srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree, BatchErrors: mode, RetriesRefusal: w.text, HoldDeliveries: true})
 				p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1",
 					Plan: qstash.PlanPayg, Retries: 5})
 				res := p.Publish(context.Background(), messages(1, 200, 20))
@@ -71,7 +71,7 @@ func TestSharedRefusalDefersEverything(t *testing.T) {
 // good ones it reached are published, and the rest come back retryable, never permanent.
 func TestSplitBudgetBoundsRequests(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: qstashtest.BatchErrorsWholeRequest, HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: qstashtest.BatchErrorsWholeRequest, HoldDeliveries: true})
 	msgs := messages(1, 1000, 50)
 	var bad []string
 	isBad := map[int64]bool{}
@@ -119,7 +119,7 @@ func TestOutageDefersEverything(t *testing.T) {
 	for _, o := range []qstashtest.Outage{qstashtest.Outage503, qstashtest.OutageHang, qstashtest.OutageReset, "refused"} {
 		t.Run(string(o), func(t *testing.T) {
 			t.Parallel()
-			srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg, HoldDeliveries: true})
+			srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg, HoldDeliveries: true})
 			base := srv.URL
 			if o == "refused" {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -161,7 +161,7 @@ func TestOutageDefersEverything(t *testing.T) {
 // every message is published and the DLQ client sharing the Token follows.
 func TestRotatedTokenIsReread(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
 	var source atomic.Value
 	source.Store(srv.Token)
 	var reads atomic.Int32
@@ -219,7 +219,7 @@ func TestRotatedTokenIsReread(t *testing.T) {
 // re-read found.
 func TestRefusedTokenAfterReread(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
 	for name, tc := range map[string]struct {
 		read func(context.Context) (string, error)
 		says string

@@ -26,14 +26,7 @@ func TestClaimGivesUpAtItsTimeout(t *testing.T) {
 	const bound = 500 * time.Millisecond
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
 	bg := context.Background()
-	tx, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg)
-	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := db.LockTable(t, "outbox")
 
 	type result struct {
 		st  relay.Stats
@@ -91,17 +84,10 @@ func TestClaimTimeoutFromTheLease(t *testing.T) {
 func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.OpenPool(t, db.URL, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 2
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
+	})
 	pub := &fakePublisher{}
 	r, err := relay.New(pool, pub, relay.Config{PublishConcurrency: 1, Logger: quiet()})
 	if err != nil {

@@ -385,44 +385,40 @@ func unixMs(t, fallback time.Time) int64 {
 // failureCallback delivers the failure callback of m as its own signed message, with its
 // own retries, and waits for it.
 func (s *Server) failureCallback(ctx context.Context, m *message, e *dlqEntry) {
-	cb := &message{
-		id:         "msg_" + randomID(26),
-		url:        m.failureCallback,
-		method:     m.fcMethod,
-		header:     http.Header{"Content-Type": {"application/json"}},
-		body:       callbackBody(m, e.resp, e.retried, e.id),
-		retries:    m.fcRetries,
-		timeout:    m.fcTimeout,
-		createdAt:  time.Now(),
-		queue:      m.queue,
-		callerIP:   m.callerIP,
-		retryDelay: m.retryDelay,
-		kind:       kindFailureCallback,
-	}
-	for k, vs := range m.fcHeader {
-		cb.header[k] = vs
-	}
-	s.run(ctx, cb)
+	s.run(ctx, callbackMessage(m, m.failureCallback, m.fcMethod, callbackBody(m, e.resp, e.retried, e.id),
+		m.fcRetries, m.fcTimeout, m.fcHeader, kindFailureCallback))
 }
 
 // callback sends the success callback once (best effort, with the message's retries).
 func (s *Server) callback(ctx context.Context, m *message, res response, retried int, kind attemptKind) {
+	s.run(ctx, callbackMessage(m, m.callback, http.MethodPost, callbackBody(m, res, retried, ""),
+		m.retries, 0, m.cbHeader, kind))
+}
+
+// callbackMessage is a callback about m: a message of its own to url, JSON with the
+// callback's own headers added, with m's caller and retry delay, and in m's queue when it
+// is the failure callback.
+func callbackMessage(m *message, url, method string, body []byte, retries int, timeout time.Duration, h http.Header, kind attemptKind) *message {
 	cb := &message{
 		id:         "msg_" + randomID(26),
-		url:        m.callback,
-		method:     http.MethodPost,
+		url:        url,
+		method:     method,
 		header:     http.Header{"Content-Type": {"application/json"}},
-		body:       callbackBody(m, res, retried, ""),
-		retries:    m.retries,
+		body:       body,
+		retries:    retries,
+		timeout:    timeout,
 		createdAt:  time.Now(),
 		callerIP:   m.callerIP,
 		retryDelay: m.retryDelay,
 		kind:       kind,
 	}
-	for k, vs := range m.cbHeader {
+	if kind == kindFailureCallback {
+		cb.queue = m.queue
+	}
+	for k, vs := range h {
 		cb.header[k] = vs
 	}
-	s.run(ctx, cb)
+	return cb
 }
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

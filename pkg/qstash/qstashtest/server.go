@@ -20,6 +20,7 @@ package qstashtest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -181,6 +182,7 @@ type Faults struct {
 type Outage string
 
 const (
+	// OutageNone (the zero value) injects no outage.
 	OutageNone Outage = ""
 	// Outage503 answers 503 {"error"}, as a failing service or its load balancer does.
 	Outage503 Outage = "503"
@@ -263,6 +265,28 @@ type Server struct {
 	dedupOrder []string
 }
 
+// TB is the part of testing.TB that NewTestServer uses.
+type TB interface {
+	Helper()
+	Cleanup(func())
+}
+
+// TestTimeScale is the TimeScale NewTestServer sets when the options set none: QStash's
+// retry delays shrunk so a test waits milliseconds for what takes minutes in production.
+const TestTimeScale = 0.0001
+
+// NewTestServer is NewServer for a test: TimeScale defaults to TestTimeScale, and the
+// server is closed when the test ends.
+func NewTestServer(tb TB, opts Options) *Server {
+	tb.Helper()
+	if opts.TimeScale == 0 {
+		opts.TimeScale = TestTimeScale
+	}
+	s := NewServer(opts)
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
 // httptest.NewServer does. Call Close when done.
 func NewServer(opts Options) *Server {
@@ -287,15 +311,9 @@ func Start(opts Options) (*Server, error) {
 }
 
 func start(ln net.Listener, opts Options) *Server {
-	if opts.Token == "" {
-		opts.Token = qstash.DevToken
-	}
-	if opts.CurrentSigningKey == "" {
-		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
-	}
-	if opts.NextSigningKey == "" {
-		opts.NextSigningKey = qstash.DevNextSigningKey
-	}
+	opts.Token = cmp.Or(opts.Token, qstash.DevToken)
+	opts.CurrentSigningKey = cmp.Or(opts.CurrentSigningKey, qstash.DevCurrentSigningKey)
+	opts.NextSigningKey = cmp.Or(opts.NextSigningKey, qstash.DevNextSigningKey)
 	if opts.TimeScale <= 0 {
 		opts.TimeScale = 1
 	}
@@ -308,9 +326,7 @@ func start(ln net.Listener, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.BatchErrors == "" {
-		opts.BatchErrors = BatchErrorsPerItem
-	}
+	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
 	if opts.QuotaWindow <= 0 {
 		opts.QuotaWindow = DefaultQuotaWindow
 	}
@@ -321,9 +337,7 @@ func start(ln net.Listener, opts Options) *Server {
 			panic(fmt.Sprintf("qstashtest: %v", err))
 		}
 		limits = &l
-		if opts.MaxInFlight == 0 {
-			opts.MaxInFlight = l.MaxParallelism
-		}
+		opts.MaxInFlight = cmp.Or(opts.MaxInFlight, l.MaxParallelism)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
