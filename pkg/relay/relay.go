@@ -384,14 +384,6 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// outcome collects a batch's results for the outcome statements.
-type outcome struct {
-	published []outbox.ID
-	retries   []outboxstore.Retry
-	dead      []outboxstore.Failure
-	released  []outbox.ID
-}
-
 // Batch claims, publishes and marks one batch of at most MaxBatchBytes.
 func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	lease, c, claimedAt, err := r.claim(ctx, r.cfg.MaxBatchBytes)
@@ -464,156 +456,46 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 // same-key event failed in this batch is released unsent, so it is never published before
 // that failure is recorded. unblocked reports released events that are claimable again
 // once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
+// The decisions are the pure steps in waves.go; this loop adds time, the pause and the
+// publisher.
 func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
-	held := make(map[string]outbox.ID) // key -> smallest id whose failure holds the key
-	for _, f := range c.Undecodable {
-		out.dead = append(out.dead, f)
-		if _, ok := held[f.PartitionKey]; !ok {
-			held[f.PartitionKey] = f.ID
-		}
-	}
-	pending := c.Messages
-	if len(held) > 0 {
-		pending = make([]outbox.Message, 0, len(c.Messages))
-		for _, m := range c.Messages {
-			if h, ok := held[m.PartitionKey]; ok && m.ID > h {
-				out.released = append(out.released, m.ID)
-				unblocked = true
-				continue
-			}
-			pending = append(pending, m)
-		}
-	}
-
-	// Each key's pending events in id order, keys in order of their first event. A wave
-	// takes the first event of every key still sending (fifo mode); publish mode sends
-	// everything at once, so one run holds it all.
-	type keyRun struct{ ms []outbox.Message }
-	waves := r.cfg.Ordering == OrderingFIFO
-	var runs []*keyRun
-	if waves {
-		byKey := make(map[string]*keyRun)
-		for _, m := range pending {
-			kr := byKey[m.PartitionKey]
-			if kr == nil {
-				kr = &keyRun{}
-				byKey[m.PartitionKey] = kr
-				runs = append(runs, kr)
-			}
-			kr.ms = append(kr.ms, m)
-		}
-	} else if len(pending) > 0 {
-		runs = []*keyRun{{ms: pending}}
-	}
-	releaseAll := func() {
-		for _, kr := range runs {
-			for _, m := range kr.ms {
-				out.released = append(out.released, m.ID)
-			}
-		}
-		runs = nil
-	}
+	pending, released := holdUndecodable(c.Undecodable, c.Messages)
+	out.dead = append(out.dead, c.Undecodable...)
+	out.released = released
+	unblocked = len(released) > 0
+	fifo := r.cfg.Ordering == OrderingFIFO
+	runs := keyRuns(pending, fifo)
+	policy := retryPolicy{maxAttempts: r.cfg.MaxAttempts, base: r.cfg.BackoffBase, max: r.cfg.BackoffMax, rand: r.rand}
 	for len(runs) > 0 {
 		if time.Now().Before(r.paused()) {
 			// Another batch was deferred: send nothing more until the pause ends.
-			releaseAll()
-			unblocked = true
-			break
+			out.released = append(out.released, runIDs(runs)...)
+			return out, true
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 {
 			// Out of time: what is left goes back unsent, attempts uncounted.
-			releaseAll()
-			break
+			out.released = append(out.released, runIDs(runs)...)
+			return out, unblocked
 		}
 		var wave []outbox.Message
-		if waves {
-			wave = make([]outbox.Message, len(runs))
-			for i, kr := range runs {
-				wave[i] = kr.ms[0]
-				kr.ms = kr.ms[1:]
-			}
-		} else {
-			wave, runs = pending, nil // in id order, so each key's events too
+		wave, runs = nextWave(runs, fifo)
+		w := classify(wave, r.publish(ctx, wave, deadline, st), policy)
+		out.add(w.outcome)
+		st.countDeferred(w.deferred)
+		if len(w.deferred) > 0 {
+			// One pause per call, however many messages it refused; the queue refused for
+			// a reason outside the messages, so nothing more is sent.
+			r.deferUntil(w.deferred[0])
+			out.released = append(out.released, runIDs(runs)...)
+			return out, true
 		}
-		results := r.publish(ctx, wave, deadline, st)
-		stopAll := false
-		var waveDefer *DeferError // one pause per call, however many messages it refused
-		hold := make(map[string]bool)
-		dead := make(map[string]bool)
-		for i, m := range wave {
-			res := results[i]
-			switch res.Outcome() {
-			case Published:
-				out.published = append(out.published, m.ID)
-			case Deferred:
-				// Not attempted: back to pending with the attempt uncounted. The queue
-				// refused for a reason outside the message, so nothing more is sent.
-				out.released = append(out.released, m.ID)
-				var d *DeferError
-				errors.As(res.Err, &d)
-				switch d.Reason {
-				case DeferQuota:
-					st.DeferredQuota++
-				case DeferDeployment:
-					st.DeferredDeployment++
-				case DeferOutage:
-					st.DeferredOutage++
-				}
-				if st.deferred == nil {
-					st.deferred = d
-				}
-				if waveDefer == nil {
-					waveDefer = d
-				}
-				stopAll, unblocked = true, true
-			case PermanentFailure:
-				out.dead = append(out.dead, outboxstore.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
-				hold[m.PartitionKey], dead[m.PartitionKey] = true, true
-			case Retryable:
-				hold[m.PartitionKey] = true
-				if m.Attempt >= r.cfg.MaxAttempts {
-					out.dead = append(out.dead, outboxstore.Failure{
-						ID:           m.ID,
-						PartitionKey: m.PartitionKey,
-						Error:        fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
-						StatusCode:   StatusCode(res.Err),
-					})
-					dead[m.PartitionKey] = true
-					continue
-				}
-				out.retries = append(out.retries, outboxstore.Retry{
-					ID:    m.ID,
-					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.rand()),
-					Error: errText(res.Err),
-				})
-			}
-		}
-		if waveDefer != nil {
-			r.deferUntil(waveDefer)
-		} else if len(out.published) > 0 {
+		if len(out.published) > 0 {
 			r.published()
 		}
-		if stopAll {
-			releaseAll()
-			break
-		}
-		// Later events of a key whose event failed wait until that outcome is recorded;
-		// a key whose events are all sent is done.
-		next := runs[:0]
-		for _, kr := range runs {
-			if len(kr.ms) == 0 {
-				continue
-			}
-			if k := kr.ms[0].PartitionKey; hold[k] {
-				for _, m := range kr.ms {
-					out.released = append(out.released, m.ID)
-				}
-				unblocked = unblocked || dead[k]
-				continue
-			}
-			next = append(next, kr)
-		}
-		runs = next
+		var freed bool
+		runs, released, freed = advance(runs, w.held, w.freed)
+		out.released = append(out.released, released...)
+		unblocked = unblocked || freed
 	}
 	return out, unblocked
 }
