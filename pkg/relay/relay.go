@@ -177,60 +177,23 @@ type batchDone struct {
 // batch's budget left the drain waits for a batch to finish instead of claiming a sliver.
 func (r *Relay) drain(stop, work context.Context, total *Stats) error {
 	// Buffered for every batch in flight, so a finishing batch never blocks.
-	done := make(chan batchDone, r.inFlight)
-	inFlight := 0
-	var inFlightBytes int64
-	var budget budgetUse
-	defer budget.log(r)
-	var errs []error
-	logged := false
-	var abort *batchDone
-	collect := func(b batchDone) {
-		inFlight--
-		inFlightBytes -= b.bytes
-		total.add(b.st)
-		if b.err != nil {
-			errs = append(errs, b.err)
-		}
-		if b.aborted {
-			if abort == nil {
-				abort = &b
-			}
-			errs = append(errs, errors.New("relay batch aborted"))
-		}
-		if d := b.st.deferred; d != nil && !logged {
-			logged = true
-			r.log.Warn("publishing deferred: the queue refused the request for a reason outside the messages; they are back in the outbox with no attempt spent",
-				"reason", d.Reason, "until", r.paused(), "error", d.Error())
-		}
-	}
-
-claiming:
-	for len(errs) == 0 && stop.Err() == nil {
-		if inFlight >= r.inFlight {
-			collect(<-done)
+	d := &drainer{r: r, total: total, done: make(chan batchDone, r.inFlight)}
+	defer d.budget.log(r)
+	for len(d.errs) == 0 && stop.Err() == nil {
+		if d.inFlight >= r.inFlight {
+			d.collect(<-d.done)
 			continue
 		}
-		left := r.cfg.MaxInFlightBytes - inFlightBytes
-		if inFlight > 0 && left < max(r.cfg.MaxBatchBytes/4, 1) {
-			budget.waits++
-			collect(<-done)
+		left := r.cfg.MaxInFlightBytes - d.inFlightBytes
+		if d.inFlight > 0 && left < max(r.cfg.MaxBatchBytes/4, 1) {
+			d.budget.waits++
+			d.collect(<-d.done)
 			continue
 		}
 		if until := r.paused(); time.Now().Before(until) {
-			if dl, ok := work.Deadline(); ok && until.After(dl.Add(-r.cfg.DeadlineMargin)) {
-				// Nothing could be claimed after the pause: stop now rather than wait.
-				total.PausedUntil = until
-				break claiming
+			if !d.waitPause(stop, work, until) {
+				break
 			}
-			t := time.NewTimer(time.Until(until))
-			select {
-			case <-stop.Done():
-			case <-t.C:
-			case b := <-done:
-				collect(b)
-			}
-			t.Stop()
 			continue
 		}
 		if r.nearDeadline(work) {
@@ -239,53 +202,120 @@ claiming:
 		}
 		lease, c, claimedAt, err := r.claim(work, min(r.cfg.MaxBatchBytes, left))
 		if err != nil {
-			errs = append(errs, err)
+			d.errs = append(d.errs, err)
 			break
 		}
-		budget.claimed(c, inFlightBytes)
+		d.budget.claimed(c, d.inFlightBytes)
 		if c.Len() == 0 {
-			if inFlight == 0 {
+			if d.inFlight == 0 {
 				break
 			}
 			// Keys held by the batches in flight become claimable when they are marked.
-			collect(<-done)
+			d.collect(<-d.done)
 			continue
 		}
-		inFlight++
-		inFlightBytes += c.Bytes
-		go func() {
-			b := batchDone{aborted: true, bytes: c.Bytes}
-			defer func() {
-				if b.aborted {
-					b.panicked = recover()
-				}
-				done <- b
-			}()
-			b.st, b.err = r.process(work, lease, c, claimedAt)
-			b.aborted = false
-		}()
-		if !c.More && inFlight == 1 {
+		d.start(work, lease, c, claimedAt)
+		if !c.More && d.inFlight == 1 {
 			// A short batch while nothing else was in flight: every ready row was seen,
 			// unless a dead letter in this batch frees its key's later events.
-			b := <-done
-			collect(b)
+			b := <-d.done
+			d.collect(b)
 			if !b.st.more {
 				break
 			}
 		}
 	}
-	for inFlight > 0 {
-		collect(<-done)
+	return d.finish()
+}
+
+// drainer is one drain's state: the batches in flight and what the finished ones did.
+type drainer struct {
+	r     *Relay
+	total *Stats
+	done  chan batchDone
+
+	inFlight      int
+	inFlightBytes int64
+	budget        budgetUse
+	errs          []error
+	// logged: the drain's one deferral line is written.
+	logged bool
+	// abort is the first batch whose goroutine ended without finishing.
+	abort *batchDone
+}
+
+// start publishes and marks a claimed batch on its own goroutine, which reports on done
+// however it ends.
+func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
+	d.inFlight++
+	d.inFlightBytes += c.Bytes
+	go func() {
+		b := batchDone{aborted: true, bytes: c.Bytes}
+		defer func() {
+			if b.aborted {
+				b.panicked = recover()
+			}
+			d.done <- b
+		}()
+		b.st, b.err = d.r.process(work, lease, c, claimedAt)
+		b.aborted = false
+	}()
+}
+
+// collect accounts for a finished batch.
+func (d *drainer) collect(b batchDone) {
+	d.inFlight--
+	d.inFlightBytes -= b.bytes
+	d.total.add(b.st)
+	if b.err != nil {
+		d.errs = append(d.errs, b.err)
 	}
-	if abort != nil {
-		// Every other batch is marked; now end the caller as the batch ended, as if it
-		// had run on the caller's goroutine.
-		if abort.panicked != nil {
-			panic(abort.panicked)
+	if b.aborted {
+		if d.abort == nil {
+			d.abort = &b
+		}
+		d.errs = append(d.errs, errors.New("relay batch aborted"))
+	}
+	if def := b.st.deferred; def != nil && !d.logged {
+		d.logged = true
+		d.r.log.Warn("publishing deferred: the queue refused the request for a reason outside the messages; they are back in the outbox with no attempt spent",
+			"reason", def.Reason, "until", d.r.paused(), "error", def.Error())
+	}
+}
+
+// waitPause waits for a deferral's pause to end, stop, or a batch to finish (collected).
+// It returns false, without waiting, when nothing could be claimed after the pause before
+// work's deadline.
+func (d *drainer) waitPause(stop, work context.Context, until time.Time) bool {
+	if dl, ok := work.Deadline(); ok && until.After(dl.Add(-d.r.cfg.DeadlineMargin)) {
+		d.total.PausedUntil = until
+		return false
+	}
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	select {
+	case <-stop.Done():
+	case <-t.C:
+	case b := <-d.done:
+		d.collect(b)
+	}
+	return true
+}
+
+// finish waits for every batch in flight and returns the drain's errors. If a batch's
+// goroutine aborted, it then ends the caller the same way, as if the batch had run on the
+// caller's goroutine.
+func (d *drainer) finish() error {
+	for d.inFlight > 0 {
+		d.collect(<-d.done)
+	}
+	if d.abort != nil {
+		if d.abort.panicked != nil {
+			panic(d.abort.panicked)
 		}
 		runtime.Goexit()
 	}
-	return errors.Join(errs...)
+	return errors.Join(d.errs...)
 }
 
 // budgetUse counts, for one drain, how the byte budgets shaped it.
