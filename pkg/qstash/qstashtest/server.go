@@ -287,44 +287,7 @@ func Start(opts Options) (*Server, error) {
 }
 
 func start(ln net.Listener, opts Options) *Server {
-	if opts.Token == "" {
-		opts.Token = qstash.DevToken
-	}
-	if opts.CurrentSigningKey == "" {
-		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
-	}
-	if opts.NextSigningKey == "" {
-		opts.NextSigningKey = qstash.DevNextSigningKey
-	}
-	if opts.TimeScale <= 0 {
-		opts.TimeScale = 1
-	}
-	if opts.DedupWindow <= 0 {
-		opts.DedupWindow = DefaultDedupWindow
-	}
-	if opts.DeliveryTimeout <= 0 {
-		opts.DeliveryTimeout = DefaultDeliveryTimeout
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.BatchErrors == "" {
-		opts.BatchErrors = BatchErrorsPerItem
-	}
-	if opts.QuotaWindow <= 0 {
-		opts.QuotaWindow = DefaultQuotaWindow
-	}
-	var limits *qstash.PlanLimits
-	if opts.Plan != "" {
-		l, err := opts.Plan.Limits()
-		if err != nil {
-			panic(fmt.Sprintf("qstashtest: %v", err))
-		}
-		limits = &l
-		if opts.MaxInFlight == 0 {
-			opts.MaxInFlight = l.MaxParallelism
-		}
-	}
+	opts, limits := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		URL:               "http://" + ln.Addr().String(),
@@ -353,16 +316,7 @@ func start(ln net.Listener, opts Options) *Server {
 		s.inFlight = make(chan struct{}, opts.MaxInFlight)
 	}
 	s.flow = newFlowControl()
-	if opts.HTTPClient != nil {
-		s.client = opts.HTTPClient
-	} else {
-		s.client = &http.Client{
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
-			// QStash does not follow redirects as far as anyone has documented; a 3xx is a
-			// failed attempt.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
+	s.client = deliveryClient(opts.HTTPClient)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	s.wg.Add(1)
 	go func() {
@@ -372,6 +326,62 @@ func start(ln net.Listener, opts Options) *Server {
 		}
 	}()
 	return s
+}
+
+// withDefaults returns opts with every zero field defaulted, and the limits of opts.Plan
+// (nil for no plan). An unknown plan panics: Options come from the test's own code.
+func (opts Options) withDefaults() (Options, *qstash.PlanLimits) {
+	if opts.Token == "" {
+		opts.Token = qstash.DevToken
+	}
+	if opts.CurrentSigningKey == "" {
+		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
+	}
+	if opts.NextSigningKey == "" {
+		opts.NextSigningKey = qstash.DevNextSigningKey
+	}
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = DefaultDedupWindow
+	}
+	if opts.DeliveryTimeout <= 0 {
+		opts.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.BatchErrors == "" {
+		opts.BatchErrors = BatchErrorsPerItem
+	}
+	if opts.QuotaWindow <= 0 {
+		opts.QuotaWindow = DefaultQuotaWindow
+	}
+	if opts.Plan == "" {
+		return opts, nil
+	}
+	l, err := opts.Plan.Limits()
+	if err != nil {
+		panic(fmt.Sprintf("qstashtest: %v", err))
+	}
+	if opts.MaxInFlight == 0 {
+		opts.MaxInFlight = l.MaxParallelism
+	}
+	return opts, &l
+}
+
+// deliveryClient returns c, or the client deliveries use by default.
+func deliveryClient(c *http.Client) *http.Client {
+	if c != nil {
+		return c
+	}
+	return &http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+		// QStash does not follow redirects as far as anyone has documented; a 3xx is a
+		// failed attempt.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Close stops accepting requests, cancels pending deliveries and waits for every
