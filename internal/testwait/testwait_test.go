@@ -45,7 +45,7 @@ func TestEventuallyFailsWithTheMessage(t *testing.T) {
 	if el := time.Since(start); el < 50*time.Millisecond {
 		t.Fatalf("gave up after %v, before the timeout", el)
 	}
-	if want := "timed out after 50ms: 7 rows"; r.failed != want {
+	if want := "timed out after 50ms waiting for 7 rows"; r.failed != want {
 		t.Fatalf("failure %q, want %q", r.failed, want)
 	}
 }
