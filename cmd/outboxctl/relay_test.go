@@ -20,6 +20,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -41,25 +42,14 @@ func startRelay(t *testing.T, ctx context.Context, vars map[string]string) *rela
 	go func() {
 		inst.done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--gauge-interval", "50ms", "--batch", "40"})
 	}()
-	waitFor(t, 15*time.Second, "relay start", func() bool {
+	testwait.Eventually(t, 15*time.Second, func() bool {
 		m := startedAddr.FindStringSubmatch(inst.stderr.String())
 		if m != nil {
 			inst.addr = m[1]
 		}
 		return m != nil
-	})
+	}, "relay start")
 	return inst
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // scrape returns the value of an unlabeled sample in the instance's /metrics.
@@ -126,7 +116,7 @@ func TestRelayTwoInstances(t *testing.T) {
 		enqueueKeys(t, db, chunk, c*chunk, 500)
 		time.Sleep(10 * time.Millisecond)
 	}
-	waitFor(t, 60*time.Second, "all events dispatched", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n })
+	testwait.Eventually(t, 60*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n }, "all events dispatched")
 	if bad := countRows(t, db, "attempts <> 1 OR lease_token IS NOT NULL OR dead_lettered_at IS NOT NULL"); bad != 0 {
 		t.Fatalf("%d rows claimed more than once, still leased or dead-lettered", bad)
 	}
@@ -145,9 +135,9 @@ func TestRelayTwoInstances(t *testing.T) {
 		}
 	}
 	// Counters reach /metrics at the end of each chunk.
-	waitFor(t, 3*relayChunk, "dispatched counters to add up", func() bool {
+	testwait.Eventually(t, 3*relayChunk, func() bool {
 		return scrape(t, a.addr, "outbox_dispatched_total")+scrape(t, b.addr, "outbox_dispatched_total") == n
-	})
+	}, "dispatched counters to add up")
 	// With 500 keys and batches of 40 both instances find claimable heads; with fewer keys
 	// than a batch, one relay holds every key's head and the other finds nothing ready.
 	da, dbn := scrape(t, a.addr, "outbox_dispatched_total"), scrape(t, b.addr, "outbox_dispatched_total")
@@ -155,7 +145,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	if da == 0 || dbn == 0 {
 		t.Fatalf("one instance did all the work (%v, %v): the test did not exercise two relays", da, dbn)
 	}
-	waitFor(t, 5*time.Second, "backlog gauge", func() bool { return scrape(t, a.addr, "outbox_backlog_pending") == 0 })
+	testwait.Eventually(t, 5*time.Second, func() bool { return scrape(t, a.addr, "outbox_backlog_pending") == 0 }, "backlog gauge")
 	for _, inst := range []*relayInstance{a, b} {
 		resp, err := http.Get("http://" + inst.addr + "/healthz")
 		if err != nil {
@@ -170,7 +160,7 @@ func TestRelayTwoInstances(t *testing.T) {
 
 	// Stop both in the middle of a second load.
 	enqueueN(t, db, 1000, 500)
-	waitFor(t, 30*time.Second, "the second load to start", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n })
+	testwait.Eventually(t, 30*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n }, "the second load to start")
 	cancel()
 	for _, inst := range []*relayInstance{a, b} {
 		select {
@@ -280,27 +270,24 @@ func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 
 // gatedPublisher accepts every message; its calls wait (up to 5 s) until gate of them are
 // in flight at once, so that many batches reach their marks together.
-type gatedPublisher struct {
-	gate int
-
-	mu       sync.Mutex
-	inFlight int
-	open     chan struct{}
-}
-
-func (p *gatedPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	p.mu.Lock()
-	p.inFlight++
-	if p.inFlight == p.gate {
-		close(p.open)
+func gatedPublisher(gate int) relay.PublisherFunc {
+	var mu sync.Mutex
+	inFlight := 0
+	open := make(chan struct{})
+	return func(ctx context.Context, msgs []outbox.Message) []relay.Result {
+		mu.Lock()
+		inFlight++
+		if inFlight == gate {
+			close(open)
+		}
+		mu.Unlock()
+		select {
+		case <-open:
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+		return make([]relay.Result, len(msgs))
 	}
-	p.mu.Unlock()
-	select {
-	case <-p.open:
-	case <-time.After(5 * time.Second):
-	case <-ctx.Done():
-	}
-	return make([]relay.Result, len(msgs))
 }
 
 // TestRelayPoolCountsWhatRuns: outboxctl relay's pool has a connection for the claim, one
@@ -348,7 +335,7 @@ func TestRelayPoolCountsWhatRuns(t *testing.T) {
 	}()
 	waited := pool.Stat().EmptyAcquireCount()
 
-	r, err := relay.New(pool, &gatedPublisher{gate: concurrency, open: make(chan struct{})},
+	r, err := relay.New(pool, gatedPublisher(concurrency),
 		relay.Config{BatchSize: 20, PublishConcurrency: concurrency, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -393,13 +380,13 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 				done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--grace", c.grace.String()})
 			}()
 			// The claim waits on the lock.
-			waitFor(t, 15*time.Second, "a claim waiting on the lock", func() bool {
+			testwait.Eventually(t, 15*time.Second, func() bool {
 				var n int
 				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%' AND application_name = $1`, app).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n > 0
-			})
+			}, "a claim waiting on the lock")
 			cancel() // SIGTERM
 			start := time.Now()
 			select {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -311,13 +312,7 @@ func TestLinger(t *testing.T) {
 		r, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
 		done <- out{r, err}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.count(t, "dispatched_at IS NOT NULL") < 10 {
-		if time.Now().After(deadline) {
-			t.Fatal("first drain did not finish")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Eventually(t, 10*time.Second, func() bool { return s.count(t, "dispatched_at IS NOT NULL") >= 10 }, "the first drain to finish")
 	s.enqueue(t, 5)
 	o := <-done
 	if o.err != nil || o.res.Dispatched != 15 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -246,8 +247,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 				second <- result{o, err}
 			}()
 			// Wait until the second delivery is blocked on the first's transaction.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testwait.Eventually(t, 10*time.Second, func() bool {
 				var waiting bool
 				err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
 					WHERE locktype = 'transactionid' AND transactionid = $1::text::xid AND NOT granted)`, firstXID).Scan(&waiting)
@@ -255,18 +255,15 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 					t.Fatal(err)
 				}
 				if waiting {
-					break
+					return true
 				}
 				select {
 				case r := <-second:
 					t.Fatalf("second delivery finished while the first was uncommitted: %+v", r)
 				default:
 				}
-				if time.Now().After(deadline) {
-					t.Fatal("second delivery never waited on the first")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return false
+			}, "the second delivery to wait on the first")
 			close(release)
 
 			r1, r2 := <-first, <-second

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -140,7 +141,7 @@ func TestOutageDefersEverything(t *testing.T) {
 				}
 			}
 			if o != "refused" {
-				waitFor(t, func() bool { n, _ := batchRequests(srv); return n > 0 })
+				testwait.Eventually(t, 30*time.Second, func() bool { n, _ := batchRequests(srv); return n > 0 }, "a batch request at the server")
 			}
 			if n, _ := batchRequests(srv); o != "refused" && n != 1 {
 				t.Fatalf("%d requests: the rest of the call must not be sent into the outage", n)
@@ -189,10 +190,10 @@ func TestRotatedTokenIsReread(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, func() bool {
+	testwait.Eventually(t, 30*time.Second, func() bool {
 		_, byStatus := batchRequests(srv)
 		return byStatus[http.StatusUnauthorized] == calls
-	})
+	}, "%d requests refused with 401 (the old token)", calls)
 	close(release)
 	wg.Wait()
 	close(errs)
@@ -238,16 +239,5 @@ func TestRefusedTokenAfterReread(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 30 s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

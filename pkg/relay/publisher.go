@@ -16,6 +16,16 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []outbox.Message) []Result
 }
 
+// PublisherFunc adapts a function to a Publisher, as http.HandlerFunc does for a handler:
+// PublisherFunc(f).Publish(ctx, msgs) calls f(ctx, msgs). f bears the Publisher contract
+// (one Result per message, in order). Tests use it to script the queue's answers.
+type PublisherFunc func(ctx context.Context, msgs []outbox.Message) []Result
+
+// Publish calls f(ctx, msgs).
+func (f PublisherFunc) Publish(ctx context.Context, msgs []outbox.Message) []Result {
+	return f(ctx, msgs)
+}
+
 // The publish contract, under the names the relay's users know (package publish holds it,
 // so that a publisher need not import the engine).
 type (

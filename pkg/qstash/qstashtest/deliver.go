@@ -244,20 +244,9 @@ func parseReceiverDelay(v string, now time.Time) (time.Duration, bool) {
 
 // attempt makes one delivery and records it.
 func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate bool) (response, error) {
-	s.mu.Lock()
-	f := s.faults
-	var hold time.Duration
-	if f.DelayRate > 0 && f.MaxDelay > 0 && s.delRand.Float64() < f.DelayRate {
-		hold = time.Duration(s.delRand.Int64N(int64(f.MaxDelay)) + 1)
-	}
-	cur, next := s.keys[0], s.keys[1]
-	s.mu.Unlock()
-	if !sleep(ctx, hold) {
-		return response{}, ctx.Err()
-	}
-	key := cur
-	if s.opts.SignWithNextKey {
-		key = next
+	key, err := s.delayFault(ctx)
+	if err != nil {
+		return response{}, err
 	}
 	if s.inFlight != nil {
 		// The account's delivery parallelism: wait for a slot.
@@ -279,23 +268,9 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var body io.Reader
-	if len(m.body) > 0 {
-		body = bytes.NewReader(m.body)
-	}
-	req, err := http.NewRequestWithContext(actx, m.method, m.url, body)
+	req, err := deliveryRequest(actx, m, retried, sig)
 	if err != nil {
 		return response{}, err
-	}
-	for k, vs := range m.header {
-		req.Header[k] = append([]string(nil), vs...)
-	}
-	req.Header.Set("User-Agent", "Upstash-QStash")
-	req.Header.Set("Upstash-Message-Id", m.id)
-	req.Header.Set("Upstash-Retried", strconv.Itoa(retried))
-	req.Header.Set("Upstash-Signature", sig)
-	if m.callerIP != "" {
-		req.Header.Set("Upstash-Caller-Ip", m.callerIP)
 	}
 	a := Attempt{
 		MessageID: m.id, URL: m.url, Method: m.method, Queue: m.queue, Retried: retried,
@@ -327,6 +302,50 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 		s.opts.OnAttempt(a)
 	}
 	return res, err
+}
+
+// delayFault holds a delivery for the configured delay fault, if it strikes, and returns
+// the key to sign it with; the error is ctx's if it ends meanwhile.
+func (s *Server) delayFault(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	f := s.faults
+	var hold time.Duration
+	if f.DelayRate > 0 && f.MaxDelay > 0 && s.delRand.Float64() < f.DelayRate {
+		hold = time.Duration(s.delRand.Int64N(int64(f.MaxDelay)) + 1)
+	}
+	cur, next := s.keys[0], s.keys[1]
+	s.mu.Unlock()
+	if !sleep(ctx, hold) {
+		return "", ctx.Err()
+	}
+	if s.opts.SignWithNextKey {
+		return next, nil
+	}
+	return cur, nil
+}
+
+// deliveryRequest builds the request QStash sends to m's destination: its forwarded
+// headers and the Upstash ones, signed with sig.
+func deliveryRequest(ctx context.Context, m *message, retried int, sig string) (*http.Request, error) {
+	var body io.Reader
+	if len(m.body) > 0 {
+		body = bytes.NewReader(m.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, m.method, m.url, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range m.header {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	req.Header.Set("User-Agent", "Upstash-QStash")
+	req.Header.Set("Upstash-Message-Id", m.id)
+	req.Header.Set("Upstash-Retried", strconv.Itoa(retried))
+	req.Header.Set("Upstash-Signature", sig)
+	if m.callerIP != "" {
+		req.Header.Set("Upstash-Caller-Ip", m.callerIP)
+	}
+	return req, nil
 }
 
 // maybeDuplicate re-sends a delivered message once, if the duplicate fault fires.

@@ -311,34 +311,7 @@ func Start(opts Options) (*Server, error) {
 }
 
 func start(ln net.Listener, opts Options) *Server {
-	opts.Token = cmp.Or(opts.Token, qstash.DevToken)
-	opts.CurrentSigningKey = cmp.Or(opts.CurrentSigningKey, qstash.DevCurrentSigningKey)
-	opts.NextSigningKey = cmp.Or(opts.NextSigningKey, qstash.DevNextSigningKey)
-	if opts.TimeScale <= 0 {
-		opts.TimeScale = 1
-	}
-	if opts.DedupWindow <= 0 {
-		opts.DedupWindow = DefaultDedupWindow
-	}
-	if opts.DeliveryTimeout <= 0 {
-		opts.DeliveryTimeout = DefaultDeliveryTimeout
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
-	if opts.QuotaWindow <= 0 {
-		opts.QuotaWindow = DefaultQuotaWindow
-	}
-	var limits *qstash.PlanLimits
-	if opts.Plan != "" {
-		l, err := opts.Plan.Limits()
-		if err != nil {
-			panic(fmt.Sprintf("qstashtest: %v", err))
-		}
-		limits = &l
-		opts.MaxInFlight = cmp.Or(opts.MaxInFlight, l.MaxParallelism)
-	}
+	opts, limits := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		URL:               "http://" + ln.Addr().String(),
@@ -367,16 +340,7 @@ func start(ln net.Listener, opts Options) *Server {
 		s.inFlight = make(chan struct{}, opts.MaxInFlight)
 	}
 	s.flow = newFlowControl()
-	if opts.HTTPClient != nil {
-		s.client = opts.HTTPClient
-	} else {
-		s.client = &http.Client{
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
-			// QStash does not follow redirects as far as anyone has documented; a 3xx is a
-			// failed attempt.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
+	s.client = deliveryClient(opts.HTTPClient)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	s.wg.Add(1)
 	go func() {
@@ -386,6 +350,52 @@ func start(ln net.Listener, opts Options) *Server {
 		}
 	}()
 	return s
+}
+
+// withDefaults returns opts with every zero field defaulted, and the limits of opts.Plan
+// (nil for no plan). An unknown plan panics: Options come from the test's own code.
+func (opts Options) withDefaults() (Options, *qstash.PlanLimits) {
+	opts.Token = cmp.Or(opts.Token, qstash.DevToken)
+	opts.CurrentSigningKey = cmp.Or(opts.CurrentSigningKey, qstash.DevCurrentSigningKey)
+	opts.NextSigningKey = cmp.Or(opts.NextSigningKey, qstash.DevNextSigningKey)
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = DefaultDedupWindow
+	}
+	if opts.DeliveryTimeout <= 0 {
+		opts.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
+	if opts.QuotaWindow <= 0 {
+		opts.QuotaWindow = DefaultQuotaWindow
+	}
+	if opts.Plan == "" {
+		return opts, nil
+	}
+	l, err := opts.Plan.Limits()
+	if err != nil {
+		panic(fmt.Sprintf("qstashtest: %v", err))
+	}
+	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, l.MaxParallelism)
+	return opts, &l
+}
+
+// deliveryClient returns c, or the client deliveries use by default.
+func deliveryClient(c *http.Client) *http.Client {
+	if c != nil {
+		return c
+	}
+	return &http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+		// QStash does not follow redirects as far as anyone has documented; a 3xx is a
+		// failed attempt.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Close stops accepting requests, cancels pending deliveries and waits for every

@@ -15,6 +15,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -251,17 +252,7 @@ func TestDeduplication(t *testing.T) {
 		t.Fatalf("dedup id with ':' = %d, want 400", s)
 	}
 	// After the window the id is new again.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, _ := publish(h, "a")
-		if s == 201 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("dedup id never expired")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Eventually(t, 5*time.Second, func() bool { s, _ := publish(h, "a"); return s == 201 }, "the dedup id to expire")
 	// Forgetting the expired entry kept the new one: within its window it deduplicates.
 	if s, r := publish(h, "a"); s != 202 || r["deduplicated"] != true {
 		t.Fatalf("publish again within the new window: %d %v", s, r)
