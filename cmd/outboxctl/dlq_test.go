@@ -252,14 +252,6 @@ func TestParseTime(t *testing.T) {
 	}
 }
 
-// newQStash starts a local QStash server with fast retries.
-func newQStash(t *testing.T) *qstashtest.Server {
-	t.Helper()
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
-	return qs
-}
-
 // waitDLQ waits until qs has finished every delivery, then checks its DLQ holds n entries.
 func waitDLQ(t *testing.T, qs *qstashtest.Server, n int) {
 	t.Helper()
@@ -274,7 +266,7 @@ func TestDLQSync(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	qs := newQStash(t)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	webhook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 	}))

@@ -20,34 +20,12 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
-
-// deliveries counts what the webhook stand-in received, per outbox id.
-type deliveries struct {
-	mu    sync.Mutex
-	count map[string]int
-}
-
-func (d *deliveries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	d.mu.Lock()
-	d.count[r.Header.Get("X-Outbox-Id")]++
-	d.mu.Unlock()
-}
-
-func (d *deliveries) snapshot() map[string]int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]int, len(d.count))
-	for k, v := range d.count {
-		out[k] = v
-	}
-	return out
-}
 
 type relayInstance struct {
 	stderr *logtest.Buffer
@@ -64,25 +42,14 @@ func startRelay(t *testing.T, ctx context.Context, vars map[string]string) *rela
 	go func() {
 		inst.done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--gauge-interval", "50ms", "--batch", "40"})
 	}()
-	waitFor(t, 15*time.Second, "relay start", func() bool {
+	testwait.Eventually(t, 15*time.Second, func() bool {
 		m := startedAddr.FindStringSubmatch(inst.stderr.String())
 		if m != nil {
 			inst.addr = m[1]
 		}
 		return m != nil
-	})
+	}, "relay start")
 	return inst
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // scrape returns the value of an unlabeled sample in the instance's /metrics.
@@ -108,11 +75,7 @@ func scrape(t *testing.T, addr, name string) float64 {
 
 func countRows(t *testing.T, db *pgtest.DB, where string) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) { enqueueKeys(t, db, n, 0, keys) }
@@ -135,9 +98,8 @@ func enqueueKeys(t *testing.T, db *pgtest.DB, n, first, keys int) {
 func TestRelayTwoInstances(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
-	got := &deliveries{count: map[string]int{}}
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	got := &qstashtest.Destination{}
 	dest := httptest.NewServer(got)
 	defer dest.Close()
 	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": dest.URL}
@@ -154,7 +116,7 @@ func TestRelayTwoInstances(t *testing.T) {
 		enqueueKeys(t, db, chunk, c*chunk, 500)
 		time.Sleep(10 * time.Millisecond)
 	}
-	waitFor(t, 60*time.Second, "all events dispatched", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n })
+	testwait.Eventually(t, 60*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n }, "all events dispatched")
 	if bad := countRows(t, db, "attempts <> 1 OR lease_token IS NOT NULL OR dead_lettered_at IS NOT NULL"); bad != 0 {
 		t.Fatalf("%d rows claimed more than once, still leased or dead-lettered", bad)
 	}
@@ -163,7 +125,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	if err := qs.WaitIdle(wctx); err != nil {
 		t.Fatal(err)
 	}
-	seen := got.snapshot()
+	seen := got.Counts()
 	if len(seen) != n {
 		t.Fatalf("consumer saw %d distinct events, want %d", len(seen), n)
 	}
@@ -173,9 +135,9 @@ func TestRelayTwoInstances(t *testing.T) {
 		}
 	}
 	// Counters reach /metrics at the end of each chunk.
-	waitFor(t, 3*relayChunk, "dispatched counters to add up", func() bool {
+	testwait.Eventually(t, 3*relayChunk, func() bool {
 		return scrape(t, a.addr, "outbox_dispatched_total")+scrape(t, b.addr, "outbox_dispatched_total") == n
-	})
+	}, "dispatched counters to add up")
 	// With 500 keys and batches of 40 both instances find claimable heads; with fewer keys
 	// than a batch, one relay holds every key's head and the other finds nothing ready.
 	da, dbn := scrape(t, a.addr, "outbox_dispatched_total"), scrape(t, b.addr, "outbox_dispatched_total")
@@ -183,7 +145,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	if da == 0 || dbn == 0 {
 		t.Fatalf("one instance did all the work (%v, %v): the test did not exercise two relays", da, dbn)
 	}
-	waitFor(t, 5*time.Second, "backlog gauge", func() bool { return scrape(t, a.addr, "outbox_backlog_pending") == 0 })
+	testwait.Eventually(t, 5*time.Second, func() bool { return scrape(t, a.addr, "outbox_backlog_pending") == 0 }, "backlog gauge")
 	for _, inst := range []*relayInstance{a, b} {
 		resp, err := http.Get("http://" + inst.addr + "/healthz")
 		if err != nil {
@@ -198,7 +160,7 @@ func TestRelayTwoInstances(t *testing.T) {
 
 	// Stop both in the middle of a second load.
 	enqueueN(t, db, 1000, 500)
-	waitFor(t, 30*time.Second, "the second load to start", func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n })
+	testwait.Eventually(t, 30*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n }, "the second load to start")
 	cancel()
 	for _, inst := range []*relayInstance{a, b} {
 		select {
@@ -222,7 +184,7 @@ func TestRelayTwoInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	dispatched := countRows(t, db, "dispatched_at IS NOT NULL")
-	seen = got.snapshot()
+	seen = got.Counts()
 	if len(seen) != dispatched {
 		t.Fatalf("consumer saw %d events, %d dispatched", len(seen), dispatched)
 	}
@@ -281,8 +243,7 @@ func TestCheckLoopback(t *testing.T) {
 func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	defer qs.Close()
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for _, path := range []string{"/v2/queues/", "/v2/queues/shop-1/pause"} {
 		body := ""
 		if path == "/v2/queues/" {
@@ -309,27 +270,24 @@ func TestRelayRefusesAPausedFIFOQueue(t *testing.T) {
 
 // gatedPublisher accepts every message; its calls wait (up to 5 s) until gate of them are
 // in flight at once, so that many batches reach their marks together.
-type gatedPublisher struct {
-	gate int
-
-	mu       sync.Mutex
-	inFlight int
-	open     chan struct{}
-}
-
-func (p *gatedPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
-	p.mu.Lock()
-	p.inFlight++
-	if p.inFlight == p.gate {
-		close(p.open)
+func gatedPublisher(gate int) relay.PublisherFunc {
+	var mu sync.Mutex
+	inFlight := 0
+	open := make(chan struct{})
+	return func(ctx context.Context, msgs []outbox.Message) []relay.Result {
+		mu.Lock()
+		inFlight++
+		if inFlight == gate {
+			close(open)
+		}
+		mu.Unlock()
+		select {
+		case <-open:
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+		return make([]relay.Result, len(msgs))
 	}
-	p.mu.Unlock()
-	select {
-	case <-p.open:
-	case <-time.After(5 * time.Second):
-	case <-ctx.Done():
-	}
-	return make([]relay.Result, len(msgs))
 }
 
 // TestRelayPoolCountsWhatRuns: outboxctl relay's pool has a connection for the claim, one
@@ -377,7 +335,7 @@ func TestRelayPoolCountsWhatRuns(t *testing.T) {
 	}()
 	waited := pool.Stat().EmptyAcquireCount()
 
-	r, err := relay.New(pool, &gatedPublisher{gate: concurrency, open: make(chan struct{})},
+	r, err := relay.New(pool, gatedPublisher(concurrency),
 		relay.Config{BatchSize: 20, PublishConcurrency: concurrency, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -404,18 +362,10 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 		t.Run(c.grace.String(), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-			defer qs.Close()
+			qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 			enqueueN(t, db, 10, 10)
 			bg := context.Background()
-			tx, err := db.Pool.Begin(bg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(bg)
-			if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			tx := db.LockTable(t, "outbox")
 			// Its own application_name: the wait below must see this relay's claim, not
 			// another test's (the subtests run in parallel on one database).
 			app := "grace_" + strings.ReplaceAll(c.grace.String(), ".", "_")
@@ -430,13 +380,13 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 				done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--grace", c.grace.String()})
 			}()
 			// The claim waits on the lock.
-			waitFor(t, 15*time.Second, "a claim waiting on the lock", func() bool {
+			testwait.Eventually(t, 15*time.Second, func() bool {
 				var n int
 				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%' AND application_name = $1`, app).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n > 0
-			})
+			}, "a claim waiting on the lock")
 			cancel() // SIGTERM
 			start := time.Now()
 			select {

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -26,7 +27,7 @@ func TestStatusQStashAttempts(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	qs := newQStash(t)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 
 	// The handler fails the first "fail" attempts of an event ({"fail": n}).
 	srv := httptest.NewUnstartedServer(nil)

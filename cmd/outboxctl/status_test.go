@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -126,45 +126,23 @@ func TestStatusDeadLettersAreDegraded(t *testing.T) {
 func TestStatusOpenTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
-	cfg := db.Pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "status-test-holder"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	// Taken before BEGIN: the server dates the transaction from BEGIN, so a clock read after
-	// the first statement could lag the reported age under load.
-	opened := time.Now()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
-	deadline := opened.Add(15 * time.Second)
-	for {
+	opened := db.HoldSnapshot(t, "status-test-holder").Began
+	testwait.EventuallyNil(t, time.Until(opened.Add(15*time.Second)), func() error {
 		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")
 		age, _ := field(m, "xmin_horizon", "oldest_transaction_age_seconds").(float64)
 		// Other tests share the database: only a report naming the holder is about it.
 		holder := field(m, "xmin_horizon", "oldest_transaction_application") == "status-test-holder"
-		if code == 1 && holder && age >= 0.2 && field(m, "xmin_horizon", "open_transactions").(float64) >= 1 {
-			if !strings.Contains(strings.Join(toStrings(m["reasons"]), "\n"), "a transaction has been open for") {
-				t.Fatalf("reasons %v", m["reasons"])
-			}
-			if time.Since(opened) < 200*time.Millisecond {
-				t.Fatal("degraded before the transaction was old enough")
-			}
-			return
+		if code != 1 || !holder || age < 0.2 || field(m, "xmin_horizon", "open_transactions").(float64) < 1 {
+			return fmt.Errorf("open transaction not reported: code %d %v", code, m["xmin_horizon"])
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("open transaction not reported: code %d %v", code, m["xmin_horizon"])
+		if !strings.Contains(strings.Join(toStrings(m["reasons"]), "\n"), "a transaction has been open for") {
+			t.Fatalf("reasons %v", m["reasons"])
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if time.Since(opened) < 200*time.Millisecond {
+			t.Fatal("degraded before the transaction was old enough")
+		}
+		return nil
+	})
 }
 
 func TestStatusUnreachableDatabase(t *testing.T) {

@@ -3,34 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the command's goroutine and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestUIRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
 	t.Parallel()
@@ -46,7 +30,7 @@ var consoleURLRE = regexp.MustCompile(`outbox console on (http://\S+)`)
 func TestUIServesTheConsoleUntilCancelled(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	var out, errb lockedBuffer
+	var out, errb logtest.Buffer
 	const token = "ui-test-token"
 	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 		switch k {
@@ -62,21 +46,18 @@ func TestUIServesTheConsoleUntilCancelled(t *testing.T) {
 	go func() { done <- run(ctx, e, []string{"ui", "--listen", "127.0.0.1:0"}) }()
 
 	var url string
-	deadline := time.Now().Add(30 * time.Second)
-	for url == "" {
+	testwait.EventuallyNil(t, 30*time.Second, func() error {
 		if m := consoleURLRE.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
-			break
+			return nil
 		}
 		select {
 		case code := <-done:
 			t.Fatalf("ui exited with %d before serving: %s %s", code, out.String(), errb.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no console URL printed: %q", out.String())
-		}
-	}
+		return fmt.Errorf("no console URL printed: %q", out.String())
+	})
 	if !strings.Contains(out.String(), "read-only") {
 		t.Errorf("banner does not say read-only: %q", out.String())
 	}
@@ -134,7 +115,7 @@ func TestOpenPoolReadsTheAWSReferences(t *testing.T) {
 func TestDevUIServesTheConsoleWhileTheStackRuns(t *testing.T) {
 	t.Parallel()
 	requirePostgres(t)
-	var out, errb lockedBuffer
+	var out, errb logtest.Buffer
 	e := env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 		if k == "DATABASE_URL" {
 			return pgtest.URL()
@@ -152,9 +133,8 @@ func TestDevUIServesTheConsoleWhileTheStackRuns(t *testing.T) {
 	// the pipeline has handled them; the stack stays up (--ui implies --forever). Ctrl-C
 	// comes once every event is settled (the progress line), or dev counts some as lost.
 	settled := regexp.MustCompile(`processed 38\s+dead letters 2\s`)
-	deadline := time.Now().Add(2 * time.Minute)
 	var url string
-	for {
+	testwait.EventuallyNil(t, 2*time.Minute, func() error {
 		if url == "" {
 			if m := consoleURLRE.FindStringSubmatch(out.String()); m != nil {
 				url = m[1]
@@ -166,19 +146,17 @@ func TestDevUIServesTheConsoleWhileTheStackRuns(t *testing.T) {
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK && strings.Contains(string(body), `id="fig-dead">2<`) && settled.MatchString(out.String()) {
-					break
+					return nil
 				}
 			}
 		}
 		select {
 		case code := <-done:
 			t.Fatalf("dev exited with %d while the console was expected: %s %s", code, out.String(), errb.String())
-		case <-time.After(100 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("console at %q never showed 2 dead letters; output %q", url, out.String())
-		}
-	}
+		return fmt.Errorf("console at %q never showed 2 dead letters; output %q", url, out.String())
+	})
 	if !strings.Contains(out.String(), "redrive: ENABLED") {
 		t.Errorf("banner: %q", out.String())
 	}

@@ -11,7 +11,6 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"os"
@@ -22,53 +21,30 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// config is the receiver's environment (receiverfunc.Config).
-type config = receiverfunc.Config
-
-// loadConfig reads the environment through getenv and reports every missing or invalid
+// readConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
-func loadConfig(getenv func(string) string) (config, error) {
-	rc, err := readConfig(getenv)
-	return config{ReceiverConfig: rc}, err
-}
-
 func readConfig(getenv func(string) string) (envconfig.ReceiverConfig, error) {
 	return envconfig.ReadFailure(getenv, deadletter.DefaultCallbackMaxBodyBytes)
 }
 
-func main() {
-	receiverfunc.Main("outbox-failure", readConfig, func(ctx context.Context, cfg config, logger *slog.Logger) (http.Handler, *pgxpool.Pool, error) {
-		return build(ctx, cfg, logger)
-	})
-}
+func main() { receiverfunc.Main("outbox-failure", readConfig, build) }
 
-// build creates the pool (once per cold start) and the handler.
-func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.CallbackHandler, *pgxpool.Pool, error) {
-	pool, err := receiverfunc.NewPool(ctx, cfg, logger)
-	if err != nil {
-		return nil, nil, err
-	}
-	v, err := cfg.Verifier()
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	h, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{
+// build makes the callback handler on the pool and verifier of the cold start.
+func build(cfg receiverfunc.Config, pool *pgxpool.Pool, v *qstash.Verifier, logger *slog.Logger) (http.Handler, error) {
+	obs := receiverfunc.Observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger,
+		metrics.FunctionFailure, outcomeMetric)
+	return deadletter.NewCallbackHandler(deadletter.CallbackConfig{
 		Pool:         pool,
 		Verifier:     v,
 		FailureURL:   cfg.PublicURL,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
 		Tracer:       cfg.Tracer,
-		Observe:      observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger),
+		Observe:      func(outcome string) { obs("", outcome) },
 	})
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return h, pool, nil
 }
 
 // outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead
@@ -76,23 +52,9 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*deadletter.Ca
 // callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks,
 // transient failures (QStash retries them) and superseded ones (a late callback about a
 // generation its event has left behind: recorded resolved, nothing to do) are not counted.
-var outcomeMetric = map[string]string{
-	deadletter.OutcomeRecorded:     metrics.DeliveryDeadLetters,
-	deadletter.OutcomeUnauthorized: metrics.RejectedCallbacks,
-	deadletter.OutcomeMalformed:    metrics.RejectedCallbacks,
-	deadletter.OutcomeTooLarge:     metrics.RejectedCallbacks,
-}
-
-// observer writes one EMF line per counted callback outcome.
-func observer(em *metrics.EMF, logger *slog.Logger) func(outcome string) {
-	return func(outcome string) {
-		name, ok := outcomeMetric[outcome]
-		if !ok {
-			return
-		}
-		ev := metrics.Event{Function: metrics.FunctionFailure, Values: []metrics.Value{metrics.Count(name, 1)}}
-		if err := em.Record(ev); err != nil {
-			logger.Warn("record failure metric", slog.Any("error", err))
-		}
-	}
+var outcomeMetric = map[string][]string{
+	deadletter.OutcomeRecorded:     {metrics.DeliveryDeadLetters},
+	deadletter.OutcomeUnauthorized: {metrics.RejectedCallbacks},
+	deadletter.OutcomeMalformed:    {metrics.RejectedCallbacks},
+	deadletter.OutcomeTooLarge:     {metrics.RejectedCallbacks},
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,36 +16,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
-// consumer is the webhook stand-in behind the local QStash server: it counts deliveries
-// per outbox id.
-type consumer struct {
-	mu   sync.Mutex
-	seen map[string]int
-}
-
-func (c *consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	c.mu.Lock()
-	c.seen[r.Header.Get("X-Outbox-Id")]++
-	c.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
-}
-
-func (c *consumer) distinct() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen)
-}
-
 type stack struct {
 	db      *pgtest.DB
 	qs      *qstashtest.Server
-	cons    *consumer
+	cons    *qstashtest.Destination
 	env     map[string]string
 	metrics *logtest.Buffer
 }
@@ -55,9 +33,8 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
-	cons := &consumer{seen: map[string]int{}}
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	cons := &qstashtest.Destination{}
 	dest := httptest.NewServer(cons)
 	t.Cleanup(dest.Close)
 	return &stack{db: db, qs: qs, cons: cons, metrics: &logtest.Buffer{}, env: map[string]string{
@@ -93,11 +70,7 @@ func (s *stack) enqueue(t *testing.T, n int) {
 
 func (s *stack) count(t *testing.T, where string) int {
 	t.Helper()
-	var n int
-	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return s.db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
 func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (result, error) {
@@ -128,7 +101,7 @@ func TestDrainTask(t *testing.T) {
 	if err := s.qs.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if d := s.cons.distinct(); d != 230 {
+	if d := len(s.cons.Counts()); d != 230 {
 		t.Fatalf("consumer saw %d distinct events, want 230", d)
 	}
 	lines := s.metrics.Lines()
@@ -339,13 +312,7 @@ func TestLinger(t *testing.T) {
 		r, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
 		done <- out{r, err}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.count(t, "dispatched_at IS NOT NULL") < 10 {
-		if time.Now().After(deadline) {
-			t.Fatal("first drain did not finish")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Eventually(t, 10*time.Second, func() bool { return s.count(t, "dispatched_at IS NOT NULL") >= 10 }, "the first drain to finish")
 	s.enqueue(t, 5)
 	o := <-done
 	if o.err != nil || o.res.Dispatched != 15 {

@@ -10,7 +10,6 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -23,45 +22,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// config is the receiver's environment (receiverfunc.Config).
-type config = receiverfunc.Config
-
-// loadConfig reads the environment through getenv and reports every missing or invalid
+// readConfig reads the environment through getenv and reports every missing or invalid
 // variable at once.
-func loadConfig(getenv func(string) string) (config, error) {
-	rc, err := readConfig(getenv)
-	return config{ReceiverConfig: rc}, err
-}
-
 func readConfig(getenv func(string) string) (envconfig.ReceiverConfig, error) {
 	return envconfig.ReadWebhook(getenv, webhook.DefaultMaxBodyBytes)
 }
 
-func main() {
-	receiverfunc.Main("outbox-webhook", readConfig, func(ctx context.Context, cfg config, logger *slog.Logger) (http.Handler, *pgxpool.Pool, error) {
-		return build(ctx, cfg, logger)
-	})
-}
+func main() { receiverfunc.Main("outbox-webhook", readConfig, build) }
 
-// build creates the pool (once per cold start) and the handler. This is where your own
-// topic handlers are registered.
-func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handler, *pgxpool.Pool, error) {
-	pool, err := receiverfunc.NewPool(ctx, cfg, logger)
-	if err != nil {
-		return nil, nil, err
-	}
-	v, err := cfg.Verifier()
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
+// build makes the webhook handler on the pool and verifier of the cold start. This is
+// where your own topic handlers are registered.
+func build(cfg receiverfunc.Config, pool *pgxpool.Pool, v *qstash.Verifier, logger *slog.Logger) (http.Handler, error) {
 	// Register your topics here; order.created is the example (examples/orders; its table
 	// comes from `outboxctl migrate up --example`).
 	handlers := orders.Handlers()
-	h, err := webhook.New(webhook.Config{
+	em := metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))})
+	return webhook.New(webhook.Config{
 		Pool:          pool,
 		Verifier:      v,
 		Handlers:      handlers,
@@ -72,17 +52,13 @@ func build(ctx context.Context, cfg config, logger *slog.Logger) (*webhook.Handl
 		// The outbox shares this database: deliveries published before the message id
 		// moved into the signed URL are checked against it (README, Message identity).
 		Legacy:  webhook.LegacyOutbox(pool),
-		Observe: observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))}), logger),
+		Observe: receiverfunc.Observer(em, logger, metrics.FunctionWebhook, outcomeMetric),
 	})
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return h, pool, nil
 }
 
-// outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use.
-// A refused request also counts as RejectedDeliveries, the metric the rejection alarm watches.
+// outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use
+// (Function=webhook, plus Topic for registered topics). A refused request also counts as
+// RejectedDeliveries, the metric the rejection alarm watches.
 var outcomeMetric = map[string][]string{
 	webhook.OutcomeProcessed:    {metrics.Processed},
 	webhook.OutcomeDuplicate:    {metrics.Duplicate},
@@ -90,23 +66,4 @@ var outcomeMetric = map[string][]string{
 	webhook.OutcomeTransient:    {metrics.TransientFailure},
 	webhook.OutcomeUnauthorized: {metrics.Unauthorized, metrics.RejectedDeliveries},
 	webhook.OutcomeTooLarge:     {metrics.PermanentFailure, metrics.RejectedDeliveries},
-}
-
-// observer writes one EMF line per delivery (Function=webhook, plus Topic for registered
-// topics).
-func observer(em *metrics.EMF, logger *slog.Logger) func(topic, outcome string) {
-	return func(topic, outcome string) {
-		names, ok := outcomeMetric[outcome]
-		if !ok {
-			return
-		}
-		values := make([]metrics.Value, len(names))
-		for i, n := range names {
-			values[i] = metrics.Count(n, 1)
-		}
-		ev := metrics.Event{Function: metrics.FunctionWebhook, Topic: topic, Values: values}
-		if err := em.Record(ev); err != nil {
-			logger.Warn("record webhook metric", slog.Any("error", err))
-		}
-	}
 }

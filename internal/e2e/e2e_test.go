@@ -86,11 +86,7 @@ func (s *stack) deliver(t *testing.T) relay.Stats {
 
 func (s *stack) count(t *testing.T, q string, args ...any) int {
 	t.Helper()
-	var n int
-	if err := s.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return s.db.Count(t, q, args...)
 }
 
 // attempts returns the delivery attempts to the webhook and the failure callbacks.

@@ -85,30 +85,58 @@ type Pipeline struct {
 // StartPipeline starts the pipeline. The receivers' listener is opened first, so their URL
 // is known before anything that needs it is built; they learn their public origin from the
 // request context (pkg/origin), as behind a Lambda Function URL, not from configuration.
-func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err error) {
+func StartPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	if cfg.Pool == nil || cfg.Handlers == nil {
 		return nil, errors.New("start pipeline: Pool and Handlers are required")
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	p = &Pipeline{tracer: cfg.Tracer}
-	defer func() {
-		if err != nil {
-			p.Close()
-		}
-	}()
+	p := &Pipeline{tracer: cfg.Tracer}
+	if err := p.start(ctx, cfg); err != nil {
+		// What started before the error stops.
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
 
+// start brings up the pipeline's parts in order, recording how to close each.
+func (p *Pipeline) start(ctx context.Context, cfg PipelineConfig) error {
+	if err := p.startQStash(cfg); err != nil {
+		return err
+	}
+	var err error
+	if p.Verifier, err = qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: p.CurrentSigningKey, NextSigningKey: p.NextSigningKey}); err != nil {
+		return err
+	}
+	if err := p.serveReceivers(cfg); err != nil {
+		return err
+	}
+	pc := cfg.Publisher
+	pc.BaseURL, pc.Token, pc.DestinationBaseURL, pc.FailureCallbackURL = p.QStashURL, p.Token, p.BaseURL, p.FailureURL
+	if p.Publisher, err = qstash.NewPublisher(pc); err != nil {
+		return err
+	}
+	// As the Lambda does at a cold start: FIFO queues exist with parallelism 1, unpaused.
+	if err = p.Publisher.EnsureQueues(ctx); err != nil {
+		return fmt.Errorf("start pipeline: check qstash fifo queues: %w", err)
+	}
+	return nil
+}
+
+// startQStash points the pipeline at cfg.External, or starts the local QStash (behind
+// cfg.QStashFront when set).
+func (p *Pipeline) startQStash(cfg PipelineConfig) error {
 	if e := cfg.External; e != nil {
 		if e.URL == "" || e.Token == "" || e.CurrentSigningKey == "" || e.NextSigningKey == "" {
-			return nil, errors.New("with QSTASH_URL set, QSTASH_TOKEN, QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY are required too")
+			return errors.New("with QSTASH_URL set, QSTASH_TOKEN, QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY are required too")
 		}
 		p.QStashURL, p.Token, p.CurrentSigningKey, p.NextSigningKey = e.URL, e.Token, e.CurrentSigningKey, e.NextSigningKey
 	} else {
 		opts := cfg.QStash
 		if opts.Logger == nil {
-			opts.Logger = log
+			opts.Logger = cfg.Logger
 		}
 		if opts.Plan == "" {
 			// No kinder than production: the server enforces the limits of the plan the
@@ -122,31 +150,33 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 		if cfg.QStashFront != nil {
 			url, closeFront, err := serveLoopback(cfg.QStashFront(p.QStash))
 			if err != nil {
-				return nil, fmt.Errorf("start qstash front: %w", err)
+				return fmt.Errorf("start qstash front: %w", err)
 			}
 			p.closers = append(p.closers, closeFront)
 			p.QStashURL = url
 		}
 	}
-	if p.Verifier, err = qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: p.CurrentSigningKey, NextSigningKey: p.NextSigningKey}); err != nil {
-		return nil, err
-	}
+	return nil
+}
 
+// serveReceivers serves the webhook and the failure callback on a loopback port.
+func (p *Pipeline) serveReceivers(cfg PipelineConfig) error {
+	log := cfg.Logger
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("listen for receivers: %w", err)
+		return fmt.Errorf("listen for receivers: %w", err)
 	}
 	p.BaseURL = "http://" + ln.Addr().String()
 	p.FailureURL = p.BaseURL + FailurePath
 	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer})
 	if err != nil {
 		ln.Close()
-		return nil, err
+		return err
 	}
 	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log, Tracer: cfg.Tracer})
 	if err != nil {
 		ln.Close()
-		return nil, err
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.Handle(EventsPath, p.Webhook)
@@ -158,17 +188,7 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (p *Pipeline, err er
 	srv := funcurl.NewLocalServer("", h)
 	go func() { _ = srv.Serve(ln) }()
 	p.closers = append(p.closers, func() { _ = srv.Close() })
-
-	pc := cfg.Publisher
-	pc.BaseURL, pc.Token, pc.DestinationBaseURL, pc.FailureCallbackURL = p.QStashURL, p.Token, p.BaseURL, p.FailureURL
-	if p.Publisher, err = qstash.NewPublisher(pc); err != nil {
-		return nil, err
-	}
-	// As the Lambda does at a cold start: FIFO queues exist with parallelism 1, unpaused.
-	if err = p.Publisher.EnsureQueues(ctx); err != nil {
-		return nil, fmt.Errorf("start pipeline: check qstash fifo queues: %w", err)
-	}
-	return p, nil
+	return nil
 }
 
 // NewRelay returns a relay over db publishing through the pipeline's publisher. A cfg

@@ -6,6 +6,7 @@
 package localstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,33 +72,13 @@ type Options struct {
 // Run brings the stack up, runs the demo, waits until every event is applied or
 // dead-lettered (or Timeout), and returns the summary.
 func Run(ctx context.Context, opts Options) (Summary, error) {
-	if opts.Ordering == "" {
-		opts.Ordering = qstash.OrderingFIFO
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 2 * time.Minute
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	opts = opts.withDefaults()
 	log := opts.Logger
-
-	// Postgres.
-	base := opts.DatabaseURL
-	if base == "" {
-		dir, cleanup, err := dataDir(opts.DataDir)
-		if err != nil {
-			return Summary{}, err
-		}
-		defer cleanup()
-		cl, err := StartCluster(ctx, dir)
-		if err != nil {
-			return Summary{}, err
-		}
-		defer cl.Stop()
-		base = cl.URL
-		log.Info("started throwaway postgres", "dir", dir, "port", cl.Port)
+	base, stopPostgres, err := startPostgres(ctx, opts)
+	if err != nil {
+		return Summary{}, err
 	}
+	defer stopPostgres()
 	pool, dropSchema, err := openSchema(ctx, base, opts.Keep)
 	if err != nil {
 		return Summary{}, err
@@ -108,45 +89,16 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	// QStash, the receivers on loopback (the same handlers the Lambdas serve) and the
 	// publisher; then the relay, as the schedule runs it, lingering on NOTIFY.
 	var duplicates atomic.Int64
-	pcfg := PipelineConfig{
-		Pool:     pool,
-		Handlers: webhook.Handlers{"order.created": DemoHandler},
-		Observe: func(_, outcome string) {
-			if outcome == webhook.OutcomeDuplicate {
-				duplicates.Add(1)
-			}
-		},
-		QStash: qstashtest.Options{TimeScale: 0.001, Latency: opts.QStashLatency, LatencyJitter: opts.QStashLatencyJitter,
-			MaxInFlight: opts.QStashMaxInFlight},
-		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
-		Logger:    log,
-		Tracer:    opts.Tracer,
-	}
-	if opts.QStashURL != "" {
-		pcfg.External = &ExternalQStash{URL: opts.QStashURL, Token: opts.QStashToken, CurrentSigningKey: opts.CurrentSigningKey, NextSigningKey: opts.NextSigningKey}
-	}
-	pl, err := StartPipeline(ctx, pcfg)
+	pl, err := StartPipeline(ctx, pipelineConfig(pool, opts, &duplicates))
 	if err != nil {
 		return Summary{}, err
 	}
 	defer pl.Close()
-	r, err := pl.NewRelay(pool, relay.Config{BatchSize: 100, Logger: log})
+	stopRelay, err := superviseRelay(pl, pool, log)
 	if err != nil {
 		return Summary{}, err
 	}
-	stopRelay, cancelRelay := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var relayErr error
-	wg.Go(func() {
-		_ = relay.Supervise(stopRelay, func(int) (*relay.Relay, error) { return r, nil }, relay.SuperviseConfig{
-			OnRun: func(_ relay.Stats, err error) {
-				if err != nil {
-					relayErr = err // logged by Supervise
-				}
-			},
-		})
-	})
-	defer func() { cancelRelay(); wg.Wait() }()
+	defer stopRelay()
 
 	if opts.OnReady != nil {
 		stop, err := opts.OnReady(ctx, pool)
@@ -168,47 +120,12 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		_, err := Produce(produceCtx, pool, pc)
 		produced <- err
 	}()
-
-	want := int64(opts.Producer.Events)
-	deadline := time.Now().Add(opts.Timeout)
-	disp := newDisplay(opts.Progress, opts.Terminal)
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	produceDone := false
-	var prodErr error
-wait:
-	for {
-		select {
-		case <-ctx.Done():
-			break wait
-		case err := <-produced:
-			produceDone, prodErr = true, err
-			if err != nil && ctx.Err() == nil {
-				break wait
-			}
-		case <-tick.C:
-			p, err := ReadProgress(ctx, pool)
-			if err != nil {
-				if ctx.Err() != nil {
-					break wait
-				}
-				return Summary{}, err
-			}
-			disp.show(p)
-			settled := produceDone && p.Processed+p.DeadLetters >= want
-			if settled && !opts.Forever {
-				break wait
-			}
-			if !opts.Forever && time.Now().After(deadline) {
-				log.Error("pipeline did not settle before the timeout", "timeout", opts.Timeout.String())
-				break wait
-			}
-		}
+	prodErr, err := waitSettled(ctx, pool, opts, produced)
+	if err != nil {
+		return Summary{}, err
 	}
-	disp.done()
 	cancelProduce()
-	cancelRelay()
-	wg.Wait()
+	relayErr := stopRelay()
 
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -225,6 +142,122 @@ wait:
 		return s, relayErr
 	}
 	return s, nil
+}
+
+func (opts Options) withDefaults() Options {
+	opts.Ordering = cmp.Or(opts.Ordering, qstash.OrderingFIFO)
+	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return opts
+}
+
+// startPostgres returns opts.DatabaseURL, or starts a throwaway cluster and returns its
+// URL; stop removes what it started.
+func startPostgres(ctx context.Context, opts Options) (url string, stop func(), err error) {
+	if opts.DatabaseURL != "" {
+		return opts.DatabaseURL, func() {}, nil
+	}
+	dir, cleanup, err := dataDir(opts.DataDir)
+	if err != nil {
+		return "", nil, err
+	}
+	cl, err := StartCluster(ctx, dir)
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	opts.Logger.Info("started throwaway postgres", "dir", dir, "port", cl.Port)
+	return cl.URL, func() { cl.Stop(); cleanup() }, nil
+}
+
+// pipelineConfig is the demo's pipeline: its handler, the local QStash (or opts'
+// external one) at opts' latency, counting the deliveries absorbed as duplicates.
+func pipelineConfig(pool *pgxpool.Pool, opts Options, duplicates *atomic.Int64) PipelineConfig {
+	pcfg := PipelineConfig{
+		Pool:     pool,
+		Handlers: webhook.Handlers{"order.created": DemoHandler},
+		Observe: func(_, outcome string) {
+			if outcome == webhook.OutcomeDuplicate {
+				duplicates.Add(1)
+			}
+		},
+		QStash: qstashtest.Options{TimeScale: 0.001, Latency: opts.QStashLatency, LatencyJitter: opts.QStashLatencyJitter,
+			MaxInFlight: opts.QStashMaxInFlight},
+		Publisher: qstash.PublisherConfig{Ordering: opts.Ordering},
+		Logger:    opts.Logger,
+		Tracer:    opts.Tracer,
+	}
+	if opts.QStashURL != "" {
+		pcfg.External = &ExternalQStash{URL: opts.QStashURL, Token: opts.QStashToken, CurrentSigningKey: opts.CurrentSigningKey, NextSigningKey: opts.NextSigningKey}
+	}
+	return pcfg
+}
+
+// superviseRelay runs the pipeline's relay under relay.Supervise until stop, which waits
+// for it and returns the last run's error (nil if it succeeded); stop may be called again.
+func superviseRelay(pl *Pipeline, pool *pgxpool.Pool, log *slog.Logger) (stop func() error, err error) {
+	r, err := pl.NewRelay(pool, relay.Config{BatchSize: 100, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	stopRelay, cancelRelay := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var relayErr error
+	wg.Go(func() {
+		_ = relay.Supervise(stopRelay, func(int) (*relay.Relay, error) { return r, nil }, relay.SuperviseConfig{
+			OnRun: func(_ relay.Stats, err error) {
+				if err != nil {
+					relayErr = err // logged by Supervise
+				}
+			},
+		})
+	})
+	return func() error { cancelRelay(); wg.Wait(); return relayErr }, nil
+}
+
+// waitSettled shows progress until every produced event is applied or dead-lettered,
+// the producer fails, ctx ends or opts.Timeout passes (opts.Forever: until ctx ends). It
+// returns the producer's error, and an error only when progress could not be read.
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, opts Options, produced <-chan error) (prodErr, err error) {
+	want := int64(opts.Producer.Events)
+	deadline := time.Now().Add(opts.Timeout)
+	disp := newDisplay(opts.Progress, opts.Terminal)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	produceDone := false
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-produced:
+			produceDone, prodErr = true, err
+			if err != nil && ctx.Err() == nil {
+				break wait
+			}
+		case <-tick.C:
+			p, err := ReadProgress(ctx, pool)
+			if err != nil {
+				if ctx.Err() != nil {
+					break wait
+				}
+				return prodErr, err
+			}
+			disp.show(p)
+			settled := produceDone && p.Processed+p.DeadLetters >= want
+			if settled && !opts.Forever {
+				break wait
+			}
+			if !opts.Forever && time.Now().After(deadline) {
+				opts.Logger.Error("pipeline did not settle before the timeout", "timeout", opts.Timeout.String())
+				break wait
+			}
+		}
+	}
+	disp.done()
+	return prodErr, nil
 }
 
 func dataDir(dir string) (string, func(), error) {

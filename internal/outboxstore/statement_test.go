@@ -3,6 +3,7 @@ package outboxstore_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -26,26 +27,16 @@ func onePool(t *testing.T, db *pgtest.DB, noPing bool, params map[string]string)
 
 func openPool(t *testing.T, db *pgtest.DB, noPing bool, params map[string]string, tune func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tune != nil {
-		tune(cfg)
-	}
-	cfg.MaxConns = 1
-	if noPing {
-		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	}
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.OpenPool(t, db.URL, func(cfg *pgxpool.Config) {
+		if tune != nil {
+			tune(cfg)
+		}
+		cfg.MaxConns = 1
+		if noPing {
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		}
+		maps.Copy(cfg.ConnConfig.RuntimeParams, params)
+	})
 }
 
 // terminate ends the pool's one session from db's admin pool and waits until it is gone.
@@ -218,13 +209,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	}
 	insertReady(t, db, 5, func(i int) string { return "k" })
 
-	tx, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := db.LockTable(t, "outbox")
 	// Without a server-side bound the claim would wait for this.
 	release := time.AfterFunc(20*time.Second, func() { _ = tx.Rollback(bg) })
 	t.Cleanup(func() {
@@ -236,7 +221,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, bound)
 	defer cancel()
 	start := time.Now()
-	_, err = s.Claim(ctx, lease, 5, 1, time.Minute, nil)
+	_, err := s.Claim(ctx, lease, 5, 1, time.Minute, nil)
 	took := time.Since(start)
 	if !errors.Is(err, outboxstore.ErrTimeout) || !strings.HasPrefix(err.Error(), "claim outbox batch: statement timed out after ") {
 		t.Fatalf("claim behind a lock: %v, want claim outbox batch: statement timed out after ...", err)
@@ -262,14 +247,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 
 	// A stricter session setting wins over the context's minute.
 	strict := outboxstore.NewStore(onePool(t, db, false, map[string]string{"statement_timeout": "200"}))
-	tx2, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback(bg)
-	if _, err := tx2.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	db.LockTable(t, "outbox")
 	start = time.Now()
 	lease, _ = outboxstore.NewLease()
 	_, err = strict.Claim(ctx2, lease, 5, 1, time.Minute, nil)

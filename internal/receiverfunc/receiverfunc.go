@@ -17,6 +17,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
@@ -34,19 +36,68 @@ type Config struct {
 	Tracer trace.Tracer
 }
 
-// Build makes a receiver's handler over a pool it opened with NewPool.
-type Build func(ctx context.Context, cfg Config, logger *slog.Logger) (http.Handler, *pgxpool.Pool, error)
+// Read reads a receiver's variables through getenv, reporting every missing or invalid
+// one at once.
+type Read func(getenv func(string) string) (envconfig.ReceiverConfig, error)
+
+// Build makes a receiver's handler on the pool and signature verifier its cold start
+// opened: the one part that differs between the receivers.
+type Build func(cfg Config, pool *pgxpool.Pool, v *qstash.Verifier, logger *slog.Logger) (http.Handler, error)
 
 // Main runs a receiver function named service (the traces' service name): read reads its
-// variables (reporting every missing or invalid one at once), build makes its handler.
-// It logs and exits 1 when any step fails.
-func Main(service string, read func(getenv func(string) string) (envconfig.ReceiverConfig, error), build Build) {
+// variables, build makes its handler. It logs and exits 1 when any step fails.
+func Main(service string, read Read, build Build) {
 	if err := run(context.Background(), service, read, build); err != nil {
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, service string, read func(func(string) string) (envconfig.ReceiverConfig, error), build Build) error {
+// LoadConfig is the configuration Main starts from, without the secrets and tracing that
+// need AWS: what a function's tests check.
+func LoadConfig(read Read, getenv func(string) string) (Config, error) {
+	rc, err := read(getenv)
+	return Config{ReceiverConfig: rc}, err
+}
+
+// Start opens the pool (refreshing rotated credentials) and the verifier of cfg's signing
+// keys, and builds the handler on them. On error nothing stays open.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger, build Build) (http.Handler, *pgxpool.Pool, error) {
+	pool, err := NewPool(ctx, cfg, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := cfg.Verifier()
+	if err == nil {
+		var h http.Handler
+		if h, err = build(cfg, pool, v, logger); err == nil {
+			return h, pool, nil
+		}
+	}
+	pool.Close()
+	return nil, nil, err
+}
+
+// Observer returns an Observe func that writes one EMF line per counted outcome:
+// names[outcome] are the metrics it adds 1 to, with Function=function and the topic when
+// the EMF's Topics has it. An outcome not in names is not counted.
+func Observer(em *metrics.EMF, logger *slog.Logger, function string, names map[string][]string) func(topic, outcome string) {
+	return func(topic, outcome string) {
+		ns, ok := names[outcome]
+		if !ok {
+			return
+		}
+		values := make([]metrics.Value, len(ns))
+		for i, n := range ns {
+			values[i] = metrics.Count(n, 1)
+		}
+		ev := metrics.Event{Function: function, Topic: topic, Values: values}
+		if err := em.Record(ev); err != nil {
+			logger.Warn("record "+function+" metric", slog.Any("error", err))
+		}
+	}
+}
+
+func run(ctx context.Context, service string, read Read, build Build) error {
 	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
 	getenv, err := awsenv.Resolve(ctx, os.Getenv)
 	if err != nil {
@@ -71,7 +122,7 @@ func run(ctx context.Context, service string, read func(func(string) string) (en
 	}
 	defer tel.Shutdown(context.Background())
 	cfg.Tracer = tel.Tracer()
-	h, pool, err := build(ctx, cfg, logger)
+	h, pool, err := Start(ctx, cfg, logger, build)
 	if err != nil {
 		logger.Error("start "+service, slog.Any("error", err))
 		return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -76,18 +77,13 @@ func (f *failures) since(t time.Time) []string {
 	return out
 }
 
-// deliverer is the relay's publisher for this test: it delivers each message straight to
-// the webhook the way QStash would (the identity in the signed URL), and reports anything
-// but 200 as a retryable failure.
-type deliverer struct {
-	base  string
-	fails *failures
-}
-
-func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+// deliver is the relay's publisher for this test (as a relay.PublisherFunc): it delivers
+// each message straight to the webhook at base the way QStash would (the identity in the
+// signed URL), and reports anything but 200 as a retryable failure, also added to fails.
+func deliver(ctx context.Context, base string, fails *failures, msgs []outbox.Message) []relay.Result {
 	res := make([]relay.Result, len(msgs))
 	for i, m := range msgs {
-		target := fmt.Sprintf("%s/events/%s?outbox_id=%d&generation=%d", d.base, m.Topic, m.ID, m.Generation)
+		target := fmt.Sprintf("%s/events/%s?outbox_id=%d&generation=%d", base, m.Topic, m.ID, m.Generation)
 		sig, err := qstash.Sign(qstash.DevCurrentSigningKey, target, m.Payload, time.Now())
 		if err != nil {
 			res[i].Err = err
@@ -98,14 +94,14 @@ func (d *deliverer) Publish(ctx context.Context, msgs []outbox.Message) []relay.
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			res[i].Err = err
-			d.fails.add("deliver: " + err.Error())
+			fails.add("deliver: " + err.Error())
 			continue
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			res[i].Err = fmt.Errorf("webhook answered %d %s", resp.StatusCode, body)
-			d.fails.add(res[i].Err.Error())
+			fails.add(res[i].Err.Error())
 		}
 	}
 	return res
@@ -161,7 +157,10 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 	handler := hookCreds.Handler(hookPool, wh) // the webhook function's wiring
 	hook.Store(&handler)
-	rl, err := relay.New(relayPool, &deliverer{base: srv.URL, fails: fails},
+	pub := relay.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []relay.Result {
+		return deliver(ctx, srv.URL, fails, msgs)
+	})
+	rl, err := relay.New(relayPool, pub,
 		relay.Config{BackoffBase: time.Second, BackoffMax: 2 * time.Second, MaxAttempts: 1000, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -212,14 +211,13 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				f := fails.since(time.Time{})
-				t.Fatalf("%s: not within 60 s; %d failures, the last: %v", what, len(f), f[max(0, len(f)-3):])
+		testwait.EventuallyNil(t, 60*time.Second, func() error {
+			if ok() {
+				return nil
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			f := fails.since(time.Time{})
+			return fmt.Errorf("%s; %d failures, the last: %v", what, len(f), f[max(0, len(f)-3):])
+		})
 	}
 	stopLoop := func() {
 		select {

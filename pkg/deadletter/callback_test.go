@@ -108,7 +108,7 @@ func TestCallbackRecordsOnceAndRejectsForgeries(t *testing.T) {
 			t.Fatalf("forgery %d: status %d", i, w.Code)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
 		t.Fatalf("forgeries wrote %d letters", n)
 	}
 	if readOutbox(t, db, id).dead {
@@ -121,7 +121,7 @@ func TestCallbackRecordsOnceAndRejectsForgeries(t *testing.T) {
 			t.Fatalf("callback %d: status %d %s", i, w.Code, w.Body)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 1 {
 		t.Fatalf("%d letters, want 1", n)
 	}
 	letters, err := deadletter.List(context.Background(), db.Pool, deadletter.Filter{})
@@ -167,7 +167,7 @@ func TestCallbackRejectsBadInputWithoutWriting(t *testing.T) {
 			t.Errorf("%s: %s = %q", c.name, receive.HeaderNonRetryable, w.Header().Get(receive.HeaderNonRetryable))
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
 		t.Fatalf("bad input wrote %d letters", n)
 	}
 }

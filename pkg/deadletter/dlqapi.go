@@ -79,6 +79,7 @@ type DLQAPIError struct {
 	Message string
 }
 
+// Error says what the DLQ API answered, with its status code, for logs and the CLI.
 func (e *DLQAPIError) Error() string {
 	return fmt.Sprintf("qstash dlq api answered %d: %s", e.StatusCode, e.Message)
 }

@@ -114,7 +114,7 @@ func TestGroupsThreeCausesAndRedriveOneGroup(t *testing.T) {
 	}
 	// Every letter carries its group's fingerprint, whoever wrote it.
 	for fp, ids := range byCause {
-		if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE fingerprint = $1 AND outbox_id = ANY($2)`, fp, ids); n != len(ids) {
+		if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE fingerprint = $1 AND outbox_id = ANY($2)`, fp, ids); n != len(ids) {
 			t.Errorf("group %s has %d of its %d letters", fp, n, len(ids))
 		}
 	}
@@ -147,7 +147,7 @@ func TestGroupsThreeCausesAndRedriveOneGroup(t *testing.T) {
 	if got := outboxIDs(plan.Redriven); !slices.Equal(got, sorted(delivery)) || len(plan.AlreadyPending)+len(plan.OutboxMissing) != 0 {
 		t.Fatalf("plan redrives %d rows, want the %d of the group", len(got), len(delivery))
 	}
-	if n := count(t, db, `SELECT count(*) FROM outbox WHERE generation <> 0`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE generation <> 0`); n != 0 {
 		t.Fatalf("dry run changed %d rows", n)
 	}
 
@@ -159,13 +159,13 @@ func TestGroupsThreeCausesAndRedriveOneGroup(t *testing.T) {
 		t.Fatalf("redrove %d rows, want the %d of the group", len(got), len(delivery))
 	}
 	// Exactly the group's rows are pending again with a new generation; the others are not.
-	if n := count(t, db, `SELECT count(*) FROM outbox WHERE generation = 1 AND dispatched_at IS NULL AND dead_lettered_at IS NULL AND id = ANY($1)`, delivery); n != len(delivery) {
+	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE generation = 1 AND dispatched_at IS NULL AND dead_lettered_at IS NULL AND id = ANY($1)`, delivery); n != len(delivery) {
 		t.Fatalf("%d of %d group rows reset", n, len(delivery))
 	}
-	if n := count(t, db, `SELECT count(*) FROM outbox WHERE generation <> 0 AND NOT id = ANY($1)`, delivery); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE generation <> 0 AND NOT id = ANY($1)`, delivery); n != 0 {
 		t.Fatalf("%d rows outside the group were reset", n)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NOT NULL`); n != len(delivery) {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NOT NULL`); n != len(delivery) {
 		t.Fatalf("%d letters resolved, want %d", n, len(delivery))
 	}
 	groups, err = deadletter.Groups(ctx, db.Pool, deadletter.Filter{})
@@ -242,7 +242,7 @@ INSERT INTO dead_letters (source, topic, status_code, error) VALUES
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 6 {
+	if n := db.Count(t, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 6 {
 		t.Fatalf("%d fingerprints, want 6", n)
 	}
 	// A row's fingerprint follows its error when that is corrected by hand.
@@ -253,7 +253,7 @@ INSERT INTO dead_letters (source, topic, status_code, error) VALUES
 	if err := db.Pool.QueryRow(context.Background(), `UPDATE dead_letters SET topic = 'a' WHERE error = 'boom 3' RETURNING fingerprint`).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
-	if before == after || count(t, db, `SELECT count(*) FROM dead_letters WHERE fingerprint = $1`, after) != 3 {
+	if before == after || db.Count(t, `SELECT count(*) FROM dead_letters WHERE fingerprint = $1`, after) != 3 {
 		t.Fatalf("fingerprint not recomputed: %s -> %s", before, after)
 	}
 }

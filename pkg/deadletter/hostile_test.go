@@ -49,7 +49,7 @@ func TestFailureCallbackHostile(t *testing.T) {
 			t.Errorf("%s: status %d, want 401", name, w.Code)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
 		t.Fatalf("hostile callbacks wrote %d letters", n)
 	}
 }

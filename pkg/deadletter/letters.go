@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
@@ -107,22 +108,9 @@ func (f Filter) args() []any {
 	if len(f.IDs) > 0 {
 		ids = f.IDs
 	}
-	return []any{ids, nullString(f.Topic), nullString(f.PartitionKey), nullTime(f.Since), nullTime(f.Until),
-		f.IncludeResolved || len(f.IDs) > 0, nullString(f.Fingerprint)}
-}
-
-func nullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
+	null := postgres.NullIfZero[string]
+	return []any{ids, null(f.Topic), null(f.PartitionKey), postgres.NullIfZero(f.Since), postgres.NullIfZero(f.Until),
+		f.IncludeResolved || len(f.IDs) > 0, null(f.Fingerprint)}
 }
 
 // Querier runs queries: pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.

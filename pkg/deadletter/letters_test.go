@@ -78,15 +78,6 @@ func readOutbox(t *testing.T, db *pgtest.DB, id int64) outboxRow {
 	return r
 }
 
-func count(t *testing.T, db *pgtest.DB, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestRecordIsIdempotentAndMarksOutbox(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -108,7 +99,7 @@ func TestRecordIsIdempotentAndMarksOutbox(t *testing.T) {
 	if again.Created || again.LetterID != r.LetterID {
 		t.Fatalf("second record %+v, want the same letter, not created", again)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
 	}
 
@@ -235,8 +226,8 @@ func TestRecordConcurrentDuplicates(t *testing.T) {
 			n++
 		}
 	}
-	if n != 1 || count(t, db, `SELECT count(*) FROM dead_letters`) != 1 {
-		t.Fatalf("created %d times, %d rows", n, count(t, db, `SELECT count(*) FROM dead_letters`))
+	if n != 1 || db.Count(t, `SELECT count(*) FROM dead_letters`) != 1 {
+		t.Fatalf("created %d times, %d rows", n, db.Count(t, `SELECT count(*) FROM dead_letters`))
 	}
 }
 

@@ -61,7 +61,7 @@ func TestRelayAndCallbackDeadLetterSameRowConcurrently(t *testing.T) {
 		if relayN != 1 {
 			t.Fatalf("round %d: relay dead-lettered %d rows, want 1 (its lease held the row)", i, relayN)
 		}
-		if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NULL`, id); n != 1 {
+		if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NULL`, id); n != 1 {
 			t.Fatalf("round %d: %d open letters for outbox row %d, want 1 (callback created=%v)", i, n, id, rec.Created)
 		}
 		if !readOutbox(t, db, id).dead {
@@ -89,7 +89,7 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 	if n, err := store.DeadLetter(ctx, lease, []outboxstore.Failure{{ID: outbox.ID(id), Error: "relay gave up"}}, nil); err != nil || n != 1 {
 		t.Fatalf("relay dead-letter: %d %v", n, err)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != 1 {
 		t.Fatalf("%d letters, want the callback's only", n)
 	}
 	if o := readOutbox(t, db, id); o.lastError == nil || *o.lastError != f.ErrorText() {

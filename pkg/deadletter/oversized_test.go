@@ -90,7 +90,7 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 	if !readOutbox(t, db, big).dead {
 		t.Fatal("oversized event's row not dead-lettered")
 	}
-	if n := count(t, db, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("%d processed messages after an oversized delivery", n)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
 // MaxResponseBodyBytes caps the destination response body kept in a dead letter.
@@ -112,7 +114,7 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 	var r Recorded
 	var gotOutbox *int64
 	err := db.QueryRow(ctx, qRecordDelivery,
-		outboxID, nullString(topicFromURL(f.URL)), payload, errText, f.Retried, nullInt(f.Status),
+		outboxID, postgres.NullIfZero(topicFromURL(f.URL)), payload, errText, f.Retried, postgres.NullIfZero(f.Status),
 		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.Generation,
 	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked, &r.Superseded)
 	if isDataError(err) && payload != nil {
@@ -140,13 +142,6 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 		r.OutboxID = *gotOutbox
 	}
 	return r, nil
-}
-
-func nullInt(n int) *int {
-	if n == 0 {
-		return nil
-	}
-	return &n
 }
 
 // textColumn makes b storable in a text column: valid UTF-8, no NUL (Postgres rejects

@@ -67,7 +67,7 @@ func TestLateCallbackOfRedrivenEventIsSuperseded(t *testing.T) {
 	if w.Code != 200 || !strings.Contains(w.Body.String(), `"superseded"`) {
 		t.Fatalf("late callback: %d %s", w.Code, w.Body)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 0 {
 		t.Fatalf("%d open letters after the late callback, want 0", n)
 	}
 	var late deadletter.Letter

@@ -2,6 +2,7 @@ package deadletter
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,15 +51,9 @@ type SyncConfig struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c SyncConfig) WithDefaults() SyncConfig {
-	if c.Name == "" {
-		c.Name = qstash.DefaultName
-	}
-	if c.QueuePrefix == "" {
-		c.QueuePrefix = c.Name
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Name = cmp.Or(c.Name, qstash.DefaultName)
+	c.QueuePrefix = cmp.Or(c.QueuePrefix, c.Name)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -119,8 +119,7 @@ func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]deadletter.DLQE
 func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) {
 	t.Helper()
 	db := pgtest.New(t)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	webhook, _ := answering(t, http.StatusInternalServerError)
 	return db, qs, webhook
 }
@@ -204,7 +203,7 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 		t.Fatal("the broken failure callback was never called")
 	}
 	// The working callback recorded its letters already; the others exist only in QStash.
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != len(goodCallback) {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != len(goodCallback) {
 		t.Fatalf("%d letters before the sync, want the %d from the failure callback", n, len(goodCallback))
 	}
 
@@ -239,15 +238,15 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	}
 
 	// Exactly one letter per event, each one its event's QStash message, with the row's data.
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != ours {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != ours {
 		t.Fatalf("%d letters, want %d", n, ours)
 	}
 	all := slices.Concat(noCallback, badCallback, goodCallback, fifo)
-	if n := count(t, db, `SELECT count(DISTINCT outbox_id) FROM dead_letters WHERE outbox_id = ANY($1) AND source = 'delivery'`, all); n != ours {
+	if n := db.Count(t, `SELECT count(DISTINCT outbox_id) FROM dead_letters WHERE outbox_id = ANY($1) AND source = 'delivery'`, all); n != ours {
 		t.Fatalf("%d events have letters, want %d", n, ours)
 	}
 	synced := slices.Concat(noCallback, badCallback, fifo)
-	if n := count(t, db, `
+	if n := db.Count(t, `
 SELECT count(*) FROM dead_letters d JOIN outbox o ON o.id = d.outbox_id
 WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 500 after 1 of 1 retries'
   AND d.status_code = 500 AND d.attempts = 1 AND d.topic = o.topic AND d.partition_key = o.partition_key
@@ -256,7 +255,7 @@ WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 500 afte
 		t.Fatalf("%d of %d synced letters carry the event's data and marked its row", n, len(synced))
 	}
 	// A synced letter and a callback letter of the same failure are one group.
-	if n := count(t, db, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 1 {
+	if n := db.Count(t, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 1 {
 		t.Fatalf("%d groups, want 1", n)
 	}
 
@@ -281,7 +280,7 @@ WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 500 afte
 			t.Fatalf("left %+v", e)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters`); n != ours {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters`); n != ours {
 		t.Fatalf("%d letters after deleting from QStash, want %d", n, ours)
 	}
 }
@@ -316,7 +315,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 	if res.Pages != 3 || res.Scanned != 230 || res.Recorded != 228 || res.Superseded != 1 || res.AlreadyRecorded != 1 {
 		t.Fatalf("result %+v", res)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1`, ids[1]); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1`, ids[1]); n != 1 {
 		t.Fatalf("%d letters for the event the relay dead-lettered, want its 1", n)
 	}
 	if r := readOutbox(t, db, ids[0]); r.dead || r.gen != 1 {
@@ -326,7 +325,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT resolution FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NOT NULL`, ids[0]).Scan(&resolution); err != nil || resolution != deadletter.ResolutionSuperseded {
 		t.Fatalf("superseded letter: %q %v", resolution, err)
 	}
-	if n := count(t, db, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND attempts = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND attempts = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
 		t.Fatalf("%d open letters with 0 retries, want 228", n)
 	}
 }

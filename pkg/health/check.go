@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -9,11 +10,17 @@ import (
 type Status int
 
 const (
-	Healthy   Status = 0
-	Degraded  Status = 1
+	// Healthy: nothing needs attention.
+	Healthy Status = 0
+	// Degraded: something needs a look soon (a growing backlog, a new dead letter), but
+	// events still flow.
+	Degraded Status = 1
+	// Unhealthy: events are not flowing or are being lost to dead letters; act now.
 	Unhealthy Status = 2
 )
 
+// String returns the lower-case name outboxctl status prints ("healthy", "degraded",
+// "unhealthy").
 func (s Status) String() string {
 	switch s {
 	case Healthy:
@@ -62,15 +69,9 @@ type Thresholds struct {
 
 // WithDefaults returns t with zero durations and MaxXminAge set to their defaults.
 func (t Thresholds) WithDefaults() Thresholds {
-	if t.MaxOldestPendingAge == 0 {
-		t.MaxOldestPendingAge = DefaultMaxOldestPendingAge
-	}
-	if t.MaxTransactionAge == 0 {
-		t.MaxTransactionAge = DefaultMaxTransactionAge
-	}
-	if t.MaxXminAge == 0 {
-		t.MaxXminAge = DefaultMaxXminAge
-	}
+	t.MaxOldestPendingAge = cmp.Or(t.MaxOldestPendingAge, DefaultMaxOldestPendingAge)
+	t.MaxTransactionAge = cmp.Or(t.MaxTransactionAge, DefaultMaxTransactionAge)
+	t.MaxXminAge = cmp.Or(t.MaxXminAge, DefaultMaxXminAge)
 	return t
 }
 

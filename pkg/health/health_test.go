@@ -3,12 +3,12 @@ package health_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -117,20 +117,16 @@ func TestProcessedMessagesEstimate(t *testing.T) {
 	db := pgtest.New(t)
 	exec(t, db, `INSERT INTO processed_messages (consumer, message_id) SELECT 'webhook', g::text FROM generate_series(1, 200) g`)
 	exec(t, db, `ANALYZE processed_messages`)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.EventuallyNil(t, 10*time.Second, func() error {
 		r, err := health.Collect(context.Background(), db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.ProcessedMessages.RowsEstimate == 200 {
-			return
+		if r.ProcessedMessages.RowsEstimate != 200 {
+			return fmt.Errorf("processed_messages estimate %d, want 200", r.ProcessedMessages.RowsEstimate)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processed_messages estimate %d, want 200", r.ProcessedMessages.RowsEstimate)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestCollectEmptyIsHealthy(t *testing.T) {
@@ -154,47 +150,28 @@ func TestOpenTransactionHoldsHorizon(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	cfg := db.Pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "health-test-holder"
-	holder, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	tx, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	var pid int64
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
+	pid := db.HoldSnapshot(t, "health-test-holder").PID
 	// Make the horizon age measurable: other transactions consume ids after the snapshot.
 	for range 3 {
 		exec(t, db, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', gen_random_uuid()::text)`)
 	}
 
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.EventuallyNil(t, 10*time.Second, func() error {
 		r, err := health.Collect(ctx, db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}
 		h := r.Horizon
-		if h.OpenTransactions >= 1 && h.BackendXminAge >= 3 && h.XminHorizonAge >= h.BackendXminAge && h.OldestTransactionAgeSeconds > 0.05 {
-			st, reasons := r.Check(health.Thresholds{MaxTransactionAge: 50 * time.Millisecond, MaxXminAge: 2, MaxDeadLetters: -1})
-			joined := strings.Join(reasons, "\n")
-			if st != health.Degraded || !strings.Contains(joined, "a transaction has been open for") || !strings.Contains(joined, "xmin horizon") {
-				t.Fatalf("status %v reasons %v", st, reasons)
-			}
-			return
+		if h.OpenTransactions < 1 || h.BackendXminAge < 3 || h.XminHorizonAge < h.BackendXminAge || h.OldestTransactionAgeSeconds <= 0.05 {
+			return fmt.Errorf("open transaction (pid %d) not seen: %+v", pid, h)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("open transaction (pid %d) not seen: %+v", pid, h)
+		st, reasons := r.Check(health.Thresholds{MaxTransactionAge: 50 * time.Millisecond, MaxXminAge: 2, MaxDeadLetters: -1})
+		joined := strings.Join(reasons, "\n")
+		if st != health.Degraded || !strings.Contains(joined, "a transaction has been open for") || !strings.Contains(joined, "xmin horizon") {
+			t.Fatalf("status %v reasons %v", st, reasons)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestBacklog(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -37,15 +38,6 @@ func effect(id string) inbox.Work {
 	}
 }
 
-func countRows(t *testing.T, db *pgtest.DB, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
@@ -57,7 +49,7 @@ func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 			t.Fatalf("delivery %d: got (%v, %v), want (%v, nil)", i, got, err, want)
 		}
 	}
-	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM effects`); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
 	}
 	// The same id under another consumer is another message.
@@ -88,17 +80,17 @@ func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
 	if !errors.Is(err, boom) || got != 0 {
 		t.Fatalf("got (%v, %v), want (0, boom)", got, err)
 	}
-	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM effects`); n != 0 {
 		t.Fatalf("effects = %d after failed work, want 0", n)
 	}
-	if n := countRows(t, db, `SELECT count(*) FROM processed_messages`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("processed_messages = %d after failed work, want 0", n)
 	}
 	// The retry runs the work again and commits.
 	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1")); err != nil || got != inbox.Processed {
 		t.Fatalf("retry: got (%v, %v)", got, err)
 	}
-	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
+	if n := db.Count(t, `SELECT count(*) FROM effects`); n != 1 {
 		t.Fatalf("effects = %d after retry, want 1", n)
 	}
 }
@@ -204,7 +196,7 @@ func TestHandleOnceConcurrentDeliveriesOneEffect(t *testing.T) {
 	if processed != 1 {
 		t.Fatalf("processed %d times, want 1 (outcomes %v)", processed, outcomes)
 	}
-	if c := countRows(t, db, `SELECT count(*) FROM effects`); c != 1 {
+	if c := db.Count(t, `SELECT count(*) FROM effects`); c != 1 {
 		t.Fatalf("effects = %d, want 1", c)
 	}
 }
@@ -255,8 +247,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 				second <- result{o, err}
 			}()
 			// Wait until the second delivery is blocked on the first's transaction.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testwait.Eventually(t, 10*time.Second, func() bool {
 				var waiting bool
 				err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
 					WHERE locktype = 'transactionid' AND transactionid = $1::text::xid AND NOT granted)`, firstXID).Scan(&waiting)
@@ -264,18 +255,15 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 					t.Fatal(err)
 				}
 				if waiting {
-					break
+					return true
 				}
 				select {
 				case r := <-second:
 					t.Fatalf("second delivery finished while the first was uncommitted: %+v", r)
 				default:
 				}
-				if time.Now().After(deadline) {
-					t.Fatal("second delivery never waited on the first")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return false
+			}, "the second delivery to wait on the first")
 			close(release)
 
 			r1, r2 := <-first, <-second

@@ -17,36 +17,67 @@ const (
 )
 
 // Metric names. They are fixed: the SAM template's alarms and dashboard refer to them.
+// Counts are per invocation (or per drain, outside Lambda); ages are in seconds and
+// latencies in milliseconds.
 const (
-	// Relay (Function=relay).
-	Claimed                   = "Claimed"
-	Dispatched                = "Dispatched"
-	Retried                   = "Retried"
-	DeadLettered              = "DeadLettered"
-	Released                  = "Released"
-	LeaseLost                 = "LeaseLost"
-	DeferredQuota             = "DeferredQuota"
-	DeferredDeployment        = "DeferredDeployment"
-	DeferredOutage            = "DeferredOutage"
-	Batches                   = "Batches"
-	PublishLatency            = "PublishLatency"
-	BacklogPending            = "BacklogPending"
-	OldestPendingAgeSeconds   = "OldestPendingAgeSeconds"
-	OldestCreatedAgeSeconds   = "OldestCreatedAgeSeconds"
-	RetentionDeletedOutbox    = "RetentionDeletedOutbox"
+	// Claimed counts outbox rows the relay claimed (Function=relay).
+	Claimed = "Claimed"
+	// Dispatched counts rows QStash accepted and the relay marked dispatched.
+	Dispatched = "Dispatched"
+	// Retried counts rows that failed transiently and were scheduled again with backoff.
+	Retried = "Retried"
+	// DeadLettered counts rows the relay moved to dead_letters (permanent failure or
+	// retry budget spent).
+	DeadLettered = "DeadLettered"
+	// Released counts rows claimed but not sent (held behind a failed same-key event,
+	// deferred, or left when the deadline came), put back without an attempt.
+	Released = "Released"
+	// LeaseLost counts rows whose outcome was discarded because another relay had taken
+	// them over after the lease expired.
+	LeaseLost = "LeaseLost"
+	// DeferredQuota counts rows (included in Released) put back because QStash's quota or rate limit was used up.
+	DeferredQuota = "DeferredQuota"
+	// DeferredDeployment counts rows put back because a setting (URL, token, queue) is
+	// wrong; an operator must act.
+	DeferredDeployment = "DeferredDeployment"
+	// DeferredOutage counts rows put back because QStash was unreachable or failing.
+	DeferredOutage = "DeferredOutage"
+	// Batches counts claims that leased at least one row.
+	Batches = "Batches"
+	// PublishLatency is each publish call's duration (one batch to QStash), in milliseconds.
+	PublishLatency = "PublishLatency"
+	// BacklogPending is the number of rows not yet dispatched or dead-lettered.
+	BacklogPending = "BacklogPending"
+	// OldestPendingAgeSeconds is how late the latest-to-go due event is, in seconds: the
+	// template's latency alarm.
+	OldestPendingAgeSeconds = "OldestPendingAgeSeconds"
+	// OldestCreatedAgeSeconds is the oldest pending row's age since its creation, in
+	// seconds (it includes a delay the producer asked for).
+	OldestCreatedAgeSeconds = "OldestCreatedAgeSeconds"
+	// RetentionDeletedOutbox counts dispatched outbox rows the retention task deleted.
+	RetentionDeletedOutbox = "RetentionDeletedOutbox"
+	// RetentionDeletedProcessed counts processed_messages rows the retention task deleted.
 	RetentionDeletedProcessed = "RetentionDeletedProcessed"
-	DLQSyncRecorded           = "DLQSyncRecorded"
+	// DLQSyncRecorded counts dead letters copied from QStash's DLQ into dead_letters.
+	DLQSyncRecorded = "DLQSyncRecorded"
 
-	// Consumers (Function=webhook).
-	Processed        = "Processed"
-	Duplicate        = "Duplicate"
+	// Processed counts deliveries a consumer handled and committed (Function=webhook).
+	Processed = "Processed"
+	// Duplicate counts deliveries already processed: acknowledged without running the
+	// handler again.
+	Duplicate = "Duplicate"
+	// PermanentFailure counts deliveries a handler marked permanent (QStash stops
+	// retrying; the failure callback records them).
 	PermanentFailure = "PermanentFailure"
+	// TransientFailure counts deliveries that failed and will be retried by QStash.
 	TransientFailure = "TransientFailure"
-	Unauthorized     = "Unauthorized"
+	// Unauthorized counts deliveries whose signature did not verify.
+	Unauthorized = "Unauthorized"
 	// RejectedDeliveries counts deliveries refused before any handler ran.
 	RejectedDeliveries = "RejectedDeliveries"
 
-	// Failure callback (Function=failure).
+	// DeliveryDeadLetters counts failure callbacks recorded as dead letters
+	// (Function=failure).
 	DeliveryDeadLetters = "DeliveryDeadLetters"
 	// RejectedCallbacks counts failure callbacks refused: their failures are only in
 	// QStash's DLQ.

@@ -23,15 +23,6 @@ func validEvent() outbox.Event {
 	}
 }
 
-func count(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -53,7 +44,7 @@ func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	if err == nil || err.Error() != "business rule failed" {
 		t.Fatalf("BeginFunc: %v", err)
 	}
-	if n := count(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 0 {
 		t.Fatalf("rolled-back transaction left %d outbox rows", n)
 	}
 
@@ -69,7 +60,7 @@ func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db); n != 1 {
+	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 1 {
 		t.Fatalf("committed transaction left %d outbox rows, want 1", n)
 	}
 	var topic, key string
@@ -141,7 +132,7 @@ func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
 			}
 		})
 	}
-	if n := count(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 0 {
 		t.Fatalf("invalid events wrote %d rows", n)
 	}
 }
@@ -175,7 +166,7 @@ func TestEnqueueInsideTransactionLeavesItUsableAfterRejection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db); n != 1 {
+	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 1 {
 		t.Fatalf("rows = %d, want 1", n)
 	}
 }

@@ -56,10 +56,13 @@ type ValidationError struct {
 	Err error
 }
 
+// Error names the event's index, the field, the sentinel and the reason, so a log line
+// alone says what to fix.
 func (e *ValidationError) Error() string {
 	return fmt.Sprintf("outbox event %d: %s: %s: %s", e.Index, e.Field, e.Err, e.Reason)
 }
 
+// Unwrap returns the Err* sentinel, so callers branch with errors.Is.
 func (e *ValidationError) Unwrap() error { return e.Err }
 
 // Limits bound what Enqueue accepts. Zero fields take the Default* values.

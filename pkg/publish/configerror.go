@@ -8,8 +8,10 @@ type ConfigError struct {
 	// Config names the configuration ("relay", "qstash publisher", "retention").
 	Config string
 	// Field is the Go field name, e.g. "Lease".
-	Field  string
+	Field string
+	// Reason says what is wrong with the value and what it must be.
 	Reason string
 }
 
+// Error reads "<config> config <field>: <reason>".
 func (e *ConfigError) Error() string { return e.Config + " config " + e.Field + ": " + e.Reason }

@@ -24,8 +24,13 @@ type Result struct {
 type Outcome int
 
 const (
+	// Published: the queue accepted the message; the relay marks it dispatched.
 	Published Outcome = iota
+	// Retryable: the message failed for a reason that may pass (a 5xx, a timeout); the
+	// relay retries it with backoff and counts the attempt.
 	Retryable
+	// PermanentFailure: the message can never be accepted (IsPermanent); the relay
+	// dead-letters it at once.
 	PermanentFailure
 	// Deferred: the message was not attempted because the queue refused the whole request
 	// for a reason that is not about this message (a used-up quota, a wrong endpoint or
@@ -98,11 +103,15 @@ const (
 // The relay releases it with its attempt uncounted and publishes nothing more until Until
 // (a zero Until lets the relay choose its own pause).
 type DeferError struct {
+	// Reason is one of DeferQuota, DeferDeployment, DeferOutage.
 	Reason string
-	Until  time.Time
-	Err    error
+	// Until is when publishing may resume; zero lets the relay choose.
+	Until time.Time
+	// Err is the queue's error behind the deferral, if any.
+	Err error
 }
 
+// Error reads "publish deferred (<reason>): <err>".
 func (e *DeferError) Error() string {
 	if e.Err == nil {
 		return "publish deferred: " + e.Reason
@@ -110,6 +119,7 @@ func (e *DeferError) Error() string {
 	return "publish deferred (" + e.Reason + "): " + e.Err.Error()
 }
 
+// Unwrap returns Err, so the queue's own error stays reachable with errors.As.
 func (e *DeferError) Unwrap() error { return e.Err }
 
 // IsDeferred reports whether err is or wraps a *DeferError.

@@ -35,18 +35,27 @@ func oneAccepted(req *http.Request) *http.Response {
 		Body: io.NopCloser(strings.NewReader(`[{"messageId":"msg_1"}]`)), ContentLength: -1, Request: req}
 }
 
-// A body the transport is still writing after Publish returned keeps its arena: the next
-// call must not encode over bytes on their way to QStash.
-func TestArenaOutlivesAnEarlyAnswer(t *testing.T) {
-	tr := &lateTransport{}
+// transportPublisher is a Publisher whose requests go to tr.
+func transportPublisher(t *testing.T, tr http.RoundTripper) *Publisher {
+	t.Helper()
 	p, err := NewPublisher(PublisherConfig{BaseURL: "http://127.0.0.1:1", Token: "t", DestinationBaseURL: "https://hooks.example.com",
 		HTTPClient: &http.Client{Transport: tr}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := func(id int, c byte) []outbox.Message {
-		return []outbox.Message{{ID: outbox.ID(id), Topic: "t", PartitionKey: "k", Payload: []byte(strings.Repeat(string(c), 64))}}
-	}
+	return p
+}
+
+// msg is a one-message call whose 64-byte payload repeats c.
+func msg(id int, c byte) []outbox.Message {
+	return []outbox.Message{{ID: outbox.ID(id), Topic: "t", PartitionKey: "k", Payload: []byte(strings.Repeat(string(c), 64))}}
+}
+
+// A body the transport is still writing after Publish returned keeps its arena: the next
+// call must not encode over bytes on their way to QStash.
+func TestArenaOutlivesAnEarlyAnswer(t *testing.T) {
+	tr := &lateTransport{}
+	p := transportPublisher(t, tr)
 	first := p.Publish(context.Background(), msg(1, 'a'))
 	for range 20 { // more calls while the first body is unread
 		p.Publish(context.Background(), msg(2, 'b'))
@@ -196,14 +205,7 @@ func (t *reuseTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // was handed the later call's bytes.
 func TestLateGetBodyRefusedAfterReuse(t *testing.T) {
 	tr := &reuseTransport{}
-	p, err := NewPublisher(PublisherConfig{BaseURL: "http://127.0.0.1:1", Token: "t", DestinationBaseURL: "https://hooks.example.com",
-		HTTPClient: &http.Client{Transport: tr}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := func(id int, c byte) []outbox.Message {
-		return []outbox.Message{{ID: outbox.ID(id), Topic: "t", PartitionKey: "k", Payload: []byte(strings.Repeat(string(c), 64))}}
-	}
+	p := transportPublisher(t, tr)
 	if r := p.Publish(context.Background(), msg(1, 'a')); r[0].Err != nil {
 		t.Fatal(r[0].Err)
 	}

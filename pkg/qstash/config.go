@@ -1,6 +1,7 @@
 package qstash
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -114,47 +115,27 @@ type PublisherConfig struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c PublisherConfig) WithDefaults() PublisherConfig {
-	if c.BaseURL == "" {
-		c.BaseURL = DefaultBaseURL
-	}
-	if c.Retries == 0 {
-		c.Retries = DefaultRetries
-	}
-	if c.Ordering == "" {
-		c.Ordering = OrderingPublish
-	}
-	if c.FIFOQueues == 0 {
-		c.FIFOQueues = DefaultFIFOQueues
-	}
-	if c.Name == "" {
-		c.Name = DefaultName
-	}
-	if c.QueuePrefix == "" {
-		c.QueuePrefix = c.Name
-	}
-	if c.Plan == "" {
-		c.Plan = DefaultPlan
-	}
+	c.BaseURL = cmp.Or(c.BaseURL, DefaultBaseURL)
+	c.Retries = cmp.Or(c.Retries, DefaultRetries)
+	c.Ordering = cmp.Or(c.Ordering, OrderingPublish)
+	c.FIFOQueues = cmp.Or(c.FIFOQueues, DefaultFIFOQueues)
+	c.Name = cmp.Or(c.Name, DefaultName)
+	c.QueuePrefix = cmp.Or(c.QueuePrefix, c.Name)
+	c.Plan = cmp.Or(c.Plan, DefaultPlan)
 	if c.MaxMessageBytes == 0 {
 		if l, err := c.Plan.Limits(); err == nil {
 			c.MaxMessageBytes = l.MaxMessageBytes
 		}
 	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}
 	if c.Tokens == nil && c.Token != "" {
 		c.Tokens = NewToken(c.Token, nil)
 	}
-	if c.MaxBatchItems == 0 {
-		c.MaxBatchItems = DefaultMaxBatchItems
-	}
+	c.MaxBatchItems = cmp.Or(c.MaxBatchItems, DefaultMaxBatchItems)
 	return c
 }
 

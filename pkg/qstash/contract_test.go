@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -66,15 +65,9 @@ func TestBaseURLRefusedAtStartup(t *testing.T) {
 // is permanent, so nothing is dead-lettered, and one request is all it costs.
 func TestWrongQStashURLDefersEverything(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
-	target, _ := url.Parse(srv.URL)
-	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.URL.Path = "/v2" + r.In.URL.Path
-		r.Out.URL.RawPath = ""
-	}})
-	t.Cleanup(gw.Close)
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: gw.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", MaxBatchItems: 10})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	gw := qstashtest.V2Gateway(t, srv)
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: gw, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", MaxBatchItems: 10})
 	res := p.Publish(context.Background(), messages(1, 100, 10))
 	for i, r := range res {
 		var de *publish.DeferError
@@ -146,7 +139,7 @@ func TestOneBadItemInHundred(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			cons := newConsumer(t, nil)
-			srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: mode})
+			srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: mode})
 			proxy := badItemProxy(t, srv, "42")
 			p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL})
 			msgs := messages(1, 100, 10)
@@ -185,17 +178,13 @@ func TestOneBadItemInHundred(t *testing.T) {
 func TestRequestByteBudget(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanFree})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxRequestBytes: qstash.MinRequestBytes})
 	msgs := messages(1, 100, 10)
 	for i := range msgs {
 		msgs[i].Payload = []byte(fmt.Sprintf(`{"id":%d,"pad":%q}`, msgs[i].ID, strings.Repeat("x", 3000)))
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	var sizes []int64
 	for _, r := range srv.Requests() {
 		if r.Path == "/v2/batch" {
@@ -218,7 +207,7 @@ func TestRequestByteBudget(t *testing.T) {
 func TestOversizedMessageFailsAlone(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanFree})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Plan: qstash.PlanFree, Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
 	msgs := messages(1, 5, 5)
 	msgs[2].Payload = []byte(`"` + strings.Repeat("y", 1_000_000) + `"`)
@@ -247,7 +236,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 func TestQuotaDefers(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{QuotaMessages: 10, QuotaWindow: time.Hour})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{QuotaMessages: 10, QuotaWindow: time.Hour})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 5})
 	before := time.Now()
 	for i, r := range p.Publish(context.Background(), messages(1, 10, 10)) {
@@ -285,17 +274,13 @@ func TestQuotaDefers(t *testing.T) {
 func TestFlowControlKeyAccepted(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Name: "shop", FlowControlParallelism: 1})
 	msgs := messages(1, 3, 1)
 	for i := range msgs {
 		msgs[i].PartitionKey = "customer:7/eu west"
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	key := qstash.FlowControlKey("shop", "customer:7/eu west")
 	if key != qstash.FlowControlKey("shop", "customer:7/eu west") || !qstash.ValidResourceName(key) || !strings.HasPrefix(key, "shop.customer_7_eu_west-") {
@@ -346,7 +331,7 @@ func TestDerivedNamesCollisionFree(t *testing.T) {
 func TestDeliveryURLCarriesIdentity(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL + "/"})
 	m := messages(9007199254740993, 1, 1)[0] // above 2^53: no float on the way
 	m.Generation = 2
@@ -379,7 +364,7 @@ func TestDeliveryURLCarriesIdentity(t *testing.T) {
 // found with parallelism 2, or paused, is reported by name and left as it is.
 func TestEnsureQueues(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: qstash.OrderingFIFO, FIFOQueues: 6})
 	ctx := context.Background()
 	if err := p.EnsureQueues(ctx); err != nil {
@@ -415,7 +400,7 @@ func TestQueueCountCap(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "FIFOQueues") || !strings.Contains(err.Error(), "10 queues") {
 		t.Fatalf("config: %v", err)
 	}
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanFree})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree})
 	for i := range 10 {
 		queueAPI(t, srv, http.MethodPost, "/v2/queues/", fmt.Sprintf(`{"queueName":"q-%d","parallelism":1}`, i))
 	}
@@ -435,7 +420,7 @@ func TestQueueCountCap(t *testing.T) {
 func TestTwoDeploymentsShareAnAccount(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	publish := func(name string) []publish.Result {
 		p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Name: name})
 		return p.Publish(context.Background(), messages(1, 20, 5))
@@ -518,7 +503,7 @@ func (rt *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error)
 func TestPublishModeOneRequestPerCall(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	rt := &recordingTransport{}
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL,
 		FlowControlRate: 1000, HTTPClient: &http.Client{Transport: rt}})
@@ -526,11 +511,7 @@ func TestPublishModeOneRequestPerCall(t *testing.T) {
 	for i := range msgs {
 		msgs[i].PartitionKey = fmt.Sprintf("order:%d", i%20)
 	}
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	if len(rt.bodies) != 1 {
 		t.Fatalf("%d requests for 1000 messages over 20 keys, want 1", len(rt.bodies))
 	}
@@ -573,7 +554,7 @@ func TestFailureCallbackIdentity(t *testing.T) {
 		got <- id
 	}))
 	t.Cleanup(fail.Close)
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FailureCallbackURL: fail.URL, Retries: qstash.NoRetries})
 	m := messages(314, 1, 1)[0]
 	m.Generation = 3
@@ -596,7 +577,7 @@ func TestFailureCallbackIdentity(t *testing.T) {
 func TestFIFOInvalidMessageHoldsOnlyLaterOnes(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
 	msgs := messages(1, 6, 1) // one key
 	msgs[3].Headers = map[string]string{"Bad Header": "x"}

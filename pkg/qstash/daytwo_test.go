@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -44,7 +45,7 @@ func TestSharedRefusalDefersEverything(t *testing.T) {
 			}
 			t.Run(fmt.Sprintf("%s/%q", mode, w.text), func(t *testing.T) {
 				t.Parallel()
-				srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanFree, BatchErrors: mode, RetriesRefusal: w.text, HoldDeliveries: true})
+				srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree, BatchErrors: mode, RetriesRefusal: w.text, HoldDeliveries: true})
 				p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1",
 					Plan: qstash.PlanPayg, Retries: 5})
 				res := p.Publish(context.Background(), messages(1, 200, 20))
@@ -71,7 +72,7 @@ func TestSharedRefusalDefersEverything(t *testing.T) {
 // good ones it reached are published, and the rest come back retryable, never permanent.
 func TestSplitBudgetBoundsRequests(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: qstashtest.BatchErrorsWholeRequest, HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg, BatchErrors: qstashtest.BatchErrorsWholeRequest, HoldDeliveries: true})
 	msgs := messages(1, 1000, 50)
 	var bad []string
 	isBad := map[int64]bool{}
@@ -119,7 +120,7 @@ func TestOutageDefersEverything(t *testing.T) {
 	for _, o := range []qstashtest.Outage{qstashtest.Outage503, qstashtest.OutageHang, qstashtest.OutageReset, "refused"} {
 		t.Run(string(o), func(t *testing.T) {
 			t.Parallel()
-			srv := newLocal(t, qstashtest.Options{Plan: qstash.PlanPayg, HoldDeliveries: true})
+			srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg, HoldDeliveries: true})
 			base := srv.URL
 			if o == "refused" {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -140,7 +141,7 @@ func TestOutageDefersEverything(t *testing.T) {
 				}
 			}
 			if o != "refused" {
-				waitFor(t, func() bool { n, _ := batchRequests(srv); return n > 0 })
+				testwait.Eventually(t, 30*time.Second, func() bool { n, _ := batchRequests(srv); return n > 0 }, "a batch request at the server")
 			}
 			if n, _ := batchRequests(srv); o != "refused" && n != 1 {
 				t.Fatalf("%d requests: the rest of the call must not be sent into the outage", n)
@@ -161,7 +162,7 @@ func TestOutageDefersEverything(t *testing.T) {
 // every message is published and the DLQ client sharing the Token follows.
 func TestRotatedTokenIsReread(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
 	var source atomic.Value
 	source.Store(srv.Token)
 	var reads atomic.Int32
@@ -189,10 +190,10 @@ func TestRotatedTokenIsReread(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, func() bool {
+	testwait.Eventually(t, 30*time.Second, func() bool {
 		_, byStatus := batchRequests(srv)
 		return byStatus[http.StatusUnauthorized] == calls
-	})
+	}, "%d requests refused with 401 (the old token)", calls)
 	close(release)
 	wg.Wait()
 	close(errs)
@@ -219,7 +220,7 @@ func TestRotatedTokenIsReread(t *testing.T) {
 // re-read found.
 func TestRefusedTokenAfterReread(t *testing.T) {
 	t.Parallel()
-	srv := newLocal(t, qstashtest.Options{HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
 	for name, tc := range map[string]struct {
 		read func(context.Context) (string, error)
 		says string
@@ -238,16 +239,5 @@ func TestRefusedTokenAfterReread(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 30 s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -64,6 +64,7 @@ func (r RateLimit) ResetTime(now time.Time) (time.Time, bool) {
 
 const maxErrorBody = 4 << 10
 
+// Error names the status code and QStash's message (or the status text when it sent none).
 func (e *APIError) Error() string {
 	msg := e.Message
 	if msg == "" {
@@ -172,6 +173,7 @@ type ItemError struct {
 	Message string
 }
 
+// Error names the item's index and QStash's text.
 func (e *ItemError) Error() string {
 	return fmt.Sprintf("qstash batch item %d: %s", e.Index, e.Message)
 }
@@ -265,13 +267,18 @@ func outageStatus(code int) bool {
 // (PublisherConfig.MaxMessageBytes). It is not sent, and permanent: it fails alone.
 type MessageTooLargeError struct {
 	// Index is the message's position in the Publish call.
-	Index    int
+	Index int
+	// OutboxID is the message's outbox row.
 	OutboxID int64
-	Size     int64
-	Limit    int64
-	Plan     Plan
+	// Size is the payload's size in bytes.
+	Size int64
+	// Limit is the configured maximum in bytes (PublisherConfig.MaxMessageBytes).
+	Limit int64
+	// Plan is the configured QStash plan, whose own limit the message names.
+	Plan Plan
 }
 
+// Error names the outbox id, the size, the limit and the setting that sets it.
 func (e *MessageTooLargeError) Error() string {
 	return fmt.Sprintf("outbox message %d not sent: its payload is %d bytes, over the %d-byte QStash message limit (QSTASH_MAX_MESSAGE_BYTES; the %s plan allows %s)",
 		e.OutboxID, e.Size, e.Limit, e.Plan, planSize(e.Plan))
@@ -304,10 +311,13 @@ var (
 // InvalidMessageError is a message the Publisher refused to send because QStash could only
 // reject it (for example a header name that is not an HTTP token). It is permanent.
 type InvalidMessageError struct {
-	Index  int
+	// Index is the message's position in the Publish call.
+	Index int
+	// Reason says what QStash would reject.
 	Reason string
 }
 
+// Error names the message's index and the reason.
 func (e *InvalidMessageError) Error() string {
 	return fmt.Sprintf("qstash message %d not sent: %s", e.Index, e.Reason)
 }

@@ -8,8 +8,11 @@ import "fmt"
 type Plan string
 
 const (
-	PlanFree  Plan = "free"
-	PlanPayg  Plan = "payg"
+	// PlanFree is the free plan: the smallest message size and fewest queues.
+	PlanFree Plan = "free"
+	// PlanPayg is pay-as-you-go.
+	PlanPayg Plan = "payg"
+	// PlanFixed is the fixed-price plan.
 	PlanFixed Plan = "fixed"
 	// DefaultPlan is assumed when none is set: pay-as-you-go, also the official dev
 	// server's default (`qstash dev -quota payg`).

@@ -95,16 +95,6 @@ func (c *consumer) snapshot() ([]accepted, []string) {
 	return append([]accepted(nil), c.accepted...), append([]string(nil), c.bad...)
 }
 
-func newLocal(t testing.TB, opts qstashtest.Options) *qstashtest.Server {
-	t.Helper()
-	if opts.TimeScale == 0 {
-		opts.TimeScale = 0.0001
-	}
-	srv := qstashtest.NewServer(opts)
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 func newPublisher(t testing.TB, cfg qstash.PublisherConfig) *qstash.Publisher {
 	t.Helper()
 	p, err := qstash.NewPublisher(cfg)
@@ -124,6 +114,16 @@ func wantDelivered(t *testing.T, srv *qstashtest.Server, cons *consumer, n int) 
 		t.Fatalf("%d delivered (bad signatures %v), want %d", len(got), bad, n)
 	}
 	return got
+}
+
+// publishAll publishes msgs in one call and fails the test unless QStash took every one.
+func publishAll(t testing.TB, p *qstash.Publisher, msgs []outbox.Message) {
+	t.Helper()
+	for i, r := range p.Publish(context.Background(), msgs) {
+		if r.Err != nil {
+			t.Fatalf("message %d: %v", i, r.Err)
+		}
+	}
 }
 
 func idle(t testing.TB, srv *qstashtest.Server) {
@@ -207,7 +207,7 @@ func fnv1a(s string) uint32 {
 func TestPublishBatchMinimumRequests(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	ct := &countingTransport{}
 	p := newPublisher(t, qstash.PublisherConfig{
 		BaseURL: srv.URL + "/", Token: srv.Token, DestinationBaseURL: cons.URL + "/", MaxBatchItems: 200,
@@ -255,7 +255,7 @@ func TestPublishBatchMinimumRequests(t *testing.T) {
 func TestPublishDedup(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL})
 	m := messages(77, 1, 1)
 	r1 := p.Publish(context.Background(), m)
@@ -295,7 +295,7 @@ func TestPublishItemFailureIsolation(t *testing.T) {
 
 func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstashtest.BatchErrorMode) {
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{BatchErrors: mode})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{BatchErrors: mode})
 	proxy := badItemProxy(t, srv, "4")
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: proxy.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 4, Ordering: ordering})
 	msgs := messages(1, 10, 10)
@@ -542,7 +542,7 @@ func wantNamed(parts ...string) func(t *testing.T, err error) {
 func TestPublishAgainstInjectedFaults(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
-	srv := newLocal(t, qstashtest.Options{Seed: 3, Faults: qstashtest.Faults{Publish5xxRate: 0.2, Publish429Rate: 0.2, DropResponseRate: 0.2}})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Seed: 3, Faults: qstashtest.Faults{Publish5xxRate: 0.2, Publish429Rate: 0.2, DropResponseRate: 0.2}})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, MaxBatchItems: 5})
 	pending := messages(1, 60, 60)
 	for round := 0; len(pending) > 0; round++ {
@@ -613,14 +613,10 @@ func failFirst30(seed uint64) func(string, int) bool {
 func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, failFirst30(11))
-	srv := newLocal(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.3, MaxDelay: 2 * time.Millisecond}})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.3, MaxDelay: 2 * time.Millisecond}})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
 	msgs := messages(1, 1000, 20)
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	got, bad := cons.snapshot()
 	if len(bad) > 0 || len(got) != 1000 {
@@ -641,14 +637,10 @@ func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
 func TestPublishModeDeliversEverything(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, failFirst30(11))
-	srv := newLocal(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FlowControlParallelism: 2, FlowControlRate: 1000, FlowControlPeriod: time.Second})
 	msgs := messages(1, 1000, 20)
-	for i, r := range p.Publish(context.Background(), msgs) {
-		if r.Err != nil {
-			t.Fatalf("message %d: %v", i, r.Err)
-		}
-	}
+	publishAll(t, p, msgs)
 	idle(t, srv)
 	got, bad := cons.snapshot()
 	ids := map[string]bool{}
@@ -673,7 +665,7 @@ func TestPublishModeDeliversEverything(t *testing.T) {
 func BenchmarkPublishBatch(b *testing.B) {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
 	defer sink.Close()
-	srv := newLocal(b, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(b, qstashtest.Options{})
 	p := newPublisher(b, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: sink.URL})
 	ctx := context.Background()
 	b.ReportAllocs()

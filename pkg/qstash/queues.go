@@ -25,11 +25,15 @@ type Queue struct {
 // parallelism is not 1 (two messages of one key could be delivered at once) or it is
 // paused (nothing of its keys is delivered).
 type QueueMismatchError struct {
-	Queue       string
+	// Queue is the queue's name.
+	Queue string
+	// Parallelism is the queue's parallelism as QStash reports it.
 	Parallelism int
-	Paused      bool
+	// Paused reports whether the queue is paused.
+	Paused bool
 }
 
+// Error says what is wrong with the queue and how to fix it.
 func (e *QueueMismatchError) Error() string {
 	if e.Paused {
 		return fmt.Sprintf("qstash queue %s is paused: its events are accepted but never delivered; resume it (POST /v2/queues/%s/resume) or find out who paused it", e.Queue, e.Queue)

@@ -40,7 +40,7 @@ func TestRelayDrainsThroughQStash(t *testing.T) {
 				t.Fatal(err)
 			}
 			cons := newConsumer(t, failFirst30(5))
-			srv := newLocal(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.2, MaxDelay: 2 * time.Millisecond}})
+			srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.2, MaxDelay: 2 * time.Millisecond}})
 			cfg := qstash.PublisherConfig{
 				BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL + "/", Ordering: mode, FIFOQueues: 4,
 			}

@@ -64,23 +64,35 @@ var ErrBadSignature = errors.New("invalid qstash signature")
 type VerifyReason string
 
 const (
-	ReasonMissing      VerifyReason = "missing"
-	ReasonMalformed    VerifyReason = "malformed"
+	// ReasonMissing: the request has no Upstash-Signature header.
+	ReasonMissing VerifyReason = "missing"
+	// ReasonMalformed: the header is not a well-formed JWT carrying the claims QStash sets.
+	ReasonMalformed VerifyReason = "malformed"
+	// ReasonBadSignature: neither signing key produced the JWT's signature.
 	ReasonBadSignature VerifyReason = "bad_signature"
-	ReasonAlgorithm    VerifyReason = "algorithm"
-	ReasonExpired      VerifyReason = "expired"
-	ReasonNotYetValid  VerifyReason = "not_yet_valid"
-	ReasonIssuer       VerifyReason = "issuer"
-	ReasonSubject      VerifyReason = "wrong_subject"
+	// ReasonAlgorithm: the JWT names an algorithm other than HS256.
+	ReasonAlgorithm VerifyReason = "algorithm"
+	// ReasonExpired: the JWT's exp has passed (beyond the allowed clock skew).
+	ReasonExpired VerifyReason = "expired"
+	// ReasonNotYetValid: the JWT's nbf is in the future (beyond the allowed clock skew).
+	ReasonNotYetValid VerifyReason = "not_yet_valid"
+	// ReasonIssuer: the JWT's iss is not "Upstash".
+	ReasonIssuer VerifyReason = "issuer"
+	// ReasonSubject: the JWT's sub is not the URL the request was sent to.
+	ReasonSubject VerifyReason = "wrong_subject"
+	// ReasonBodyMismatch: the JWT's body hash is not the SHA-256 of the request body.
 	ReasonBodyMismatch VerifyReason = "body_mismatch"
 )
 
 // VerifyError is a rejected signature and the reason.
 type VerifyError struct {
+	// Reason classifies the rejection, for logs and metrics.
 	Reason VerifyReason
+	// Detail adds what was expected or found; it may be empty.
 	Detail string
 }
 
+// Error reads "invalid qstash signature: <reason>[: <detail>]".
 func (e *VerifyError) Error() string {
 	if e.Detail == "" {
 		return fmt.Sprintf("%s: %s", ErrBadSignature, e.Reason)
@@ -88,6 +100,7 @@ func (e *VerifyError) Error() string {
 	return fmt.Sprintf("%s: %s: %s", ErrBadSignature, e.Reason, e.Detail)
 }
 
+// Unwrap returns ErrBadSignature, so every rejection matches errors.Is(err, ErrBadSignature).
 func (e *VerifyError) Unwrap() error { return ErrBadSignature }
 
 // VerifierConfig configures NewVerifier.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -26,14 +27,7 @@ func TestClaimGivesUpAtItsTimeout(t *testing.T) {
 	const bound = 500 * time.Millisecond
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
 	bg := context.Background()
-	tx, err := db.Pool.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg)
-	if _, err := tx.Exec(bg, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := db.LockTable(t, "outbox")
 
 	type result struct {
 		st  relay.Stats
@@ -91,17 +85,10 @@ func TestClaimTimeoutFromTheLease(t *testing.T) {
 func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.OpenPool(t, db.URL, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 2
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // "within a second"
+	})
 	pub := &fakePublisher{}
 	r, err := relay.New(pool, pub, relay.Config{PublishConcurrency: 1, Logger: quiet()})
 	if err != nil {
@@ -120,18 +107,13 @@ func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 	if _, err := db.Pool.Exec(bg, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testwait.Eventually(t, 10*time.Second, func() bool {
 		var n int
 		if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sessions %v still there 10 s after pg_terminate_backend", pids)
-		}
-	}
+		return n == 0
+	}, "sessions %v to end after pg_terminate_backend", pids)
 	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
 	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
 		t.Fatalf("drain after the idle session was ended: %v, %+v", err, st)

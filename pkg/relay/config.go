@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -163,63 +164,31 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
-	}
-	if c.MarkTimeout == 0 {
-		c.MarkTimeout = DefaultMarkTimeout
-	}
-	if c.DeadlineMargin == 0 {
-		c.DeadlineMargin = c.PublishTimeout + c.MarkTimeout
-	}
-	if c.ClaimTimeout == 0 {
-		c.ClaimTimeout = c.Lease - c.PublishTimeout - c.MarkTimeout
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffBase == 0 {
-		c.BackoffBase = DefaultBackoffBase
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.Ordering == "" {
-		c.Ordering = OrderingFIFO
-	}
-	if c.PublishConcurrency == 0 {
-		c.PublishConcurrency = DefaultPublishConcurrency
-	}
-	if c.DeferPause == 0 {
-		c.DeferPause = DefaultDeferPause
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.MarkTimeout = cmp.Or(c.MarkTimeout, DefaultMarkTimeout)
+	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, c.PublishTimeout+c.MarkTimeout)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, c.Lease-c.PublishTimeout-c.MarkTimeout)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.Ordering = cmp.Or(c.Ordering, OrderingFIFO)
+	c.PublishConcurrency = cmp.Or(c.PublishConcurrency, DefaultPublishConcurrency)
+	c.DeferPause = cmp.Or(c.DeferPause, DefaultDeferPause)
 	if c.Rand == nil {
 		c.Rand = rand.Float64
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
 		if c.MaxInFlightBytes > 0 {
 			c.MaxBatchBytes = min(c.MaxBatchBytes, c.MaxInFlightBytes)
 		}
 	}
-	if c.MaxInFlightBytes == 0 {
-		c.MaxInFlightBytes = max(DefaultMaxInFlightBytes, c.MaxBatchBytes)
-	}
-	if c.Channel == "" {
-		c.Channel = "outbox"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
+	c.Channel = cmp.Or(c.Channel, "outbox")
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

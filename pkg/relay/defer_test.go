@@ -50,15 +50,6 @@ func attempts(t *testing.T, db *pgtest.DB) map[outbox.ID]int {
 	return out
 }
 
-func deadLetters(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM dead_letters").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // A used-up quota whose reset lies beyond the drain's deadline: the claimed rows go back
 // with no attempt spent, nothing is dead-lettered, the drain stops at once instead of
 // claiming and deferring again, and a later drain before the reset claims nothing.
@@ -94,7 +85,7 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	if s := states(t, db); s.pending != 300 || s.leased != 0 || s.deadLettered != 0 {
 		t.Fatalf("states %+v", s)
 	}
-	if n := deadLetters(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
 	lines := deferLines(logs)
@@ -160,7 +151,7 @@ func TestDeferredQuotaResumesAfterReset(t *testing.T) {
 					t.Fatalf("row %d: %d attempts, want 1 (the deferred claim must not count)", id, n)
 				}
 			}
-			if n := deadLetters(t, db); n != 0 {
+			if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 				t.Fatalf("%d dead letters", n)
 			}
 			if conc > 1 {
@@ -208,7 +199,7 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "QSTASH_URL") || !strings.Contains(lines[0], `"reason":"deployment"`) {
 		t.Fatalf("log lines %q: want one per drain naming QSTASH_URL", lines)
 	}
-	if n := deadLetters(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
 }
@@ -284,7 +275,7 @@ func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
 					}
 				}
 			}
-			if n := deadLetters(t, db); n != 0 {
+			if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 				t.Fatalf("%d dead letters after the outage", n)
 			}
 			srv.SetFaults(qstashtest.Faults{})

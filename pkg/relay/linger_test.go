@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -86,14 +87,14 @@ func TestLingerSleepingRelayWokenBySQLInsert(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	published := lingerInBackground(t, db)
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 
 	for range 2 {
 		if _, err := db.Pool.Exec(context.Background(), qInsertSQL); err != nil {
 			t.Fatal(err)
 		}
 		expectPublished(t, published, "a plain SQL insert into a sleeping relay's outbox")
-		waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+		testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 	}
 }
 
@@ -124,7 +125,7 @@ func TestLingerDoesNotSleepThroughAnOpenProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectPublished(t, published, "the event of a producer that committed after the relay went idle")
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 }
 
 // A relay whose listening connection dies while asleep leaves nobody marked asleep (the lock
@@ -135,12 +136,12 @@ func TestLingerSleeperLockDiesWithItsConnection(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	published := lingerInBackground(t, db)
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 	old := sleepers(t, db)[0]
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s := sleepers(t, db); return len(s) == 1 && s[0] != old })
+	testwait.Eventually(t, 10*time.Second, func() bool { s := sleepers(t, db); return len(s) == 1 && s[0] != old }, "a relay asleep on a new connection (the old was pid %d)", old)
 	if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 		for range published { // the fake publisher must never block
 		}
 	}()
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -188,8 +189,8 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 0 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 0 }, "0 relay(s) asleep")
 	stop()
 	wg.Wait()
-	waitFor(t, func() bool { return len(sleepers(t, db)) == 1 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -184,7 +185,7 @@ func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 		st, err := newRelay(t, db, a, relay.Config{BatchSize: 10, PublishConcurrency: 4, Logger: quiet()}).Drain(ctx)
 		aDone <- result{st, err}
 	}()
-	waitFor(t, func() bool { return inPublish.Load() == 3 })
+	testwait.Eventually(t, 10*time.Second, func() bool { return inPublish.Load() == 3 }, "three batches in publish")
 
 	clk := newClock()
 	clk.Add(relay.DefaultLease + time.Second)
@@ -203,7 +204,7 @@ func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 	if s := states(t, db); s.dispatched != 30 || s.deadLettered != 0 || s.leased != 0 {
 		t.Fatalf("states %+v", s)
 	}
-	if n := deadLetters(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters from stale leases", n)
 	}
 }
@@ -251,17 +252,5 @@ func TestPipelinedCancelMarksWhatWasPublished(t *testing.T) {
 	}
 	if s := states(t, db); s.leased != 0 || s.dispatched != 30 || s.pending != 70 {
 		t.Fatalf("states %+v", s)
-	}
-}
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

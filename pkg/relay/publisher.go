@@ -16,23 +16,39 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []outbox.Message) []Result
 }
 
+// PublisherFunc adapts a function to a Publisher, as http.HandlerFunc does for a handler:
+// PublisherFunc(f).Publish(ctx, msgs) calls f(ctx, msgs). f bears the Publisher contract
+// (one Result per message, in order). Tests use it to script the queue's answers.
+type PublisherFunc func(ctx context.Context, msgs []outbox.Message) []Result
+
+// Publish calls f(ctx, msgs).
+func (f PublisherFunc) Publish(ctx context.Context, msgs []outbox.Message) []Result {
+	return f(ctx, msgs)
+}
+
 // The publish contract, under the names the relay's users know (package publish holds it,
 // so that a publisher need not import the engine).
 type (
-	Result      = publish.Result
-	Outcome     = publish.Outcome
-	DeferError  = publish.DeferError
+	// Result is one message's outcome of Publisher.Publish (publish.Result).
+	Result = publish.Result
+	// Outcome classifies a Result (publish.Outcome).
+	Outcome = publish.Outcome
+	// DeferError is a message the queue did not take for a reason outside the message
+	// (publish.DeferError).
+	DeferError = publish.DeferError
+	// ConfigError is one invalid field of Config (publish.ConfigError).
 	ConfigError = publish.ConfigError
 )
 
+// The outcomes of a Result and the reasons of a DeferError; see package publish.
 const (
-	Published        = publish.Published
-	Retryable        = publish.Retryable
-	PermanentFailure = publish.PermanentFailure
-	Deferred         = publish.Deferred
-	DeferQuota       = publish.DeferQuota
-	DeferDeployment  = publish.DeferDeployment
-	DeferOutage      = publish.DeferOutage
+	Published        = publish.Published        // accepted: marked dispatched
+	Retryable        = publish.Retryable        // retried with backoff
+	PermanentFailure = publish.PermanentFailure // dead-lettered at once
+	Deferred         = publish.Deferred         // put back without an attempt
+	DeferQuota       = publish.DeferQuota       // the quota is used up
+	DeferDeployment  = publish.DeferDeployment  // a setting is wrong
+	DeferOutage      = publish.DeferOutage      // the queue is down
 )
 
 // IsPermanent is publish.IsPermanent.

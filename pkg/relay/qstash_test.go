@@ -7,11 +7,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -25,12 +21,8 @@ import (
 
 func localQStash(t *testing.T, opts qstashtest.Options) (*qstashtest.Server, string) {
 	t.Helper()
-	opts.TimeScale = 0.0001
-	srv := qstashtest.NewServer(opts)
-	t.Cleanup(srv.Close)
-	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-	}))
+	srv := qstashtest.NewTestServer(t, opts)
+	sink := httptest.NewServer(&qstashtest.Destination{})
 	t.Cleanup(sink.Close)
 	return srv, sink.URL
 }
@@ -67,7 +59,7 @@ func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 			t.Fatalf("row %d: %d attempts, want 1 (a 429 spends none)", id, n)
 		}
 	}
-	if n := deadLetters(t, db); n != 0 {
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
 }
@@ -111,14 +103,8 @@ func TestLocalQStashWrongURL(t *testing.T) {
 	db := pgtest.New(t)
 	seed(t, db, 50, func(i int) string { return fmt.Sprintf("k%d", i%5) })
 	srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg})
-	target, _ := url.Parse(srv.URL)
-	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.URL.Path = "/v2" + r.In.URL.Path
-		r.Out.URL.RawPath = ""
-	}})
-	t.Cleanup(gw.Close)
-	pub := qstashPublisher(t, gw.URL, srv.Token, dest)
+	gw := qstashtest.V2Gateway(t, srv)
+	pub := qstashPublisher(t, gw, srv.Token, dest)
 	logger, logs := logtest.New()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

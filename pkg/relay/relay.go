@@ -177,60 +177,23 @@ type batchDone struct {
 // batch's budget left the drain waits for a batch to finish instead of claiming a sliver.
 func (r *Relay) drain(stop, work context.Context, total *Stats) error {
 	// Buffered for every batch in flight, so a finishing batch never blocks.
-	done := make(chan batchDone, r.inFlight)
-	inFlight := 0
-	var inFlightBytes int64
-	var budget budgetUse
-	defer budget.log(r)
-	var errs []error
-	logged := false
-	var abort *batchDone
-	collect := func(b batchDone) {
-		inFlight--
-		inFlightBytes -= b.bytes
-		total.add(b.st)
-		if b.err != nil {
-			errs = append(errs, b.err)
-		}
-		if b.aborted {
-			if abort == nil {
-				abort = &b
-			}
-			errs = append(errs, errors.New("relay batch aborted"))
-		}
-		if d := b.st.deferred; d != nil && !logged {
-			logged = true
-			r.log.Warn("publishing deferred: the queue refused the request for a reason outside the messages; they are back in the outbox with no attempt spent",
-				"reason", d.Reason, "until", r.paused(), "error", d.Error())
-		}
-	}
-
-claiming:
-	for len(errs) == 0 && stop.Err() == nil {
-		if inFlight >= r.inFlight {
-			collect(<-done)
+	d := &drainer{r: r, total: total, done: make(chan batchDone, r.inFlight)}
+	defer d.budget.log(r)
+	for len(d.errs) == 0 && stop.Err() == nil {
+		if d.inFlight >= r.inFlight {
+			d.collect(<-d.done)
 			continue
 		}
-		left := r.cfg.MaxInFlightBytes - inFlightBytes
-		if inFlight > 0 && left < max(r.cfg.MaxBatchBytes/4, 1) {
-			budget.waits++
-			collect(<-done)
+		left := r.cfg.MaxInFlightBytes - d.inFlightBytes
+		if d.inFlight > 0 && left < max(r.cfg.MaxBatchBytes/4, 1) {
+			d.budget.waits++
+			d.collect(<-d.done)
 			continue
 		}
 		if until := r.paused(); time.Now().Before(until) {
-			if dl, ok := work.Deadline(); ok && until.After(dl.Add(-r.cfg.DeadlineMargin)) {
-				// Nothing could be claimed after the pause: stop now rather than wait.
-				total.PausedUntil = until
-				break claiming
+			if !d.waitPause(stop, work, until) {
+				break
 			}
-			t := time.NewTimer(time.Until(until))
-			select {
-			case <-stop.Done():
-			case <-t.C:
-			case b := <-done:
-				collect(b)
-			}
-			t.Stop()
 			continue
 		}
 		if r.nearDeadline(work) {
@@ -239,53 +202,120 @@ claiming:
 		}
 		lease, c, claimedAt, err := r.claim(work, min(r.cfg.MaxBatchBytes, left))
 		if err != nil {
-			errs = append(errs, err)
+			d.errs = append(d.errs, err)
 			break
 		}
-		budget.claimed(c, inFlightBytes)
+		d.budget.claimed(c, d.inFlightBytes)
 		if c.Len() == 0 {
-			if inFlight == 0 {
+			if d.inFlight == 0 {
 				break
 			}
 			// Keys held by the batches in flight become claimable when they are marked.
-			collect(<-done)
+			d.collect(<-d.done)
 			continue
 		}
-		inFlight++
-		inFlightBytes += c.Bytes
-		go func() {
-			b := batchDone{aborted: true, bytes: c.Bytes}
-			defer func() {
-				if b.aborted {
-					b.panicked = recover()
-				}
-				done <- b
-			}()
-			b.st, b.err = r.process(work, lease, c, claimedAt)
-			b.aborted = false
-		}()
-		if !c.More && inFlight == 1 {
+		d.start(work, lease, c, claimedAt)
+		if !c.More && d.inFlight == 1 {
 			// A short batch while nothing else was in flight: every ready row was seen,
 			// unless a dead letter in this batch frees its key's later events.
-			b := <-done
-			collect(b)
+			b := <-d.done
+			d.collect(b)
 			if !b.st.more {
 				break
 			}
 		}
 	}
-	for inFlight > 0 {
-		collect(<-done)
+	return d.finish()
+}
+
+// drainer is one drain's state: the batches in flight and what the finished ones did.
+type drainer struct {
+	r     *Relay
+	total *Stats
+	done  chan batchDone
+
+	inFlight      int
+	inFlightBytes int64
+	budget        budgetUse
+	errs          []error
+	// logged: the drain's one deferral line is written.
+	logged bool
+	// abort is the first batch whose goroutine ended without finishing.
+	abort *batchDone
+}
+
+// start publishes and marks a claimed batch on its own goroutine, which reports on done
+// however it ends.
+func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
+	d.inFlight++
+	d.inFlightBytes += c.Bytes
+	go func() {
+		b := batchDone{aborted: true, bytes: c.Bytes}
+		defer func() {
+			if b.aborted {
+				b.panicked = recover()
+			}
+			d.done <- b
+		}()
+		b.st, b.err = d.r.process(work, lease, c, claimedAt)
+		b.aborted = false
+	}()
+}
+
+// collect accounts for a finished batch.
+func (d *drainer) collect(b batchDone) {
+	d.inFlight--
+	d.inFlightBytes -= b.bytes
+	d.total.add(b.st)
+	if b.err != nil {
+		d.errs = append(d.errs, b.err)
 	}
-	if abort != nil {
-		// Every other batch is marked; now end the caller as the batch ended, as if it
-		// had run on the caller's goroutine.
-		if abort.panicked != nil {
-			panic(abort.panicked)
+	if b.aborted {
+		if d.abort == nil {
+			d.abort = &b
+		}
+		d.errs = append(d.errs, errors.New("relay batch aborted"))
+	}
+	if def := b.st.deferred; def != nil && !d.logged {
+		d.logged = true
+		d.r.log.Warn("publishing deferred: the queue refused the request for a reason outside the messages; they are back in the outbox with no attempt spent",
+			"reason", def.Reason, "until", d.r.paused(), "error", def.Error())
+	}
+}
+
+// waitPause waits for a deferral's pause to end, stop, or a batch to finish (collected).
+// It returns false, without waiting, when nothing could be claimed after the pause before
+// work's deadline.
+func (d *drainer) waitPause(stop, work context.Context, until time.Time) bool {
+	if dl, ok := work.Deadline(); ok && until.After(dl.Add(-d.r.cfg.DeadlineMargin)) {
+		d.total.PausedUntil = until
+		return false
+	}
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	select {
+	case <-stop.Done():
+	case <-t.C:
+	case b := <-d.done:
+		d.collect(b)
+	}
+	return true
+}
+
+// finish waits for every batch in flight and returns the drain's errors. If a batch's
+// goroutine aborted, it then ends the caller the same way, as if the batch had run on the
+// caller's goroutine.
+func (d *drainer) finish() error {
+	for d.inFlight > 0 {
+		d.collect(<-d.done)
+	}
+	if d.abort != nil {
+		if d.abort.panicked != nil {
+			panic(d.abort.panicked)
 		}
 		runtime.Goexit()
 	}
-	return errors.Join(errs...)
+	return errors.Join(d.errs...)
 }
 
 // budgetUse counts, for one drain, how the byte budgets shaped it.
@@ -384,14 +414,6 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// outcome collects a batch's results for the outcome statements.
-type outcome struct {
-	published []outbox.ID
-	retries   []outboxstore.Retry
-	dead      []outboxstore.Failure
-	released  []outbox.ID
-}
-
 // Batch claims, publishes and marks one batch of at most MaxBatchBytes.
 func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	lease, c, claimedAt, err := r.claim(ctx, r.cfg.MaxBatchBytes)
@@ -464,156 +486,46 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 // same-key event failed in this batch is released unsent, so it is never published before
 // that failure is recorded. unblocked reports released events that are claimable again
 // once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
+// The decisions are the pure steps in waves.go; this loop adds time, the pause and the
+// publisher.
 func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
-	held := make(map[string]outbox.ID) // key -> smallest id whose failure holds the key
-	for _, f := range c.Undecodable {
-		out.dead = append(out.dead, f)
-		if _, ok := held[f.PartitionKey]; !ok {
-			held[f.PartitionKey] = f.ID
-		}
-	}
-	pending := c.Messages
-	if len(held) > 0 {
-		pending = make([]outbox.Message, 0, len(c.Messages))
-		for _, m := range c.Messages {
-			if h, ok := held[m.PartitionKey]; ok && m.ID > h {
-				out.released = append(out.released, m.ID)
-				unblocked = true
-				continue
-			}
-			pending = append(pending, m)
-		}
-	}
-
-	// Each key's pending events in id order, keys in order of their first event. A wave
-	// takes the first event of every key still sending (fifo mode); publish mode sends
-	// everything at once, so one run holds it all.
-	type keyRun struct{ ms []outbox.Message }
-	waves := r.cfg.Ordering == OrderingFIFO
-	var runs []*keyRun
-	if waves {
-		byKey := make(map[string]*keyRun)
-		for _, m := range pending {
-			kr := byKey[m.PartitionKey]
-			if kr == nil {
-				kr = &keyRun{}
-				byKey[m.PartitionKey] = kr
-				runs = append(runs, kr)
-			}
-			kr.ms = append(kr.ms, m)
-		}
-	} else if len(pending) > 0 {
-		runs = []*keyRun{{ms: pending}}
-	}
-	releaseAll := func() {
-		for _, kr := range runs {
-			for _, m := range kr.ms {
-				out.released = append(out.released, m.ID)
-			}
-		}
-		runs = nil
-	}
+	pending, released := holdUndecodable(c.Undecodable, c.Messages)
+	out.dead = append(out.dead, c.Undecodable...)
+	out.released = released
+	unblocked = len(released) > 0
+	fifo := r.cfg.Ordering == OrderingFIFO
+	runs := keyRuns(pending, fifo)
+	policy := retryPolicy{maxAttempts: r.cfg.MaxAttempts, base: r.cfg.BackoffBase, max: r.cfg.BackoffMax, rand: r.rand}
 	for len(runs) > 0 {
 		if time.Now().Before(r.paused()) {
 			// Another batch was deferred: send nothing more until the pause ends.
-			releaseAll()
-			unblocked = true
-			break
+			out.released = append(out.released, runIDs(runs)...)
+			return out, true
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 {
 			// Out of time: what is left goes back unsent, attempts uncounted.
-			releaseAll()
-			break
+			out.released = append(out.released, runIDs(runs)...)
+			return out, unblocked
 		}
 		var wave []outbox.Message
-		if waves {
-			wave = make([]outbox.Message, len(runs))
-			for i, kr := range runs {
-				wave[i] = kr.ms[0]
-				kr.ms = kr.ms[1:]
-			}
-		} else {
-			wave, runs = pending, nil // in id order, so each key's events too
+		wave, runs = nextWave(runs, fifo)
+		w := classify(wave, r.publish(ctx, wave, deadline, st), policy)
+		out.add(w.outcome)
+		st.countDeferred(w.deferred)
+		if len(w.deferred) > 0 {
+			// One pause per call, however many messages it refused; the queue refused for
+			// a reason outside the messages, so nothing more is sent.
+			r.deferUntil(w.deferred[0])
+			out.released = append(out.released, runIDs(runs)...)
+			return out, true
 		}
-		results := r.publish(ctx, wave, deadline, st)
-		stopAll := false
-		var waveDefer *DeferError // one pause per call, however many messages it refused
-		hold := make(map[string]bool)
-		dead := make(map[string]bool)
-		for i, m := range wave {
-			res := results[i]
-			switch res.Outcome() {
-			case Published:
-				out.published = append(out.published, m.ID)
-			case Deferred:
-				// Not attempted: back to pending with the attempt uncounted. The queue
-				// refused for a reason outside the message, so nothing more is sent.
-				out.released = append(out.released, m.ID)
-				var d *DeferError
-				errors.As(res.Err, &d)
-				switch d.Reason {
-				case DeferQuota:
-					st.DeferredQuota++
-				case DeferDeployment:
-					st.DeferredDeployment++
-				case DeferOutage:
-					st.DeferredOutage++
-				}
-				if st.deferred == nil {
-					st.deferred = d
-				}
-				if waveDefer == nil {
-					waveDefer = d
-				}
-				stopAll, unblocked = true, true
-			case PermanentFailure:
-				out.dead = append(out.dead, outboxstore.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
-				hold[m.PartitionKey], dead[m.PartitionKey] = true, true
-			case Retryable:
-				hold[m.PartitionKey] = true
-				if m.Attempt >= r.cfg.MaxAttempts {
-					out.dead = append(out.dead, outboxstore.Failure{
-						ID:           m.ID,
-						PartitionKey: m.PartitionKey,
-						Error:        fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
-						StatusCode:   StatusCode(res.Err),
-					})
-					dead[m.PartitionKey] = true
-					continue
-				}
-				out.retries = append(out.retries, outboxstore.Retry{
-					ID:    m.ID,
-					Delay: Backoff(m.Attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, r.rand()),
-					Error: errText(res.Err),
-				})
-			}
-		}
-		if waveDefer != nil {
-			r.deferUntil(waveDefer)
-		} else if len(out.published) > 0 {
+		if len(out.published) > 0 {
 			r.published()
 		}
-		if stopAll {
-			releaseAll()
-			break
-		}
-		// Later events of a key whose event failed wait until that outcome is recorded;
-		// a key whose events are all sent is done.
-		next := runs[:0]
-		for _, kr := range runs {
-			if len(kr.ms) == 0 {
-				continue
-			}
-			if k := kr.ms[0].PartitionKey; hold[k] {
-				for _, m := range kr.ms {
-					out.released = append(out.released, m.ID)
-				}
-				unblocked = unblocked || dead[k]
-				continue
-			}
-			next = append(next, kr)
-		}
-		runs = next
+		var freed bool
+		runs, released, freed = advance(runs, w.held, w.freed)
+		out.released = append(out.released, released...)
+		unblocked = unblocked || freed
 	}
 	return out, unblocked
 }

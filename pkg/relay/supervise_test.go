@@ -3,11 +3,13 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -36,7 +38,7 @@ func TestSuperviseReplacesDeadAndFailedRuns(t *testing.T) {
 		done <- relay.Supervise(stop, func(run int) (*relay.Relay, error) {
 			switch run {
 			case 0:
-				return newRelay(t, db, &fakePublisher{before: func(context.Context, []outbox.Message) { runtime.Goexit() }},
+				return newRelay(t, db, relay.PublisherFunc(func(context.Context, []outbox.Message) []relay.Result { runtime.Goexit(); return nil }),
 					relay.Config{Lease: 2 * time.Second, PublishTimeout: time.Second, MarkTimeout: 500 * time.Millisecond, PollInterval: 10 * time.Millisecond}), nil
 			case 1:
 				return newRelay(t, closed, &fakePublisher{}, relay.Config{PollInterval: 10 * time.Millisecond}), nil
@@ -50,13 +52,12 @@ func TestSuperviseReplacesDeadAndFailedRuns(t *testing.T) {
 		}})
 	}()
 
-	deadline := time.Now().Add(30 * time.Second)
-	for states(t, db).dispatched < 50 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not drained after the dead and failed runs: %+v", states(t, db))
+	testwait.EventuallyNil(t, 30*time.Second, func() error {
+		if s := states(t, db); s.dispatched < 50 {
+			return fmt.Errorf("not drained after the dead and failed runs: %+v", s)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Supervise returned %v after stop", err)

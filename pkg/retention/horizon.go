@@ -54,17 +54,7 @@ func DefaultHorizon() time.Duration { return Horizon(relay.Config{}, 3) }
 // record deleted before the last possible redelivery lets that redelivery run its side
 // effects a second time. The error prints both numbers.
 func ValidateDedupeTTL(ttl time.Duration, relayCfg relay.Config, qstashRetries int) error {
-	if qstashRetries < 0 {
-		return fmt.Errorf("QStash retries %d must not be negative", qstashRetries)
-	}
-	h := Horizon(relayCfg, qstashRetries)
-	if ttl <= h {
-		return &publish.ConfigError{Config: "retention", Field: "DedupeTTL", Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
-			"a late redelivery would be processed twice: raise it above %v or shorten the retry budgets",
-			ttl, ttl.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
-			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)}
-	}
-	return nil
+	return outlivesHorizon("DedupeTTL", ttl, relayCfg, qstashRetries, "a late redelivery would be processed twice")
 }
 
 // ValidateOutboxRetention refuses an outbox retention that does not outlive the retry
@@ -73,16 +63,22 @@ func ValidateDedupeTTL(ttl time.Duration, relayCfg relay.Config, qstashRetries i
 // retrying its delivery; a failure callback or redrive arriving after that finds no row to
 // mark or reset. The error prints both numbers.
 func ValidateOutboxRetention(retention time.Duration, relayCfg relay.Config, qstashRetries int) error {
+	return outlivesHorizon("OutboxRetention", retention, relayCfg, qstashRetries,
+		"a dispatched event could be deleted while QStash still delivers it, and its failure callback or redrive would find nothing")
+}
+
+// outlivesHorizon refuses d, the retention's field, unless it outlives the retry horizon;
+// the error prints both numbers, the risk and the fix.
+func outlivesHorizon(field string, d time.Duration, relayCfg relay.Config, qstashRetries int, risk string) error {
 	if qstashRetries < 0 {
 		return fmt.Errorf("QStash retries %d must not be negative", qstashRetries)
 	}
 	h := Horizon(relayCfg, qstashRetries)
-	if retention <= h {
-		return &publish.ConfigError{Config: "retention", Field: "OutboxRetention", Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
-			"a dispatched event could be deleted while QStash still delivers it, and its failure callback or redrive would find nothing: "+
-			"raise it above %v or shorten the retry budgets",
-			retention, retention.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
-			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), h.Round(time.Hour)+time.Hour)}
+	if d <= h {
+		return &publish.ConfigError{Config: "retention", Field: field, Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
+			"%s: raise it above %v or shorten the retry budgets",
+			d, d.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
+			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), risk, h.Round(time.Hour)+time.Hour)}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@
 package retention
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,21 +70,11 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.OutboxRetention == 0 {
-		c.OutboxRetention = DefaultOutboxRetention
-	}
-	if c.DedupeTTL == 0 {
-		c.DedupeTTL = DefaultDedupeTTL
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxBatches == 0 {
-		c.MaxBatches = DefaultMaxBatches
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.OutboxRetention = cmp.Or(c.OutboxRetention, DefaultOutboxRetention)
+	c.DedupeTTL = cmp.Or(c.DedupeTTL, DefaultDedupeTTL)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxBatches = cmp.Or(c.MaxBatches, DefaultMaxBatches)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

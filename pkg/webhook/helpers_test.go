@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -22,26 +23,9 @@ const baseURL = "https://hooks.example.com"
 type fixture struct {
 	db      *pgtest.DB
 	h       *webhook.Handler
-	logs    *syncBuffer
+	logs    *logtest.Buffer
 	mu      sync.Mutex
 	observe []string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func verifier(t testing.TB) *qstash.Verifier {
@@ -59,7 +43,7 @@ func verifier(t testing.TB) *qstash.Verifier {
 // newFixture builds a Handler on a fresh schema; edit tweaks the config before New.
 func newFixture(t testing.TB, edit func(*webhook.Config)) *fixture {
 	t.Helper()
-	f := &fixture{db: pgtest.New(t), logs: &syncBuffer{}}
+	f := &fixture{db: pgtest.New(t), logs: &logtest.Buffer{}}
 	if err := orders.Migrate(context.Background(), f.db.Pool); err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +114,7 @@ func (f *fixture) serve(r *http.Request) *httptest.ResponseRecorder {
 
 func (f *fixture) count(t testing.TB, table string) int {
 	t.Helper()
-	var n int
-	if err := f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return f.db.Count(t, "SELECT count(*) FROM "+table)
 }
 
 // assertNothingWritten fails unless both the dedupe table and the side-effect table are empty.

@@ -12,24 +12,13 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 // Hostile input beyond TestSecurityMatrix: tokens an attacker can build, paths that decode
 // to something else, bodies that are JSON to some parsers only, and a body sent slowly.
 // Each gets its answer and writes nothing.
-
-// forge signs a token like QStash's with any algorithm and key.
-func forge(t *testing.T, method jwt.SigningMethod, key any, url string, body []byte, at time.Time) string {
-	t.Helper()
-	claims := jwt.MapClaims{"iss": "Upstash", "sub": url, "iat": at.Unix(), "nbf": at.Unix(), "exp": at.Add(5 * time.Minute).Unix(),
-		"jti": "jwt_forged", "body": qstash.BodyHash(body)}
-	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // post sends body to target (path and query) with sig, as QStash would.
 func (f *fixture) post(t *testing.T, target, sig string, body []byte) int {
@@ -59,9 +48,9 @@ func TestWebhookHostileDeliveries(t *testing.T) {
 		status int
 	}{
 		{"replayed after expiry", target, sign(t, key, url, good, now.Add(-6*time.Minute)), good, http.StatusUnauthorized},
-		{"alg confusion HS512 with the real key", target, forge(t, jwt.SigningMethodHS512, []byte(key), url, good, now), good, http.StatusUnauthorized},
-		{"alg none", target, forge(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, url, good, now), good, http.StatusUnauthorized},
-		{"empty signing key", target, forge(t, jwt.SigningMethodHS256, []byte(""), url, good, now), good, http.StatusUnauthorized},
+		{"alg confusion HS512 with the real key", target, qstashtest.Forge(jwt.SigningMethodHS512, []byte(key), url, good, now), good, http.StatusUnauthorized},
+		{"alg none", target, qstashtest.Forge(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, url, good, now), good, http.StatusUnauthorized},
+		{"empty signing key", target, qstashtest.Forge(jwt.SigningMethodHS256, []byte(""), url, good, now), good, http.StatusUnauthorized},
 		{"signed for the failure URL (wrong subject)", target, sign(t, key, baseURL+"/failure", good, now), good, http.StatusUnauthorized},
 		{"signed without the identity query", target, sign(t, key, baseURL+orderPath, good, now), good, http.StatusUnauthorized},
 		{"signed for another outbox id", target, sign(t, key, baseURL+identified(orderPath, "78"), good, now), good, http.StatusUnauthorized},

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -119,15 +120,9 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Consumer == "" {
-		c.Consumer = DefaultConsumer
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Consumer = cmp.Or(c.Consumer, DefaultConsumer)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

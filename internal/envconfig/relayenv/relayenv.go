@@ -42,6 +42,31 @@ func Read(getenv func(string) string) (Config, error) {
 		c.MetricsNamespace = metrics.DefaultNamespace
 	}
 
+	pub := readPublisher(r)
+	rc := readRelay(r)
+	c.Relay = rc.WithDefaults()
+	pub.RequestTimeout = c.Relay.PublishTimeout
+	c.Publisher = pub.WithDefaults()
+	// The relay hands batches to the publisher as the queue orders them: waves for FIFO
+	// queues, one call per batch when QStash keeps no order.
+	c.Relay.Ordering = relay.OrderingFIFO
+	if c.Publisher.Ordering == qstash.OrderingPublish {
+		c.Relay.Ordering = relay.OrderingPublish
+	}
+
+	c.Linger, _ = r.Duration("LINGER")
+	ret := retention.Config{}
+	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
+	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
+	c.Retention = ret.WithDefaults()
+	c.LogLevel = r.LogLevel()
+
+	check(r, c)
+	return c, r.Err()
+}
+
+// readPublisher reads the publisher's variables.
+func readPublisher(r *envconfig.Reader) qstash.PublisherConfig {
 	pub := qstash.PublisherConfig{
 		BaseURL:            r.Str("QSTASH_URL", "BaseURL"),
 		Token:              r.Required("QSTASH_TOKEN", "Upstash console, QStash, Request builder", "Token"),
@@ -73,7 +98,11 @@ func Read(getenv func(string) string) (Config, error) {
 	pub.FlowControlParallelism, _ = r.Int("FLOW_CONTROL_PARALLELISM", 1, 1_000_000, "FlowControlParallelism")
 	pub.FlowControlRate, _ = r.Int("FLOW_CONTROL_RATE", 1, 1_000_000, "FlowControlRate")
 	pub.FlowControlPeriod, _ = r.Duration("FLOW_CONTROL_PERIOD", "FlowControlPeriod")
+	return pub
+}
 
+// readRelay reads the relay engine's variables.
+func readRelay(r *envconfig.Reader) relay.Config {
 	rc := relay.Config{}
 	rc.BatchSize, _ = r.Int("BATCH_SIZE", 1, relay.MaxBatchSize, "BatchSize")
 	rc.PublishConcurrency, _ = r.Int("PUBLISH_CONCURRENCY", 1, relay.MaxPublishConcurrency, "PublishConcurrency")
@@ -90,36 +119,22 @@ func Read(getenv func(string) string) (Config, error) {
 	rc.MaxAttempts, _ = r.Int("MAX_ATTEMPTS", 1, 1000, "MaxAttempts")
 	rc.BackoffBase, _ = r.Duration("BACKOFF_BASE", "BackoffBase")
 	rc.BackoffMax, _ = r.Duration("BACKOFF_MAX", "BackoffMax")
-	c.Relay = rc.WithDefaults()
-	pub.RequestTimeout = c.Relay.PublishTimeout
-	c.Publisher = pub.WithDefaults()
-	// The relay hands batches to the publisher as the queue orders them: waves for FIFO
-	// queues, one call per batch when QStash keeps no order.
-	c.Relay.Ordering = relay.OrderingFIFO
-	if c.Publisher.Ordering == qstash.OrderingPublish {
-		c.Relay.Ordering = relay.OrderingPublish
-	}
+	return rc
+}
 
-	c.Linger, _ = r.Duration("LINGER")
-	ret := retention.Config{}
-	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
-	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
-	c.Retention = ret.WithDefaults()
-	c.LogLevel = r.LogLevel()
-
+// check reports the inconsistencies between c's parts, after every variable is read.
+func check(r *envconfig.Reader, c Config) {
 	// Consistency, from the libraries' own rules; a missing variable was reported above
 	// and is not reported again.
 	r.Check(c.Relay.Validate())
-	{
-		check := c.Publisher
-		if check.Token == "" {
-			check.Token = "unset"
-		}
-		if check.DestinationBaseURL == "" {
-			check.DestinationBaseURL = "https://unset.invalid"
-		}
-		r.Check(check.Validate())
+	pub := c.Publisher
+	if pub.Token == "" {
+		pub.Token = "unset"
 	}
+	if pub.DestinationBaseURL == "" {
+		pub.DestinationBaseURL = "https://unset.invalid"
+	}
+	r.Check(pub.Validate())
 	r.Check(c.Retention.Validate())
 	retries := max(c.Publisher.Retries, 0)
 	if limits, err := c.Publisher.Plan.Limits(); err == nil && retries > limits.MaxRetries {
@@ -127,7 +142,6 @@ func Read(getenv func(string) string) (Config, error) {
 	}
 	r.Check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
 	r.Check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
-	return c, r.Err()
 }
 
 // maxBudgetBytes bounds BATCH_BYTES and IN_FLIGHT_BYTES: 10 GB is the largest Lambda.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -38,6 +39,19 @@ type DB struct {
 	Schema string
 	// URL connects to the schema (search_path in the connection string), for subprocesses.
 	URL string
+
+	close func() error // set by MustOpen
+}
+
+// Close closes the pool and drops the schema of a DB from MustOpen, panicking if the drop
+// fails. A DB from New is closed when its test ends; Close does nothing for it.
+func (db *DB) Close() {
+	if db.close == nil {
+		return
+	}
+	if err := db.close(); err != nil {
+		panic("pgtest: " + err.Error())
+	}
 }
 
 // New creates a fresh schema, applies all migrations to it and drops it when the test ends.
@@ -59,8 +73,7 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-
-	sc, err := postgres.CreateSchema(ctx, URL(), "t", false, nil)
+	db, closeDB, err := open(ctx, opts)
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
 		unreachable(tb, err)
@@ -69,34 +82,61 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	schema, url := sc.Name, sc.URL
 	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := sc.Drop(ctx); err != nil {
+		if err := closeDB(); err != nil {
 			tb.Logf("pgtest: %v", err)
 		}
 	})
+	return db
+}
 
-	cfg, err := pgxpool.ParseConfig(url)
+// MustOpen is New for code without a testing.TB, such as an Example function: a fresh
+// migrated schema on the server of URL, which Close drops. Unlike New it neither skips
+// nor fails a test: it panics when the server cannot be reached or migrated, so an
+// example without a database fails with the reason.
+func MustOpen(ctx context.Context) *DB {
+	db, closeDB, err := open(ctx, Options{})
 	if err != nil {
-		tb.Fatalf("pgtest: parse DATABASE_URL: %v", err)
+		panic(fmt.Sprintf("pgtest: DATABASE_URL=%q: %v", URL(), err))
+	}
+	db.close = closeDB
+	return db
+}
+
+func open(ctx context.Context, opts Options) (*DB, func() error, error) {
+	sc, err := postgres.CreateSchema(ctx, URL(), "t", false, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	db := &DB{Schema: sc.Name, URL: sc.URL}
+	closeDB := func() error {
+		if db.Pool != nil {
+			db.Pool.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return sc.Drop(ctx)
+	}
+	fail := func(format string, err error) (*DB, func() error, error) {
+		return nil, nil, errors.Join(fmt.Errorf(format, err), closeDB())
+	}
+	cfg, err := pgxpool.ParseConfig(sc.URL)
+	if err != nil {
+		return fail("parse DATABASE_URL: %w", err)
 	}
 	cfg.MaxConns = 8
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("pgtest: open pool: %v", err)
+	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return fail("open pool: %w", err)
 	}
-	tb.Cleanup(pool.Close)
 	if !opts.NoMigrate {
-		if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
-			tb.Fatalf("pgtest: migrate: %v", err)
+		if _, err := postgres.Migrate(ctx, db.Pool, nil); err != nil {
+			return fail("migrate: %w", err)
 		}
 	}
-	return &DB{Pool: pool, Schema: schema, URL: url}
+	return db, closeDB, nil
 }
 
 func unreachable(tb testing.TB, err error) {
@@ -107,4 +147,88 @@ func unreachable(tb testing.TB, err error) {
 		tb.Fatal(msg)
 	}
 	tb.Skip(msg)
+}
+
+// Snapshot is a REPEATABLE READ transaction that has taken its snapshot and stays open:
+// it pins the server's xmin horizon, as a forgotten transaction does in production.
+type Snapshot struct {
+	// Tx is the open transaction.
+	Tx pgx.Tx
+	// PID is its backend's process id.
+	PID int64
+	// Began was read before BEGIN: the server dates the transaction from BEGIN, so its
+	// age is at most time.Since(Began), where a clock read after BEGIN could lag it.
+	Began time.Time
+}
+
+// HoldSnapshot opens a connection of its own on the schema, named application
+// (application_name, which health reports show), and holds a Snapshot on it until the
+// test ends; the transaction is rolled back before the schema is dropped.
+func (db *DB) HoldSnapshot(tb testing.TB, application string) Snapshot {
+	tb.Helper()
+	ctx := context.Background()
+	cfg := db.Pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = application
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect %s: %v", application, err)
+	}
+	tb.Cleanup(func() { conn.Close(context.Background()) })
+	s := Snapshot{Began: time.Now()}
+	if s.Tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}); err != nil {
+		tb.Fatalf("pgtest: begin %s: %v", application, err)
+	}
+	tb.Cleanup(func() { _ = s.Tx.Rollback(context.Background()) })
+	if err := s.Tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&s.PID); err != nil { // takes the snapshot
+		tb.Fatalf("pgtest: snapshot %s: %v", application, err)
+	}
+	return s
+}
+
+// OpenPool opens a pool of its own on url (a DB's URL, or another database's), tuned by
+// tune when it is not nil, and closes it when the test ends: for a test that needs a pool
+// other than DB.Pool (one connection, no ping, session settings).
+func OpenPool(tb testing.TB, url string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatalf("pgtest: parse pool url: %v", err)
+	}
+	if tune != nil {
+		tune(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: open pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// LockTable begins a transaction that takes table's ACCESS EXCLUSIVE lock, so every other
+// statement on the table waits: for tests of what a blocked statement does. The test may
+// roll the transaction back itself; a cleanup does otherwise, before the schema is dropped.
+func (db *DB) LockTable(tb testing.TB, table string) pgx.Tx {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		tb.Fatalf("pgtest: begin: %v", err)
+	}
+	tb.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		tb.Fatalf("pgtest: lock %s: %v", table, err)
+	}
+	return tx
+}
+
+// Count runs query, which selects one integer (a count(*)), on the schema and returns it,
+// failing the test on an error.
+func (db *DB) Count(tb testing.TB, query string, args ...any) int {
+	tb.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		tb.Fatalf("pgtest: %s: %v", query, err)
+	}
+	return n
 }

@@ -244,20 +244,9 @@ func parseReceiverDelay(v string, now time.Time) (time.Duration, bool) {
 
 // attempt makes one delivery and records it.
 func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate bool) (response, error) {
-	s.mu.Lock()
-	f := s.faults
-	var hold time.Duration
-	if f.DelayRate > 0 && f.MaxDelay > 0 && s.delRand.Float64() < f.DelayRate {
-		hold = time.Duration(s.delRand.Int64N(int64(f.MaxDelay)) + 1)
-	}
-	cur, next := s.keys[0], s.keys[1]
-	s.mu.Unlock()
-	if !sleep(ctx, hold) {
-		return response{}, ctx.Err()
-	}
-	key := cur
-	if s.opts.SignWithNextKey {
-		key = next
+	key, err := s.delayFault(ctx)
+	if err != nil {
+		return response{}, err
 	}
 	if s.inFlight != nil {
 		// The account's delivery parallelism: wait for a slot.
@@ -279,23 +268,9 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var body io.Reader
-	if len(m.body) > 0 {
-		body = bytes.NewReader(m.body)
-	}
-	req, err := http.NewRequestWithContext(actx, m.method, m.url, body)
+	req, err := deliveryRequest(actx, m, retried, sig)
 	if err != nil {
 		return response{}, err
-	}
-	for k, vs := range m.header {
-		req.Header[k] = append([]string(nil), vs...)
-	}
-	req.Header.Set("User-Agent", "Upstash-QStash")
-	req.Header.Set("Upstash-Message-Id", m.id)
-	req.Header.Set("Upstash-Retried", strconv.Itoa(retried))
-	req.Header.Set("Upstash-Signature", sig)
-	if m.callerIP != "" {
-		req.Header.Set("Upstash-Caller-Ip", m.callerIP)
 	}
 	a := Attempt{
 		MessageID: m.id, URL: m.url, Method: m.method, Queue: m.queue, Retried: retried,
@@ -327,6 +302,50 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 		s.opts.OnAttempt(a)
 	}
 	return res, err
+}
+
+// delayFault holds a delivery for the configured delay fault, if it strikes, and returns
+// the key to sign it with; the error is ctx's if it ends meanwhile.
+func (s *Server) delayFault(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	f := s.faults
+	var hold time.Duration
+	if f.DelayRate > 0 && f.MaxDelay > 0 && s.delRand.Float64() < f.DelayRate {
+		hold = time.Duration(s.delRand.Int64N(int64(f.MaxDelay)) + 1)
+	}
+	cur, next := s.keys[0], s.keys[1]
+	s.mu.Unlock()
+	if !sleep(ctx, hold) {
+		return "", ctx.Err()
+	}
+	if s.opts.SignWithNextKey {
+		return next, nil
+	}
+	return cur, nil
+}
+
+// deliveryRequest builds the request QStash sends to m's destination: its forwarded
+// headers and the Upstash ones, signed with sig.
+func deliveryRequest(ctx context.Context, m *message, retried int, sig string) (*http.Request, error) {
+	var body io.Reader
+	if len(m.body) > 0 {
+		body = bytes.NewReader(m.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, m.method, m.url, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range m.header {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	req.Header.Set("User-Agent", "Upstash-QStash")
+	req.Header.Set("Upstash-Message-Id", m.id)
+	req.Header.Set("Upstash-Retried", strconv.Itoa(retried))
+	req.Header.Set("Upstash-Signature", sig)
+	if m.callerIP != "" {
+		req.Header.Set("Upstash-Caller-Ip", m.callerIP)
+	}
+	return req, nil
 }
 
 // maybeDuplicate re-sends a delivered message once, if the duplicate fault fires.
@@ -385,44 +404,40 @@ func unixMs(t, fallback time.Time) int64 {
 // failureCallback delivers the failure callback of m as its own signed message, with its
 // own retries, and waits for it.
 func (s *Server) failureCallback(ctx context.Context, m *message, e *dlqEntry) {
-	cb := &message{
-		id:         "msg_" + randomID(26),
-		url:        m.failureCallback,
-		method:     m.fcMethod,
-		header:     http.Header{"Content-Type": {"application/json"}},
-		body:       callbackBody(m, e.resp, e.retried, e.id),
-		retries:    m.fcRetries,
-		timeout:    m.fcTimeout,
-		createdAt:  time.Now(),
-		queue:      m.queue,
-		callerIP:   m.callerIP,
-		retryDelay: m.retryDelay,
-		kind:       kindFailureCallback,
-	}
-	for k, vs := range m.fcHeader {
-		cb.header[k] = vs
-	}
-	s.run(ctx, cb)
+	s.run(ctx, callbackMessage(m, m.failureCallback, m.fcMethod, callbackBody(m, e.resp, e.retried, e.id),
+		m.fcRetries, m.fcTimeout, m.fcHeader, kindFailureCallback))
 }
 
 // callback sends the success callback once (best effort, with the message's retries).
 func (s *Server) callback(ctx context.Context, m *message, res response, retried int, kind attemptKind) {
+	s.run(ctx, callbackMessage(m, m.callback, http.MethodPost, callbackBody(m, res, retried, ""),
+		m.retries, 0, m.cbHeader, kind))
+}
+
+// callbackMessage is a callback about m: a message of its own to url, JSON with the
+// callback's own headers added, with m's caller and retry delay, and in m's queue when it
+// is the failure callback.
+func callbackMessage(m *message, url, method string, body []byte, retries int, timeout time.Duration, h http.Header, kind attemptKind) *message {
 	cb := &message{
 		id:         "msg_" + randomID(26),
-		url:        m.callback,
-		method:     http.MethodPost,
+		url:        url,
+		method:     method,
 		header:     http.Header{"Content-Type": {"application/json"}},
-		body:       callbackBody(m, res, retried, ""),
-		retries:    m.retries,
+		body:       body,
+		retries:    retries,
+		timeout:    timeout,
 		createdAt:  time.Now(),
 		callerIP:   m.callerIP,
 		retryDelay: m.retryDelay,
 		kind:       kind,
 	}
-	for k, vs := range m.cbHeader {
+	if kind == kindFailureCallback {
+		cb.queue = m.queue
+	}
+	for k, vs := range h {
 		cb.header[k] = vs
 	}
-	s.run(ctx, cb)
+	return cb
 }
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

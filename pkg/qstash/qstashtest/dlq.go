@@ -328,58 +328,18 @@ func (s *Server) queueCapRejection() rejection {
 }
 
 func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request, name string) {
-	queueJSON := func(q *queue) map[string]any {
-		return map[string]any{"name": q.name, "parallelism": q.parallelism, "lag": len(q.items) + q.active,
-			"createdAt": q.createdAt.UnixMilli(), "updatedAt": q.updatedAt.UnixMilli(), "paused": q.paused}
-	}
 	if base, action, ok := strings.Cut(name, "/"); ok && r.Method == http.MethodPost && (action == "pause" || action == "resume") {
-		s.mu.Lock()
-		q, found := s.queues[base]
-		if found {
-			q.paused = action == "pause"
-			q.updatedAt = time.Now()
-		}
-		s.mu.Unlock()
-		if !found {
-			writeError(w, http.StatusNotFound, "queue not found")
-			return
-		}
-		if action == "resume" {
-			s.pumpQueue(q)
-		}
-		w.WriteHeader(http.StatusOK)
+		s.setPaused(w, base, action == "pause")
 		return
 	}
 	switch {
 	case name == "" && r.Method == http.MethodPost:
-		var b struct {
-			QueueName   string `json:"queueName"`
-			Parallelism int    `json:"parallelism"`
-		}
-		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&b); err != nil || !validName(b.QueueName) {
-			writeError(w, http.StatusBadRequest, "queueName is required")
-			return
-		}
-		s.mu.Lock()
-		if _, exists := s.queues[b.QueueName]; !exists && s.limits != nil && len(s.queues) >= s.limits.MaxQueues {
-			s.mu.Unlock()
-			rj := s.queueCapRejection()
-			writeError(w, rj.status, rj.msg)
-			return
-		}
-		q := s.queueLocked(b.QueueName)
-		if b.Parallelism > 0 {
-			q.parallelism = b.Parallelism
-		}
-		q.updatedAt = time.Now()
-		s.mu.Unlock()
-		s.pumpQueue(q)
-		w.WriteHeader(http.StatusOK)
+		s.createQueue(w, r)
 	case name == "" && r.Method == http.MethodGet:
 		s.mu.Lock()
 		out := []map[string]any{}
 		for _, q := range s.queues {
-			out = append(out, queueJSON(q))
+			out = append(out, q.json())
 		}
 		s.mu.Unlock()
 		slices.SortFunc(out, func(a, b map[string]any) int { return strings.Compare(a["name"].(string), b["name"].(string)) })
@@ -389,7 +349,7 @@ func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request, name strin
 		q, ok := s.queues[name]
 		var v map[string]any
 		if ok {
-			v = queueJSON(q)
+			v = q.json()
 		}
 		s.mu.Unlock()
 		if !ok {
@@ -412,4 +372,56 @@ func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request, name strin
 	default:
 		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
 	}
+}
+
+// setPaused pauses or resumes a queue; a resumed queue delivers what waited.
+func (s *Server) setPaused(w http.ResponseWriter, name string, paused bool) {
+	s.mu.Lock()
+	q, found := s.queues[name]
+	if found {
+		q.paused = paused
+		q.updatedAt = time.Now()
+	}
+	s.mu.Unlock()
+	if !found {
+		writeError(w, http.StatusNotFound, "queue not found")
+		return
+	}
+	if !paused {
+		s.pumpQueue(q)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// createQueue creates a queue or updates its parallelism, within the plan's queue limit.
+func (s *Server) createQueue(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		QueueName   string `json:"queueName"`
+		Parallelism int    `json:"parallelism"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&b); err != nil || !validName(b.QueueName) {
+		writeError(w, http.StatusBadRequest, "queueName is required")
+		return
+	}
+	s.mu.Lock()
+	if _, exists := s.queues[b.QueueName]; !exists && s.limits != nil && len(s.queues) >= s.limits.MaxQueues {
+		s.mu.Unlock()
+		rj := s.queueCapRejection()
+		writeError(w, rj.status, rj.msg)
+		return
+	}
+	q := s.queueLocked(b.QueueName)
+	if b.Parallelism > 0 {
+		q.parallelism = b.Parallelism
+	}
+	q.updatedAt = time.Now()
+	s.mu.Unlock()
+	s.pumpQueue(q)
+	w.WriteHeader(http.StatusOK)
+}
+
+// json renders q as the queues API does; the caller holds the server's lock.
+func (q *queue) json() map[string]any {
+	return map[string]any{"name": q.name, "parallelism": q.parallelism, "lag": len(q.items) + q.active,
+		"createdAt": q.createdAt.UnixMilli(), "updatedAt": q.updatedAt.UnixMilli(), "paused": q.paused}
 }

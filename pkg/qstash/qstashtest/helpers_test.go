@@ -78,16 +78,6 @@ func (s *sink) deliveries() []delivery {
 	return append([]delivery(nil), s.got...)
 }
 
-func newServer(t *testing.T, opts qstashtest.Options) *qstashtest.Server {
-	t.Helper()
-	if opts.TimeScale == 0 {
-		opts.TimeScale = 0.0001
-	}
-	srv := qstashtest.NewServer(opts)
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 func waitIdle(t *testing.T, srv *qstashtest.Server) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -442,18 +442,41 @@ func (s *Server) pruneDedupLocked(now time.Time) {
 
 var retryDelayConst = regexp.MustCompile(`^\s*[0-9]+\s*$`)
 
-// parse reads QStash's configuration headers into a message.
+// parse reads QStash's configuration headers into a message, and returns its
+// deduplication key ("" for none).
 func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*message, string, error) {
+	if err := s.checkTarget(dest, h, body, queue); err != nil {
+		return nil, "", err
+	}
+	m := newMessage(dest, body, queue)
+	for _, step := range []func(*message, http.Header) error{s.parseDelivery, s.parseCallbacks, parseFlowHeaders} {
+		if err := step(m, h); err != nil {
+			return nil, "", err
+		}
+	}
+	dedupID := h.Get("Upstash-Deduplication-Id")
+	contentBased := dedupID == "" && strings.EqualFold(h.Get("Upstash-Content-Based-Deduplication"), "true")
+	fwd := forwardHeaders(m, h, contentBased)
+	key, err := dedupKey(dest, h, body, dedupID, contentBased, fwd)
+	if err != nil {
+		return nil, "", err
+	}
+	return m, key, nil
+}
+
+// checkTarget refuses a publish the real QStash would refuse before reading its options:
+// a destination this server may not reach, a bad queue name, the plan's limits, a bad label.
+func (s *Server) checkTarget(dest string, h http.Header, body []byte, queue string) error {
 	if !s.opts.AllowNonLoopback && !isLoopback(dest) {
-		return nil, "", badRequest("invalid destination url: " + dest + " is not a loopback address (the local server only delivers to this machine; set AllowNonLoopback)")
+		return badRequest("invalid destination url: " + dest + " is not a loopback address (the local server only delivers to this machine; set AllowNonLoopback)")
 	}
 	if queue != "" && !validName(queue) {
-		return nil, "", badRequest("invalid queue name " + strconv.Quote(queue))
+		return badRequest("invalid queue name " + strconv.Quote(queue))
 	}
 	if s.limits != nil {
 		if int64(len(body)) > s.limits.MaxMessageBytes {
 			// Pricing page: "Max Message Size" per plan; over it, 412.
-			return nil, "", rejection{http.StatusPreconditionFailed, fmt.Sprintf("message size %d bytes exceeds the %d-byte limit of the %s plan", len(body), s.limits.MaxMessageBytes, s.opts.Plan)}
+			return rejection{http.StatusPreconditionFailed, fmt.Sprintf("message size %d bytes exceeds the %d-byte limit of the %s plan", len(body), s.limits.MaxMessageBytes, s.opts.Plan)}
 		}
 		if queue != "" {
 			s.mu.Lock()
@@ -461,54 +484,62 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 			n := len(s.queues)
 			s.mu.Unlock()
 			if !exists && n >= s.limits.MaxQueues {
-				return nil, "", s.queueCapRejection()
+				return s.queueCapRejection()
 			}
 		}
 	}
 	if v := h.Get("Upstash-Label"); v != "" {
 		for _, l := range strings.Split(v, ",") {
 			if !qstash.ValidResourceName(strings.TrimSpace(l)) {
-				return nil, "", badRequest("invalid label " + strconv.Quote(l) + ": labels may contain only letters, digits, '-', '_' and '.'")
+				return badRequest("invalid label " + strconv.Quote(l) + ": labels may contain only letters, digits, '-', '_' and '.'")
 			}
 		}
 	}
-	now := time.Now()
-	m := &message{
+	return nil
+}
+
+// newMessage returns a message with QStash's defaults (POST, 3 retries, the default delay).
+func newMessage(dest string, body []byte, queue string) *message {
+	return &message{
 		id:         "msg_" + randomID(26),
 		url:        dest,
 		method:     http.MethodPost,
 		header:     http.Header{},
 		body:       body,
 		retries:    3,
-		createdAt:  now,
+		createdAt:  time.Now(),
 		queue:      queue,
 		retryDelay: -1,
 	}
+}
+
+// parseDelivery reads how the message is delivered: method, retries, delays and timeout.
+func (s *Server) parseDelivery(m *message, h http.Header) error {
 	if v := h.Get("Upstash-Method"); v != "" {
 		switch v = strings.ToUpper(v); v {
 		case "GET", "POST", "PUT", "PATCH", "DELETE":
 			m.method = v
 		default:
-			return nil, "", badRequest("Upstash-Method must be one of GET, POST, PUT, PATCH, DELETE")
+			return badRequest("Upstash-Method must be one of GET, POST, PUT, PATCH, DELETE")
 		}
 	}
 	if v := h.Get("Upstash-Retries"); v != "" {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 0 {
-			return nil, "", badRequest("Upstash-Retries must be a non-negative integer")
+			return badRequest("Upstash-Retries must be a non-negative integer")
 		}
 		if s.limits != nil && n > s.limits.MaxRetries {
 			if s.opts.RetriesRefusal != "" {
-				return nil, "", badRequest(s.opts.RetriesRefusal)
+				return badRequest(s.opts.RetriesRefusal)
 			}
-			return nil, "", badRequest(fmt.Sprintf("Upstash-Retries %d exceeds the maximum of %d retries of the %s plan", n, s.limits.MaxRetries, s.opts.Plan))
+			return badRequest(fmt.Sprintf("Upstash-Retries %d exceeds the maximum of %d retries of the %s plan", n, s.limits.MaxRetries, s.opts.Plan))
 		}
 		m.retries = n
 	}
 	m.fcRetries = m.retries
 	if v := h.Get("Upstash-Retry-Delay"); v != "" {
 		if !retryDelayConst.MatchString(v) {
-			return nil, "", badRequest("Upstash-Retry-Delay: the local server supports only a constant number of milliseconds")
+			return badRequest("Upstash-Retry-Delay: the local server supports only a constant number of milliseconds")
 		}
 		ms, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		m.retryDelay = time.Duration(ms) * time.Millisecond
@@ -516,24 +547,29 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 	if v := h.Get("Upstash-Delay"); v != "" {
 		d, err := parseCompoundDuration(v)
 		if err != nil {
-			return nil, "", badRequest("Upstash-Delay: " + err.Error())
+			return badRequest("Upstash-Delay: " + err.Error())
 		}
-		m.notBefore = now.Add(d)
+		m.notBefore = m.createdAt.Add(d)
 	}
 	if v := h.Get("Upstash-Not-Before"); v != "" {
 		sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil {
-			return nil, "", badRequest("Upstash-Not-Before must be unix seconds")
+			return badRequest("Upstash-Not-Before must be unix seconds")
 		}
 		m.notBefore = time.Unix(sec, 0)
 	}
 	if v := h.Get("Upstash-Timeout"); v != "" {
 		d, err := parseCompoundDuration(v)
 		if err != nil || d <= 0 {
-			return nil, "", badRequest("Upstash-Timeout: invalid duration")
+			return badRequest("Upstash-Timeout: invalid duration")
 		}
 		m.timeout = d
 	}
+	return nil
+}
+
+// parseCallbacks reads the callback and failure callback options.
+func (s *Server) parseCallbacks(m *message, h http.Header) error {
 	for _, cb := range []struct {
 		name string
 		dst  *string
@@ -541,10 +577,10 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 		if v := h.Get(cb.name); v != "" {
 			u, err := url.Parse(v)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return nil, "", badRequest(cb.name + ": invalid url, add http:// or https://")
+				return badRequest(cb.name + ": invalid url, add http:// or https://")
 			}
 			if !s.opts.AllowNonLoopback && !isLoopback(v) {
-				return nil, "", badRequest(cb.name + ": " + v + " is not a loopback address")
+				return badRequest(cb.name + ": " + v + " is not a loopback address")
 			}
 			*cb.dst = v
 		}
@@ -552,7 +588,7 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 	if v := h.Get("Upstash-Failure-Callback-Retries"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return nil, "", badRequest("Upstash-Failure-Callback-Retries must be a non-negative integer")
+			return badRequest("Upstash-Failure-Callback-Retries must be a non-negative integer")
 		}
 		m.fcRetries = n
 	}
@@ -563,27 +599,37 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 	if v := h.Get("Upstash-Failure-Callback-Timeout"); v != "" {
 		d, err := parseCompoundDuration(v)
 		if err != nil || d <= 0 {
-			return nil, "", badRequest("Upstash-Failure-Callback-Timeout: invalid duration")
+			return badRequest("Upstash-Failure-Callback-Timeout: invalid duration")
 		}
 		m.fcTimeout = d
 	}
+	return nil
+}
+
+// parseFlowHeaders reads the flow control key and value.
+func parseFlowHeaders(m *message, h http.Header) error {
 	key, value := h.Get("Upstash-Flow-Control-Key"), h.Get("Upstash-Flow-Control-Value")
 	if key != "" || value != "" {
 		if key == "" {
-			return nil, "", badRequest("Upstash-Flow-Control-Key is required with Upstash-Flow-Control-Value")
+			return badRequest("Upstash-Flow-Control-Key is required with Upstash-Flow-Control-Value")
 		}
 		if !qstash.ValidResourceName(key) {
-			return nil, "", badRequest("invalid flow control key " + strconv.Quote(key) + ": it may contain only letters, digits, '-', '_' and '.'")
+			return badRequest("invalid flow control key " + strconv.Quote(key) + ": it may contain only letters, digits, '-', '_' and '.'")
 		}
 		p, rate, period, err := parseFlowControl(value)
 		if err != nil {
-			return nil, "", err
+			return err
 		}
 		m.flowKey, m.flowParallelism, m.flowRate, m.flowPeriod = key, p, rate, period
 	}
+	return nil
+}
+
+// forwardHeaders copies the headers the message forwards to its destination and
+// callbacks, and returns the forwarded ones as "key:values" for content-based
+// deduplication (when contentBased).
+func forwardHeaders(m *message, h http.Header, contentBased bool) []string {
 	forwardAll := strings.EqualFold(h.Get("Upstash-Header-Forward"), "true")
-	dedupID := h.Get("Upstash-Deduplication-Id")
-	contentBased := dedupID == "" && strings.EqualFold(h.Get("Upstash-Content-Based-Deduplication"), "true")
 	var fwd []string // the forwarded headers, for content-based deduplication
 	for k, vs := range h {
 		ck := http.CanonicalHeaderKey(k)
@@ -613,21 +659,26 @@ func (s *Server) parse(dest string, h http.Header, body []byte, queue string) (*
 			m.header[ck] = vs
 		}
 	}
-	var dedupKey string
-	if v := dedupID; v != "" {
-		if strings.Contains(v, ":") {
-			return nil, "", badRequest("DeduplicationId cannot contain ':'")
+	return fwd
+}
+
+// dedupKey returns the message's deduplication key: its id, a hash of its content, or "".
+func dedupKey(dest string, h http.Header, body []byte, dedupID string, contentBased bool, fwd []string) (string, error) {
+	if dedupID != "" {
+		if strings.Contains(dedupID, ":") {
+			return "", badRequest("DeduplicationId cannot contain ':'")
 		}
-		dedupKey = "id:" + v
-	} else if contentBased {
-		// Content-based: destination, body, Content-Type and the forwarded headers.
-		sort.Strings(fwd)
-		sum := sha256.New()
-		fmt.Fprintf(sum, "%s\n%s\n%s\n", dest, h.Get("Content-Type"), strings.Join(fwd, "\n"))
-		sum.Write(body)
-		dedupKey = "content:" + hex.EncodeToString(sum.Sum(nil))
+		return "id:" + dedupID, nil
 	}
-	return m, dedupKey, nil
+	if !contentBased {
+		return "", nil
+	}
+	// Content-based: destination, body, Content-Type and the forwarded headers.
+	sort.Strings(fwd)
+	sum := sha256.New()
+	fmt.Fprintf(sum, "%s\n%s\n%s\n", dest, h.Get("Content-Type"), strings.Join(fwd, "\n"))
+	sum.Write(body)
+	return "content:" + hex.EncodeToString(sum.Sum(nil)), nil
 }
 
 var hopByHop = map[string]bool{

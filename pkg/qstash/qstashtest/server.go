@@ -20,6 +20,7 @@ package qstashtest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -181,6 +182,7 @@ type Faults struct {
 type Outage string
 
 const (
+	// OutageNone (the zero value) injects no outage.
 	OutageNone Outage = ""
 	// Outage503 answers 503 {"error"}, as a failing service or its load balancer does.
 	Outage503 Outage = "503"
@@ -263,6 +265,28 @@ type Server struct {
 	dedupOrder []string
 }
 
+// TB is the part of testing.TB that NewTestServer uses.
+type TB interface {
+	Helper()
+	Cleanup(func())
+}
+
+// TestTimeScale is the TimeScale NewTestServer sets when the options set none: QStash's
+// retry delays shrunk so a test waits milliseconds for what takes minutes in production.
+const TestTimeScale = 0.0001
+
+// NewTestServer is NewServer for a test: TimeScale defaults to TestTimeScale, and the
+// server is closed when the test ends.
+func NewTestServer(tb TB, opts Options) *Server {
+	tb.Helper()
+	if opts.TimeScale == 0 {
+		opts.TimeScale = TestTimeScale
+	}
+	s := NewServer(opts)
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // NewServer starts a Server on a free loopback port. It panics if it cannot listen, as
 // httptest.NewServer does. Call Close when done.
 func NewServer(opts Options) *Server {
@@ -287,44 +311,7 @@ func Start(opts Options) (*Server, error) {
 }
 
 func start(ln net.Listener, opts Options) *Server {
-	if opts.Token == "" {
-		opts.Token = qstash.DevToken
-	}
-	if opts.CurrentSigningKey == "" {
-		opts.CurrentSigningKey = qstash.DevCurrentSigningKey
-	}
-	if opts.NextSigningKey == "" {
-		opts.NextSigningKey = qstash.DevNextSigningKey
-	}
-	if opts.TimeScale <= 0 {
-		opts.TimeScale = 1
-	}
-	if opts.DedupWindow <= 0 {
-		opts.DedupWindow = DefaultDedupWindow
-	}
-	if opts.DeliveryTimeout <= 0 {
-		opts.DeliveryTimeout = DefaultDeliveryTimeout
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.BatchErrors == "" {
-		opts.BatchErrors = BatchErrorsPerItem
-	}
-	if opts.QuotaWindow <= 0 {
-		opts.QuotaWindow = DefaultQuotaWindow
-	}
-	var limits *qstash.PlanLimits
-	if opts.Plan != "" {
-		l, err := opts.Plan.Limits()
-		if err != nil {
-			panic(fmt.Sprintf("qstashtest: %v", err))
-		}
-		limits = &l
-		if opts.MaxInFlight == 0 {
-			opts.MaxInFlight = l.MaxParallelism
-		}
-	}
+	opts, limits := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		URL:               "http://" + ln.Addr().String(),
@@ -353,16 +340,7 @@ func start(ln net.Listener, opts Options) *Server {
 		s.inFlight = make(chan struct{}, opts.MaxInFlight)
 	}
 	s.flow = newFlowControl()
-	if opts.HTTPClient != nil {
-		s.client = opts.HTTPClient
-	} else {
-		s.client = &http.Client{
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
-			// QStash does not follow redirects as far as anyone has documented; a 3xx is a
-			// failed attempt.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
+	s.client = deliveryClient(opts.HTTPClient)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	s.wg.Add(1)
 	go func() {
@@ -372,6 +350,52 @@ func start(ln net.Listener, opts Options) *Server {
 		}
 	}()
 	return s
+}
+
+// withDefaults returns opts with every zero field defaulted, and the limits of opts.Plan
+// (nil for no plan). An unknown plan panics: Options come from the test's own code.
+func (opts Options) withDefaults() (Options, *qstash.PlanLimits) {
+	opts.Token = cmp.Or(opts.Token, qstash.DevToken)
+	opts.CurrentSigningKey = cmp.Or(opts.CurrentSigningKey, qstash.DevCurrentSigningKey)
+	opts.NextSigningKey = cmp.Or(opts.NextSigningKey, qstash.DevNextSigningKey)
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = DefaultDedupWindow
+	}
+	if opts.DeliveryTimeout <= 0 {
+		opts.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
+	if opts.QuotaWindow <= 0 {
+		opts.QuotaWindow = DefaultQuotaWindow
+	}
+	if opts.Plan == "" {
+		return opts, nil
+	}
+	l, err := opts.Plan.Limits()
+	if err != nil {
+		panic(fmt.Sprintf("qstashtest: %v", err))
+	}
+	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, l.MaxParallelism)
+	return opts, &l
+}
+
+// deliveryClient returns c, or the client deliveries use by default.
+func deliveryClient(c *http.Client) *http.Client {
+	if c != nil {
+		return c
+	}
+	return &http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+		// QStash does not follow redirects as far as anyone has documented; a 3xx is a
+		// failed attempt.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Close stops accepting requests, cancels pending deliveries and waits for every

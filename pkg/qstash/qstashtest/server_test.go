@@ -15,6 +15,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -25,7 +26,7 @@ import (
 func TestSDKContract(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	c := sdkClient(srv)
 
 	pub, err := c.Publish(upstash.PublishOptions{
@@ -86,7 +87,7 @@ func TestSDKContract(t *testing.T) {
 func TestTamperedDeliveriesRejected(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: `{"a":1}`}); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestTamperedDeliveriesRejected(t *testing.T) {
 func TestSignWithNextKeyAndClockSkew(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{SignWithNextKey: true, ClockSkew: -10 * time.Minute})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{SignWithNextKey: true, ClockSkew: -10 * time.Minute})
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: "b"}); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestSignWithNextKeyAndClockSkew(t *testing.T) {
 func TestAuthAndRawPathRouting(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	dest := dst.URL + "/a/b//c"
 	for name, tc := range map[string]struct {
 		path   string
@@ -225,7 +226,7 @@ func TestAuthAndRawPathRouting(t *testing.T) {
 func TestDeduplication(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{DedupWindow: 200 * time.Millisecond})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{DedupWindow: 200 * time.Millisecond})
 	h := http.Header{"Upstash-Deduplication-Id": {"outbox-1"}}
 	publish := func(h http.Header, body string) (int, map[string]any) {
 		resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/x", h, body)
@@ -251,17 +252,7 @@ func TestDeduplication(t *testing.T) {
 		t.Fatalf("dedup id with ':' = %d, want 400", s)
 	}
 	// After the window the id is new again.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, _ := publish(h, "a")
-		if s == 201 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("dedup id never expired")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Eventually(t, 5*time.Second, func() bool { s, _ := publish(h, "a"); return s == 201 }, "the dedup id to expire")
 	// Forgetting the expired entry kept the new one: within its window it deduplicates.
 	if s, r := publish(h, "a"); s != 202 || r["deduplicated"] != true {
 		t.Fatalf("publish again within the new window: %d %v", s, r)
@@ -286,7 +277,7 @@ func TestRetriesBackoffAndRetryAfter(t *testing.T) {
 		}
 		return 200, nil, "ok"
 	})
-	srv := newServer(t, qstashtest.Options{TimeScale: 1})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{TimeScale: 1})
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: "b"}); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +318,7 @@ func TestFailureCallbackBody(t *testing.T) {
 		}
 		return 200, nil, "ok"
 	})
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	h := http.Header{
 		"Content-Type":                {"application/json"},
 		"Upstash-Forward-X-Outbox-Id": {"42"},
@@ -387,7 +378,7 @@ func TestNonRetryable489(t *testing.T) {
 		return 489, nil, "no header"
 	})
 	cbs := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for _, p := range []string{"/hard", "/soft"} {
 		h := http.Header{"Upstash-Retries": {"3"}, "Upstash-Failure-Callback": {cbs.URL + "/f"}}
 		if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+p, h, "x"); resp.StatusCode != 201 {
@@ -411,7 +402,7 @@ func TestNonRetryable489(t *testing.T) {
 func TestBatchPerItemErrors(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	body := fmt.Sprintf(`[
 		{"destination":%q,"body":"1","headers":{"Upstash-Forward-X-N":"1"},"queue":""},
 		{"destination":"not a url","body":"2"},
@@ -464,7 +455,7 @@ func TestFIFOQueue(t *testing.T) {
 		record("callback " + fc.SourceHeader.Get("X-Seq"))
 		return 200, nil, "ok"
 	})
-	srv := newServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.5, MaxDelay: 3 * time.Millisecond}})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.5, MaxDelay: 3 * time.Millisecond}})
 	for i := 1; i <= 20; i++ {
 		h := http.Header{"Upstash-Forward-X-Seq": {strconv.Itoa(i)}, "Upstash-Retries": {"2"}, "Upstash-Failure-Callback": {cbs.URL + "/f"}}
 		if resp, b := post(t, srv, http.MethodPost, "/v2/enqueue/orders-0/"+dst.URL+"/x", h, "{}"); resp.StatusCode != 201 {
@@ -512,7 +503,7 @@ func TestFlowControlParallelismAndRate(t *testing.T) {
 		mu.Unlock()
 		return 200, nil, "ok"
 	})
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for i := 0; i < 12; i++ {
 		h := http.Header{"Upstash-Flow-Control-Key": {"customer-1"}, "Upstash-Flow-Control-Value": {"parallelism=2"}}
 		if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/p", h, "{}"); resp.StatusCode != 201 {
@@ -554,7 +545,7 @@ func TestFaultsSeededAndAdjustable(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
 	run := func(seed uint64) []int {
-		srv := newServer(t, qstashtest.Options{Seed: seed, Faults: qstashtest.Faults{Publish5xxRate: 0.3, Publish429Rate: 0.2}})
+		srv := qstashtest.NewTestServer(t, qstashtest.Options{Seed: seed, Faults: qstashtest.Faults{Publish5xxRate: 0.3, Publish429Rate: 0.2}})
 		var codes []int
 		for i := 0; i < 40; i++ {
 			resp, _ := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/s", nil, "{}")
@@ -571,7 +562,7 @@ func TestFaultsSeededAndAdjustable(t *testing.T) {
 	}
 
 	dup := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{Faults: qstashtest.Faults{DropResponseRate: 1}})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DropResponseRate: 1}})
 	if _, err := http.Post(srv.URL+"/v2/publish/"+dup.URL+"/d?qstash_token="+srv.Token, "application/json", strings.NewReader("{}")); err == nil {
 		t.Fatal("dropped response: want a transport error")
 	}
@@ -616,7 +607,7 @@ func TestDLQAPI(t *testing.T) {
 		}
 		return 500, nil, "down"
 	})
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	c := sdkClient(srv)
 	for i := 0; i < 5; i++ {
 		if _, err := c.Publish(upstash.PublishOptions{Url: fmt.Sprintf("%s/q%d", dst.URL, i%2), Body: strconv.Itoa(i), Retries: upstash.RetryCount(0)}); err != nil {
@@ -676,7 +667,7 @@ func TestDLQAPI(t *testing.T) {
 func TestKeysRotateAndMessages(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	c := sdkClient(srv)
 	keys, err := c.Keys().Get()
 	if err != nil || keys.Current != qstash.DevCurrentSigningKey || keys.Next != qstash.DevNextSigningKey {

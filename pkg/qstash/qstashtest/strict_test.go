@@ -34,7 +34,7 @@ func wantError(t *testing.T, what string, resp *http.Response, body string, stat
 func TestStrictRejections(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{Plan: qstash.PlanFree})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree})
 	pub := "/v2/publish/" + dst.URL + "/x"
 	for _, tc := range []struct {
 		what   string
@@ -66,7 +66,7 @@ func TestStrictRejections(t *testing.T) {
 	}
 	// Without a plan (the dev server's default) the plan limits do not apply; the
 	// resource-name rule does.
-	open := newServer(t, qstashtest.Options{})
+	open := qstashtest.NewTestServer(t, qstashtest.Options{})
 	if resp, b := post(t, open, http.MethodPost, "/v2/publish/"+dst.URL+"/x", http.Header{"Upstash-Retries": {"12"}}, strings.Repeat("x", 2_000_000)); resp.StatusCode != http.StatusCreated {
 		t.Errorf("no plan: %d %s", resp.StatusCode, b)
 	}
@@ -92,7 +92,7 @@ func (z *zeros) Read(p []byte) (int, error) {
 // TestRequestOver100MB: a request body over 100 MB is answered 413 before it is read.
 func TestRequestOver100MB(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	n := int64(qstash.MaxRequestBytes + 1)
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v2/batch", &zeros{n: n})
 	req.ContentLength = n
@@ -119,14 +119,14 @@ func TestBatchErrorShapes(t *testing.T) {
 		{"destination":%q,"body":"1"},
 		{"destination":%q,"body":"2","headers":{"Upstash-Deduplication-Id":"a:b"}},
 		{"destination":%q,"body":"3"}]`, dst.URL+"/1", dst.URL+"/2", dst.URL+"/3")
-	per := newServer(t, qstashtest.Options{})
+	per := qstashtest.NewTestServer(t, qstashtest.Options{})
 	resp, b := post(t, per, http.MethodPost, "/v2/batch", nil, body)
 	var out []map[string]any
 	if err := json.Unmarshal([]byte(b), &out); err != nil || resp.StatusCode != 200 || len(out) != 3 ||
 		out[0]["messageId"] == nil || out[1]["error"] != "DeduplicationId cannot contain ':'" || out[2]["messageId"] == nil {
 		t.Fatalf("per-item: %d %s", resp.StatusCode, b)
 	}
-	whole := newServer(t, qstashtest.Options{BatchErrors: qstashtest.BatchErrorsWholeRequest})
+	whole := qstashtest.NewTestServer(t, qstashtest.Options{BatchErrors: qstashtest.BatchErrorsWholeRequest})
 	resp, b = post(t, whole, http.MethodPost, "/v2/batch", nil, body)
 	wantError(t, "whole-request", resp, b, http.StatusBadRequest)
 	if !strings.Contains(b, "cannot contain ':'") {
@@ -143,7 +143,7 @@ func TestBatchErrorShapes(t *testing.T) {
 func TestQuota429(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{QuotaMessages: 3, QuotaWindow: time.Hour})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{QuotaMessages: 3, QuotaWindow: time.Hour})
 	batch := func(n int) string {
 		var items []string
 		for i := range n {
@@ -182,7 +182,7 @@ func TestQuota429(t *testing.T) {
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	const latency = 40 * time.Millisecond
-	srv := newServer(t, qstashtest.Options{Latency: latency, LatencyJitter: 5 * time.Millisecond})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{Latency: latency, LatencyJitter: 5 * time.Millisecond})
 	for _, path := range []string{"/v2/keys", "/v2/nowhere"} {
 		start := time.Now()
 		resp, _ := post(t, srv, http.MethodGet, path, nil, "")
@@ -196,7 +196,7 @@ func TestLatency(t *testing.T) {
 func TestQueuePause(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	if resp, b := post(t, srv, http.MethodPost, "/v2/queues/", nil, `{"queueName":"q","parallelism":1}`); resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
@@ -261,7 +261,7 @@ func TestMaxInFlight(t *testing.T) {
 				}
 				return 200, nil, "ok"
 			})
-			srv := newServer(t, tc.opts)
+			srv := qstashtest.NewTestServer(t, tc.opts)
 			var items []string
 			for i := range total {
 				items = append(items, fmt.Sprintf(`{"destination":%q,"body":"%d"}`, dst.URL, i))
@@ -283,7 +283,7 @@ func TestMaxInFlight(t *testing.T) {
 func TestHoldDeliveries(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
-	srv := newServer(t, qstashtest.Options{HoldDeliveries: true})
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
 	resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "one")
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("publish: %d %s", resp.StatusCode, b)

@@ -90,12 +90,7 @@ type BacklogResult struct {
 // Defaults returns the sweep's run at the template's defaults (Config.Batch and
 // Concurrency), or nil.
 func (r *BacklogResult) Defaults() *BacklogRun {
-	for i := range r.Sweep {
-		if x := &r.Sweep[i]; x.Batch == r.Config.Batch && x.Concurrency == r.Config.Concurrency {
-			return x
-		}
-	}
-	return nil
+	return find(r.Sweep, func(x *BacklogRun) bool { return x.Batch == r.Config.Batch && x.Concurrency == r.Config.Concurrency })
 }
 
 // Fastest returns the sweep's fastest run, or nil.

@@ -95,12 +95,7 @@ func (r *ClaimResult) Case(history, pending int) *ClaimCase {
 	if r == nil {
 		return nil
 	}
-	for i := range r.Cases {
-		if c := &r.Cases[i]; c.History == history && c.Pending == pending {
-			return c
-		}
-	}
-	return nil
+	return find(r.Cases, func(c *ClaimCase) bool { return c.History == history && c.Pending == pending })
 }
 
 // P99Ratio is claim p99 with the most history over claim p99 with none, at the largest

@@ -69,12 +69,7 @@ func (r *ConsumerResult) At(c int) *ConsumerRun {
 	if r == nil {
 		return nil
 	}
-	for i := range r.Runs {
-		if r.Runs[i].Concurrency == c {
-			return &r.Runs[i]
-		}
-	}
-	return nil
+	return find(r.Runs, func(x *ConsumerRun) bool { return x.Concurrency == c })
 }
 
 // Consumer measures webhook.Handler against its own transaction at each concurrency, in the

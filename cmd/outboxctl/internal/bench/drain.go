@@ -148,12 +148,9 @@ func (r *DrainResult) FindRTT(way string, batch, relays, rttMillis int) *DrainRu
 	if r == nil {
 		return nil
 	}
-	for i := range r.Runs {
-		if x := &r.Runs[i]; x.Way == way && x.Batch == batch && x.Relays == relays && x.RTTMillis == rttMillis && x.ClaimShape == "" {
-			return x
-		}
-	}
-	return nil
+	return find(r.Runs, func(x *DrainRun) bool {
+		return x.Way == way && x.Batch == batch && x.Relays == relays && x.RTTMillis == rttMillis && x.ClaimShape == ""
+	})
 }
 
 // claimShapes returns the claim-shape comparison, or nil.

@@ -77,12 +77,7 @@ func (r *E2EResult) Mode(name string) *E2EMode {
 	if r == nil {
 		return nil
 	}
-	for i := range r.Modes {
-		if r.Modes[i].Mode == name {
-			return &r.Modes[i]
-		}
-	}
-	return nil
+	return find(r.Modes, func(m *E2EMode) bool { return m.Mode == name })
 }
 
 // E2E produces events at a steady rate through the producer API while a relay lingers,

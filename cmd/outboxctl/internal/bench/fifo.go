@@ -161,12 +161,7 @@ func (r *FIFOResult) Find(mode string, keys int) *FIFORun {
 	if r == nil {
 		return nil
 	}
-	for i := range r.Runs {
-		if x := &r.Runs[i]; x.Mode == mode && x.Keys == keys {
-			return x
-		}
-	}
-	return nil
+	return find(r.Runs, func(x *FIFORun) bool { return x.Mode == mode && x.Keys == keys })
 }
 
 // orderRecorder is the receiving endpoint: it answers 200 and records, per key, the outbox

@@ -91,12 +91,7 @@ func (r *ProducerResult) Find(arm string, clients int) *ProducerArm {
 	if r == nil {
 		return nil
 	}
-	for i := range r.Arms {
-		if r.Arms[i].Arm == arm && r.Arms[i].Clients == clients {
-			return &r.Arms[i]
-		}
-	}
-	return nil
+	return find(r.Arms, func(a *ProducerArm) bool { return a.Arm == arm && a.Clients == clients })
 }
 
 // Producer measures what the outbox's wake-up costs producer commits: at each concurrency,

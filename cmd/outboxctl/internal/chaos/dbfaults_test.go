@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -84,20 +86,10 @@ func newDatabase(t *testing.T, c *localstack.Cluster, name string) string {
 
 func openPool(t *testing.T, url string, maxConns int32, params map[string]string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = maxConns
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.OpenPool(t, url, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = maxConns
+		maps.Copy(cfg.ConnConfig.RuntimeParams, params)
+	})
 }
 
 // recordingPublisher publishes through the real Publisher to the local QStash server and
@@ -145,8 +137,7 @@ func newRecordingPublisher(t *testing.T) *recordingPublisher {
 	t.Helper()
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(sink.Close)
-	qs := qstashtest.NewServer(qstashtest.Options{TimeScale: 0.0001})
-	t.Cleanup(qs.Close)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	pub, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: sink.URL})
 	if err != nil {
 		t.Fatal(err)

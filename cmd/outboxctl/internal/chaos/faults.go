@@ -3,6 +3,7 @@ package chaos
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -337,14 +338,10 @@ type bufferedWriter struct {
 
 func (b *bufferedWriter) Header() http.Header { return b.header }
 func (b *bufferedWriter) WriteHeader(code int) {
-	if b.status == 0 {
-		b.status = code
-	}
+	b.status = cmp.Or(b.status, code)
 }
 func (b *bufferedWriter) Write(p []byte) (int, error) {
-	if b.status == 0 {
-		b.status = http.StatusOK
-	}
+	b.status = cmp.Or(b.status, http.StatusOK)
 	return b.body.Write(p)
 }
 

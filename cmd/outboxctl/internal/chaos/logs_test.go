@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
 
 // TestLogsCarryNoSecrets runs the pipeline under faults with every component logging at
@@ -40,10 +41,10 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 			now := time.Now()
 			tokens := map[string]string{
 				"expired":   sign(t, ep.CurrentKey, hook, body, now.Add(-10*time.Minute)),
-				"HS512":     forge(t, jwt.SigningMethodHS512, []byte(ep.CurrentKey), hook, body, now),
-				"wrong key": forge(t, jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), hook, body, now),
+				"HS512":     qstashtest.Forge(jwt.SigningMethodHS512, []byte(ep.CurrentKey), hook, body, now),
+				"wrong key": qstashtest.Forge(jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), hook, body, now),
 				"garbage":   "not.a.jwtMARKER",
-				"callback":  forge(t, jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), ep.FailureURL, body, now),
+				"callback":  qstashtest.Forge(jwt.SigningMethodHS256, []byte("sig_wrongKEYmarker"), ep.FailureURL, body, now),
 			}
 			for name, tok := range tokens {
 				secrets = append(secrets, tok)
@@ -110,17 +111,6 @@ func sum(m map[string]int64) (n int64) {
 func sign(t *testing.T, key, url string, body []byte, at time.Time) string {
 	t.Helper()
 	s, err := qstash.Sign(key, url, body, at)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func forge(t *testing.T, method jwt.SigningMethod, key any, url string, body []byte, at time.Time) string {
-	t.Helper()
-	claims := jwt.MapClaims{"iss": "Upstash", "sub": url, "iat": at.Unix(), "nbf": at.Unix(), "exp": at.Add(5 * time.Minute).Unix(),
-		"jti": "jwt_forged", "body": qstash.BodyHash(body)}
-	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
 	if err != nil {
 		t.Fatal(err)
 	}

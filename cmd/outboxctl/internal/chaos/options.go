@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -223,24 +224,12 @@ func (o Options) WithDefaults() Options {
 	} else if o.RollbackRate < 0 {
 		o.RollbackRate = 0
 	}
-	if o.Ordering == "" {
-		o.Ordering = qstash.OrderingFIFO
-	}
-	if o.ClockSpeed == 0 {
-		o.ClockSpeed = DefaultClockSpeed
-	}
-	if o.LeaseReal == 0 {
-		o.LeaseReal = DefaultLeaseReal
-	}
-	if o.QStashTimeScale == 0 {
-		o.QStashTimeScale = DefaultQStashTimeScale
-	}
-	if o.SettledShare == 0 {
-		o.SettledShare = DefaultSettledShare
-	}
-	if o.Timeout == 0 {
-		o.Timeout = DefaultTimeout
-	}
+	o.Ordering = cmp.Or(o.Ordering, qstash.OrderingFIFO)
+	o.ClockSpeed = cmp.Or(o.ClockSpeed, DefaultClockSpeed)
+	o.LeaseReal = cmp.Or(o.LeaseReal, DefaultLeaseReal)
+	o.QStashTimeScale = cmp.Or(o.QStashTimeScale, DefaultQStashTimeScale)
+	o.SettledShare = cmp.Or(o.SettledShare, DefaultSettledShare)
+	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

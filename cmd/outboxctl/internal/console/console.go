@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -79,18 +80,10 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.PageSize == 0 {
-		c.PageSize = DefaultPageSize
-	}
-	if c.RedriveCap == 0 {
-		c.RedriveCap = DefaultRedriveCap
-	}
-	if c.QueryTimeout == 0 {
-		c.QueryTimeout = DefaultQueryTimeout
-	}
+	c.Listen = cmp.Or(c.Listen, DefaultListen)
+	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
+	c.RedriveCap = cmp.Or(c.RedriveCap, DefaultRedriveCap)
+	c.QueryTimeout = cmp.Or(c.QueryTimeout, DefaultQueryTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -108,6 +108,28 @@ func letterIDsOnPage(body string) []int64 {
 	return ids
 }
 
+// walkLetterPages follows the dead-letter list's next-page links from /dead-letters?q,
+// calling visit with each page's number (from 0) and body. It fails the test on a status
+// other than 200, or when the links go on past page 4.
+func walkLetterPages(t *testing.T, base, q string, visit func(page int, body string)) {
+	t.Helper()
+	for page := 0; ; page++ {
+		code, body := get(t, http.DefaultClient, base, "/dead-letters?"+q)
+		if code != http.StatusOK {
+			t.Fatalf("page %d of %s: %d", page, q, code)
+		}
+		visit(page, body)
+		m := nextRE.FindStringSubmatch(body)
+		if m == nil {
+			return
+		}
+		if page > 3 {
+			t.Fatal("pagination does not end")
+		}
+		q = strings.ReplaceAll(m[1], "&amp;", "&")
+	}
+}
+
 var nextRE = regexp.MustCompile(`href="/dead-letters\?([^"]+)" id="next-page"`)
 
 func TestLettersFilterAndKeysetPagination(t *testing.T) {
@@ -124,26 +146,13 @@ func TestLettersFilterAndKeysetPagination(t *testing.T) {
 	c := http.DefaultClient
 
 	var seen []int64
-	q := "topic=topic.a"
-	for page := 0; ; page++ {
-		code, body := get(t, c, ts.URL, "/dead-letters?"+q)
-		if code != http.StatusOK {
-			t.Fatalf("page %d: %d", page, code)
-		}
+	walkLetterPages(t, ts.URL, "topic=topic.a", func(page int, body string) {
 		ids := letterIDsOnPage(body)
 		if page < 2 && len(ids) != 3 || page == 2 && len(ids) != 1 {
 			t.Fatalf("page %d has %d letters: %v", page, len(ids), ids)
 		}
 		seen = append(seen, ids...)
-		m := nextRE.FindStringSubmatch(body)
-		if m == nil {
-			break
-		}
-		if page > 3 {
-			t.Fatal("pagination does not end")
-		}
-		q = strings.ReplaceAll(m[1], "&amp;", "&")
-	}
+	})
 	// Newest first: the same created_at, so id descending; every letter exactly once.
 	if len(seen) != len(want) {
 		t.Fatalf("saw %v, want the %d letters %v", seen, len(want), want)

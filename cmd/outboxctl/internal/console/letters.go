@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
 // letterFilter is the dead-letter filter of the list pages and of a redrive by filter.
@@ -107,8 +108,9 @@ func (f letterFilter) args(c cursor) []any {
 	if !c.At.IsZero() {
 		at, id = &c.At, &c.ID
 	}
-	return []any{nullString(f.Topic), nullString(f.Key), nullString(f.Source), nullTime(f.Since), nullTime(f.Until),
-		nullString(f.Group), at, id}
+	null := postgres.NullIfZero[string]
+	return []any{null(f.Topic), null(f.Key), null(f.Source), postgres.NullIfZero(f.Since), postgres.NullIfZero(f.Until),
+		null(f.Group), at, id}
 }
 
 // deadletterFilter maps f to deadletter.Filter for Plan and Redrive, the code outboxctl
@@ -118,20 +120,6 @@ func (f letterFilter) deadletterFilter() (deadletter.Filter, bool) {
 	df := deadletter.Filter{Topic: f.Topic, PartitionKey: f.Key, Fingerprint: f.Group, Since: f.Since, Until: f.Until}
 	df.All = f.empty()
 	return df, f.Source == ""
-}
-
-func nullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
 }
 
 // cursor is a keyset position: the (created_at, id) of the last letter shown.
