@@ -86,6 +86,25 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 					break
 				}
 			}
+			// EXPLAIN shows JIT only with costs.
+			var jit bool
+			jrows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF) "+qClaim, batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40, nil, 0, 1, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for jrows.Next() {
+				var s string
+				if err := jrows.Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				jit = jit || strings.HasPrefix(s, "JIT:")
+			}
+			if jrows.Err() != nil {
+				t.Fatal(jrows.Err())
+			}
+			if jit {
+				t.Error("the claim was compiled (JIT): its planner settings must keep jit off")
+			}
 			if locked := cteBody(plan, "locked"); !strings.Contains(locked, "outbox_pkey") || strings.Contains(locked, "outbox_ready_idx") {
 				t.Errorf("the locked step must fetch the chosen ids by primary key:\n%s", locked)
 			}
