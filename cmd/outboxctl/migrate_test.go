@@ -45,7 +45,7 @@ func TestMigrateExample(t *testing.T) {
 	}
 }
 
-// TestMigrateLockWait: with 0013-0015 pending beside an open producer transaction, 0013
+// TestMigrateLockWait: with 0013-0016 pending beside an open producer transaction, 0013
 // (the outbox's fillfactor: its lock lets writers go on) applies and 0014 (the outbox
 // trigger, which must wait for the producer) gives up after --lock-attempts with the lock
 // timeout instead of queueing producers behind it; a transaction holding the lock VACUUM or
@@ -59,9 +59,13 @@ func TestMigrateLockWait(t *testing.T) {
 		if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id >= $1`, from); err != nil {
 			t.Fatal(err)
 		}
-		// 0015 creates its function and trigger: gone again so that it can run again.
+		// 0015 and 0016 create functions, triggers and a sequence: gone again so that they
+		// can run again.
 		if _, err := db.Pool.Exec(ctx, `DROP TRIGGER IF EXISTS dead_letters_skip_second_open ON dead_letters;
-			DROP FUNCTION IF EXISTS dead_letters_skip_second_open()`); err != nil {
+			DROP FUNCTION IF EXISTS dead_letters_skip_second_open();
+			DROP TRIGGER IF EXISTS outbox_reopened ON outbox;
+			DROP FUNCTION IF EXISTS outbox_count_reopened();
+			DROP SEQUENCE IF EXISTS outbox_reopened_seq`); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,7 +99,7 @@ func TestMigrateLockWait(t *testing.T) {
 		t.Fatalf("migrate up behind a held lock: %d %q %q, want one logged wait, then the lock timeout", code, out, stderr)
 	}
 	_ = vacuum.Rollback(ctx)
-	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0013") || !strings.Contains(out, "applied 0015") {
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0013") || !strings.Contains(out, "applied 0016") {
 		t.Fatalf("migrate up after the lock was released: %d %s %s", code, out, stderr)
 	}
 	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
