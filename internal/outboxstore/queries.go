@@ -214,6 +214,14 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
 	// 0.9 s per claim of 100 rows (the machine's Postgres 15, jit on by default).
 	qClaimPlanner = `SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`
 
+	// qBelowBound finds the oldest ready row with available_at below $1 ($2 is the clock
+	// override, as in qClaim): the probe of walk.go, a walk of the ready index from its
+	// start, away from the claims.
+	qBelowBound = `
+SELECT min(available_at) FROM outbox
+WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL
+  AND available_at < $1::timestamptz AND available_at <= coalesce($2::timestamptz, now())`
+
 	// qMarkDispatched marks the published rows of one lease. QStash's failure callback can
 	// beat this statement (a 489 answered within the publish round trip); its dead letter
 	// and error then stay authoritative.

@@ -142,6 +142,14 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 	}
 	budget := storedBudget(maxBytes, math.Float64frombits(s.textPerStored.Load()))
 	wp, claimNo := s.walks.next(time.Now(), now)
+	if !wp.probeBelow.IsZero() {
+		var clock *time.Time // the caller's, copied: the probe outlives this call
+		if now != nil {
+			c := *now
+			clock = &c
+		}
+		go s.probeBelow(wp.probeBelow, clock)
+	}
 	rows, err := s.query(ctx, qClaimPlanner, qClaim, limit, lease.Token, now, d, window, max(keyRun, 1), budget,
 		wp.readyFrom, wp.idFrom, wp.pendingFrom, wp.reopened)
 	if err != nil {
@@ -196,6 +204,22 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 	}
 	return c, nil
 }
+
+// probeBelow looks for the oldest ready row below the claims' ready bound (walk.go), on
+// a connection of its own so that no claim waits for it, and hands what it found to the
+// next claims. It gives up after probeTimeout; the next probe tries again.
+func (s *Store) probeBelow(bound time.Time, now *time.Time) {
+	var at pgtype.Timestamptz
+	defer func() { s.walks.probed(at) }()
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	if err := s.db.QueryRow(ctx, qBelowBound, bound, now).Scan(&at); err != nil {
+		at = pgtype.Timestamptz{}
+	}
+}
+
+// probeTimeout bounds one probe below the ready bound.
+const probeTimeout = time.Minute
 
 // storedBudget turns a budget in payload text bytes into stored bytes, at textPerStored
 // text bytes per stored byte (0: unknown, taken as one).

@@ -198,6 +198,26 @@ func TestClaimFindsRowsBelowItsBounds(t *testing.T) {
 	}
 }
 
+// The probe finds a row below the ready bound without a claim walking the whole index:
+// the claims after it start their ready walk at that row.
+func TestProbeBelowTheReadyBound(t *testing.T) {
+	t.Parallel()
+	r := newWalkRig(t)
+	r.rounds(8, 50, 50)
+	now := r.clock
+	r.clock = now.Add(-time.Hour)
+	late := r.insert("late-alone")
+	r.clock = now
+	if _, ids := r.claim(); len(ids) != 0 {
+		t.Fatalf("bounded claim took %v: the row was not below the bound, the test proves nothing", ids)
+	}
+	p, _ := r.s.walks.next(time.Now(), &r.clock)
+	r.s.probeBelow(p.readyFrom.Time, &r.clock)
+	if _, ids := r.claim(); !slices.Equal(ids, late) {
+		t.Fatalf("claim after the probe took %v, want the late row %v", ids, late)
+	}
+}
+
 // A redriven event lies below the id bound. While it is pending (here backing off), its
 // key's later events must wait for it, both in the claim that first meets the reopened
 // counter and after the Store has found its bounds again.
