@@ -14,8 +14,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {

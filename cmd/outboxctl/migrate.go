@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
@@ -22,7 +22,7 @@ func databaseURL(e env) (string, error) {
 }
 
 // openPool opens DATABASE_URL, or the database its AWS references name (DB_SECRET_ARN,
-// DB_HOST, DB_IAM_AUTH: pkg/awsenv, as the Lambdas read them), and checks it answers.
+// DB_HOST, DB_IAM_AUTH: internal/awsenv, as the Lambdas read them), and checks it answers.
 func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	getenv, err := awsenv.Resolve(ctx, e.getenv)
 	if err != nil {

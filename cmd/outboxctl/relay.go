@@ -15,10 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/health"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/health"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/metrics/relaymetrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -253,7 +254,7 @@ func (p *relayProcess) drainLoop(ctx context.Context) {
 	_ = relay.Supervise(ctx, func(int) (*relay.Relay, error) { return p.relay, nil }, relay.SuperviseConfig{
 		Chunk: relayChunk,
 		OnRun: func(st relay.Stats, err error) {
-			p.record(st.Metrics())
+			p.record(relaymetrics.Values(st))
 			if err == nil || ctx.Err() != nil {
 				p.lastOK.Store(time.Now().UnixNano())
 				p.lastErr.Store(nil)

@@ -8,9 +8,9 @@ import (
 	"log/slog"
 	"strconv"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 

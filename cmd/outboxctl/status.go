@@ -11,7 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/humanize"
 
-	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/internal/health"
 )
 
 const statusUsage = `usage: outboxctl status [--json] [--max-oldest-age 5m] [--max-dead-letters 0] [--max-stuck-leases 0]

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 )
 
 func TestLoadConfig(t *testing.T) {

@@ -28,15 +28,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
+	"github.com/outbox-relay/outbox-relay/internal/health"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/metrics/relaymetrics"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/health"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 const (
@@ -341,7 +342,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment, DeferredOutage: st.DeferredOutage,
 		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
 	}
-	values := st.Metrics()
+	values := relaymetrics.Values(st)
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
 	timeout := gaugeTimeout

@@ -20,8 +20,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )

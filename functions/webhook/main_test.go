@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )

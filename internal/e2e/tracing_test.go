@@ -14,9 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -84,7 +84,7 @@ type Pipeline struct {
 
 // StartPipeline starts the pipeline. The receivers' listener is opened first, so their URL
 // is known before anything that needs it is built; they learn their public origin from the
-// request context (pkg/origin), as behind a Lambda Function URL, not from configuration.
+// request context (internal/origin), as behind a Lambda Function URL, not from configuration.
 func StartPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	if cfg.Pool == nil || cfg.Handlers == nil {
 		return nil, errors.New("start pipeline: Pool and Handlers are required")

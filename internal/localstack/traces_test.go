@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 )
 
 // TestRenderTraces: the producer's span is the root; the batch span that links it and the

@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
 )
 
 var updateDocs = flag.Bool("update-docs", false, "run the local stack with tracing and rewrite docs/trace.svg from its first event trace")

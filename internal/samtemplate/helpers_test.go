@@ -14,12 +14,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 )
 
 const modulePath = "github.com/outbox-relay/outbox-relay"
@@ -121,7 +121,7 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 	}
 	if imports[modulePath+"/internal/receiverfunc"] {
 		// The receivers' shared cold start resolves secrets and sets up tracing for them.
-		imports[modulePath+"/pkg/awsenv"], imports[modulePath+"/pkg/telemetry"] = true, true
+		imports[modulePath+"/internal/awsenv"], imports[modulePath+"/internal/telemetry"] = true, true
 	}
 	if imports[modulePath+"/internal/envconfig"] || imports[modulePath+"/internal/envconfig/relayenv"] {
 		record := func(k string) string { vars[k] = true; return "" }
@@ -136,13 +136,13 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			t.Fatalf("%s imports envconfig but has no reader here", dir)
 		}
 	}
-	if imports[modulePath+"/pkg/telemetry"] {
+	if imports[modulePath+"/internal/telemetry"] {
 		// telemetry.Setup and the OpenTelemetry SDK read these; the main never names them.
 		for _, v := range telemetry.Variables {
 			vars[v] = true
 		}
 	}
-	if imports[modulePath+"/pkg/awsenv"] {
+	if imports[modulePath+"/internal/awsenv"] {
 		for v := range maps(vars) {
 			for _, ref := range awsenv.References[v] {
 				vars[ref] = true

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -157,8 +157,8 @@ func TestTemplateSetsEveryVariableTheCodeReads(t *testing.T) {
 	for id, fn := range tpl.Functions() {
 		dir := strings.TrimPrefix(buildPackage(t, id), "./")
 		read, imports := codeVariables(t, dir)
-		if !imports[modulePath+"/pkg/awsenv"] {
-			t.Errorf("%s (%s) does not import pkg/awsenv: its secrets would never be resolved", id, dir)
+		if !imports[modulePath+"/internal/awsenv"] {
+			t.Errorf("%s (%s) does not import internal/awsenv: its secrets would never be resolved", id, dir)
 		}
 		set := samtemplate.Map(samtemplate.Get(fn.Properties, "Environment", "Variables"))
 		for _, v := range sortedKeys(read) {
@@ -272,7 +272,7 @@ func fmtGrants(m map[string]string) string {
 }
 
 // TestTemplateAlarmsWatchEmittedMetrics holds every alarm and dashboard metric to
-// pkg/metrics' definitions: name, namespace and Function dimension.
+// internal/metrics' definitions: name, namespace and Function dimension.
 func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 	t.Parallel()
 	tpl := loadTemplate(t)
@@ -339,7 +339,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 				}
 				def, ok := metrics.Lookup(metric)
 				if !ok {
-					t.Errorf("%s: metric %q is not emitted by the code (pkg/metrics)", id, metric)
+					t.Errorf("%s: metric %q is not emitted by the code (internal/metrics)", id, metric)
 				} else if name != metrics.DimFunction || value != def.Function {
 					t.Errorf("%s: %s dimension %s=%v, the code emits Function=%s", id, metric, name, value, def.Function)
 				}

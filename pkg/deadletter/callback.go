@@ -13,9 +13,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/receive"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // DefaultCallbackMaxBodyBytes bounds a failure-callback body: it carries the original body
@@ -43,7 +43,7 @@ type CallbackConfig struct {
 	Verifier *qstash.Verifier
 	// FailureURL is the exact failure-callback URL the relay publishes
 	// (Upstash-Failure-Callback, FAILURE_CALLBACK_URL): QStash signs callbacks with it as the
-	// subject. When empty, the trusted origin from the request context (pkg/origin, set by
+	// subject. When empty, the trusted origin from the request context (internal/origin, set by
 	// pkg/funcurl) plus the request's path and query is used; with neither, requests get
 	// 500 and a configuration error is logged. The client's Host is never used.
 	FailureURL string

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/origin"
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
 )
 
 const failureURL = "https://hooks.example.com/failure"

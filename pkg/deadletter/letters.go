@@ -17,8 +17,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // Sources of a dead letter.

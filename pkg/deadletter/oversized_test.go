@@ -11,9 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

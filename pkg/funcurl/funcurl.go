@@ -4,8 +4,10 @@
 //
 // The request it builds has URL https://<requestContext.domainName><rawPath>[?rawQueryString],
 // Host set to domainName, the body base64-decoded when isBase64Encoded, and the trusted
-// origin https://<domainName> stored with origin.NewContext: signature verifiers rebuild the
-// signed URL from it, never from client-supplied Host or X-Forwarded-Host headers.
+// origin https://<domainName> stored in its context: the webhook and the failure callback,
+// when given no public base URL, rebuild the signed URL from it, never from client-supplied
+// Host or X-Forwarded-Host headers. A webhook Lambda of your own serves webhook.New's
+// handler through Serve or New.
 package funcurl
 
 import (
@@ -22,8 +24,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
+	"github.com/outbox-relay/outbox-relay/internal/origin"
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 )
 
 // DefaultMaxBodyBytes is Lambda's own limit on a synchronous invocation payload (6 MB).
@@ -41,7 +43,7 @@ var (
 // Config tunes New. Zero fields take the defaults.
 type Config struct {
 	// MaxBodyBytes caps the decoded request body; larger bodies are answered as the
-	// receivers answer them, 489 with Upstash-NonRetryable-Error: true (receive.ReplyTooLarge:
+	// receivers answer them, 489 with Upstash-NonRetryable-Error: true (the receivers' body_too_large:
 	// every Function URL here is a QStash receiver, a body that does not fit never will, and
 	// QStash retries, and bills, any other status), and the handler is not called. Default
 	// DefaultMaxBodyBytes. Set it to the handler's own limit to skip decoding what the

@@ -14,12 +14,12 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/origin"
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/funcurl"
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

@@ -7,9 +7,9 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // TestEnqueueRecordsTheProducerSpan: an event enqueued inside a span carries its trace

@@ -3,5 +3,5 @@
 // with every lock wait bounded and retried, so a live deployment's writers keep going;
 // Status reports them; CreateSchema makes a throwaway migrated schema of its own on a
 // shared server (tests, benchmarks, the local stack) and WithSearchPath points a URL at it.
-// Lambda connection pools and secrets live in package awsenv.
+// The Lambdas' connection pools and secrets live in internal/awsenv.
 package postgres

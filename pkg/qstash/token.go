@@ -29,7 +29,7 @@ type Token struct {
 }
 
 // NewToken returns a Token holding value. reread, when not nil, reads the token again
-// from its source (e.g. awsenv.Resolver.ParameterReader); nil means the token is fixed.
+// from its source (an SSM parameter or a secret, as the Lambdas do); nil means the token is fixed.
 func NewToken(value string, reread func(ctx context.Context) (string, error)) *Token {
 	return &Token{value: strings.TrimSpace(value), reread: reread}
 }

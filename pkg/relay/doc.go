@@ -27,7 +27,7 @@
 //
 // An event enqueued with a future AvailableAt is pending but not ready. It holds every later
 // event of its key until it is due and published, as FIFO requires: a later event never
-// overtakes it. Events of other keys are not held. The lateness gauge (health.Backlog,
+// overtakes it. Events of other keys are not held. The lateness gauge (`outboxctl status`,
 // metric OldestPendingAgeSeconds) counts an event only from its AvailableAt and ignores the
 // events a delay holds back, so a delay is not an alarm.
 //

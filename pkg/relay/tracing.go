@@ -9,8 +9,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // DefaultTraceDestination names the batch span's destination when the publisher does not

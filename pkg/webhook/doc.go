@@ -19,7 +19,7 @@
 // The message id is the outbox id in the signed URL's query (?outbox_id=<id>&generation=<n>,
 // put there by the relay), never a header; deliveries published before that (no id in the
 // URL) are accepted only through Config.Legacy. The receive step (verify, limits, status
-// table) is pkg/receive, shared with the failure callback.
+// table) is internal/receive, shared with the failure callback.
 //
 // Response bodies carry a short error code, never internal error text; the reason is
 // logged. The same Handler serves net/http locally and Lambda through pkg/funcurl.

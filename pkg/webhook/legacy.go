@@ -8,14 +8,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 // LegacyDelivery is a verified delivery whose signed URL carries no identity (published
 // before the relay put outbox_id in the URL), with the identity its unsigned X-Outbox-Id
 // and X-Outbox-Generation headers claim.
 type LegacyDelivery struct {
-	Identity receive.Identity
+	Identity qstash.Identity
 	Topic    string
 	Payload  []byte
 }

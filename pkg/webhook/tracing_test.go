@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 

@@ -20,11 +20,11 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/receive"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing"
 )
 
 // Defaults for Config.
@@ -34,7 +34,7 @@ const (
 )
 
 // QStash's non-retryable answer: status 489 together with this header set to "true".
-// Defined in pkg/receive, with the rest of the QStash status table.
+// Defined in internal/receive, with the rest of the QStash status table.
 const (
 	StatusNonRetryable = receive.StatusNonRetryable
 	HeaderNonRetryable = receive.HeaderNonRetryable
@@ -100,7 +100,7 @@ type Config struct {
 	// PublicBaseURL is the scheme and host the relay publishes to (PUBLIC_BASE_URL, e.g.
 	// https://hooks.example.com). The signed URL is PublicBaseURL + the request's escaped
 	// path and query. When empty, the trusted origin a transport adapter put in the request
-	// context (pkg/origin, set by pkg/funcurl) is used; with neither, every request gets 500
+	// context (internal/origin, set by pkg/funcurl) is used; with neither, every request gets 500
 	// and a configuration error is logged. The client's Host header is never used.
 	PublicBaseURL string
 	// Logger receives one line per delivery. Default slog.Default().
@@ -339,7 +339,7 @@ func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string,
 			slog.Bool("legacy_header", err == nil), slog.Bool("legacy_enabled", h.cfg.Legacy != nil))
 		return id, true, false
 	}
-	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: id, Topic: topic, Payload: req.Body})
+	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: qstash.Identity(id), Topic: topic, Payload: req.Body})
 	switch {
 	case err != nil:
 		a.Reply(replyTransient, slog.LevelError, "webhook legacy identity check failed; QStash will retry", slog.Any("error", err))

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )

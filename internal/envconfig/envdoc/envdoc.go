@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -60,9 +60,9 @@ const (
 	SourceEnvconfig Source = "internal/envconfig"
 	// SourceAWSEnv: awsenv.Resolve's references, resolved into DATABASE_URL and the QStash
 	// secrets before the configuration is read.
-	SourceAWSEnv Source = "pkg/awsenv"
+	SourceAWSEnv Source = "internal/awsenv"
 	// SourceTelemetry: telemetry.Setup (and the OpenTelemetry SDK it starts).
-	SourceTelemetry Source = "pkg/telemetry"
+	SourceTelemetry Source = "internal/telemetry"
 	// SourceRelayMain: the relay Lambda's cold start (functions/relay).
 	SourceRelayMain Source = "functions/relay"
 )

@@ -12,11 +12,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/envdoc"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 )
 
 // recorder is a getenv that answers from env and records every name asked for.
@@ -150,7 +150,7 @@ func TestEnvTableHasEveryLiteralRead(t *testing.T) {
 	lit := regexp.MustCompile(`(?i)getenv\("([A-Z0-9_]+)"\)`)
 	tab := table(t)
 	found := 0
-	for _, dir := range []string{"functions", "internal/receiverfunc", "pkg/awsenv", "pkg/telemetry", "internal/envconfig"} {
+	for _, dir := range []string{"functions", "internal/receiverfunc", "internal/awsenv", "internal/telemetry", "internal/envconfig"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.Contains(path, "test"+string(filepath.Separator)) {
 				return err

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/pkg/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"

@@ -18,9 +18,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/tracing/tracingtest"
 )
 
 // Valid returns the variables every receiver requires, with values that parse, plus

@@ -14,9 +14,9 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 

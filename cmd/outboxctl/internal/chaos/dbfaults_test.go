@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/health"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"

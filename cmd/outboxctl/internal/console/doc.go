@@ -1,7 +1,7 @@
 // Package console is the operator console of outboxctl ui: a small web application served
 // by the CLI next to the database, with three pages.
 //
-//   - Overview: the figures of outboxctl status (pkg/health, the same code), a server-side
+//   - Overview: the figures of outboxctl status (internal/health, the same code), a server-side
 //     SVG chart of pending events, oldest pending age and dispatches per minute over the
 //     last hours, unresolved dead letters by source and topic (or by failure group), and the
 //     xmin horizon warning. The report and the chart are read in one snapshot: the chart

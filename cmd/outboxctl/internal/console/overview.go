@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/internal/health"
 )
 
 type overviewData struct {

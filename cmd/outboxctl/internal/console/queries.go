@@ -1,6 +1,6 @@
 package console
 
-// The console's own statements: what pkg/health and pkg/deadletter do not already answer.
+// The console's own statements: what internal/health and pkg/deadletter do not already answer.
 // Every one is fixed text; request input only ever reaches them as parameters, and an
 // unset filter is a NULL parameter. They run with pgx.QueryExecModeExec (an unnamed
 // statement planned with the actual values), so a NULL filter folds away at plan time and

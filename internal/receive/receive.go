@@ -13,7 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -149,7 +149,7 @@ type Request struct {
 
 // Receive reads and verifies r. When it returns false it has answered already (489, 401
 // or 500) and the caller must return. With neither URL nor BaseURL set, the trusted origin
-// a transport adapter put in the context (pkg/origin, set by pkg/funcurl) is the base; the
+// a transport adapter put in the context (internal/origin, set by pkg/funcurl) is the base; the
 // client's Host header is never used.
 func (rc *Receiver) Receive(a *Answer) (Request, bool) {
 	body, err := readBody(a.W, a.R, rc.MaxBodyBytes)

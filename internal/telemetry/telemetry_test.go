@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/telemetry"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 )
 
 func TestEnabled(t *testing.T) {

@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"

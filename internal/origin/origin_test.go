@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/origin"
+	"github.com/outbox-relay/outbox-relay/internal/origin"
 )
 
 func TestOrigin(t *testing.T) {

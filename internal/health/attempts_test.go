@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/health"
+	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/receive"
+	"github.com/outbox-relay/outbox-relay/internal/receive"
 )
 
 func TestFromURL(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
-	"github.com/outbox-relay/outbox-relay/pkg/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
