@@ -96,7 +96,7 @@ func main() {
 		cfg.creds = awsenv.NewCredentials(read)
 	}
 	cfg.rereadToken = (awsenv.Resolver{}).ParameterReader(os.Getenv, "QSTASH_TOKEN")
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	if err == nil {
 		err = checkTimeout(getenv, cfg.Relay.DeadlineMargin)
 	}
@@ -291,7 +291,7 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	start := time.Now()
 	task, err := parseTask(payload)
 	if err != nil {
-		h.log.Error("reject relay invocation", slog.Any("error", err))
+		h.log.ErrorContext(ctx, "reject relay invocation", slog.Any("error", err))
 		return result{}, err
 	}
 	// The pool re-reads a rotated database secret at the first connection the server
@@ -299,7 +299,7 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	// once; Ready makes sure the invocation starts with a connection that works. A failure
 	// is not fatal here: the task meets it and reports it.
 	if err := h.creds.Ready(ctx, h.pool); err != nil {
-		h.log.Warn("database not ready", slog.Any("error", err))
+		h.log.WarnContext(ctx, "database not ready", slog.Any("error", err))
 	}
 	work := ctx
 	if dl, ok := ctx.Deadline(); ok {
@@ -323,7 +323,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		// order or hold events: nothing is claimed until the queues are right.
 		if err := h.ensureQueues(work); err != nil {
 			err = fmt.Errorf("check qstash fifo queues: %w", err)
-			h.log.Error("refuse to drain", slog.Any("error", err))
+			h.log.ErrorContext(ctx, "refuse to drain", slog.Any("error", err))
 			return result{Task: taskDrain, DurationMS: time.Since(start).Milliseconds()}, err
 		}
 		h.queuesReady = true
@@ -356,17 +356,17 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)...)
 		res.BacklogPending, res.OldestPendingAge, res.OldestCreatedAge = &g.Pending, g.Lateness.Seconds(), g.OldestCreatedAge.Seconds()
 	} else {
-		h.log.Warn("backlog gauge skipped", slog.Any("error", gerr))
+		h.log.WarnContext(ctx, "backlog gauge skipped", slog.Any("error", gerr))
 	}
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: values}); merr != nil {
-		h.log.Error("write relay metrics", slog.Any("error", merr))
+		h.log.ErrorContext(ctx, "write relay metrics", slog.Any("error", merr))
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	if err != nil {
-		h.log.Error("relay drain", slog.Any("error", err), slog.Any("stats", st))
+		h.log.ErrorContext(ctx, "relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+	h.log.InfoContext(ctx, "relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
 		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }
@@ -374,7 +374,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 func (h *handler) runRetention(_, work context.Context, start time.Time) (result, error) {
 	r, err := retention.Run(work, h.pool, h.retention)
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: metrics.Retention(r.OutboxDeleted, r.ProcessedDeleted)}); merr != nil {
-		h.log.Error("write retention metrics", slog.Any("error", merr))
+		h.log.ErrorContext(work, "write retention metrics", slog.Any("error", merr))
 	}
 	complete := r.Complete
 	res := result{Task: taskRetention, OutboxDeleted: r.OutboxDeleted, ProcessedDeleted: r.ProcessedDeleted,
@@ -390,7 +390,7 @@ func (h *handler) runRetention(_, work context.Context, start time.Time) (result
 func (h *handler) runDLQSync(work context.Context, start time.Time) (result, error) {
 	r, err := deadletter.Sync(work, h.pool, h.dlqSync)
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: []metrics.Value{metrics.Count(metrics.DLQSyncRecorded, int64(r.Recorded))}}); merr != nil {
-		h.log.Error("write dlq sync metrics", slog.Any("error", merr))
+		h.log.ErrorContext(work, "write dlq sync metrics", slog.Any("error", merr))
 	}
 	res := result{Task: taskDLQSync, DLQSync: &r, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {

@@ -422,7 +422,7 @@ func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	}
 	st, err := r.process(ctx, lease, c, claimedAt)
 	if d := st.deferred; d != nil {
-		r.log.Warn("publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
+		r.log.WarnContext(ctx, "publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
 	}
 	return st, err
 }
@@ -551,7 +551,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 		st.PublishLatency = append(st.PublishLatency, time.Since(t0))
 	}
 	if len(results) != len(batch) {
-		r.log.Error("publisher returned the wrong number of results; treating the batch as failed",
+		r.log.ErrorContext(ctx, "publisher returned the wrong number of results; treating the batch as failed",
 			"want", len(batch), "got", len(results))
 		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(batch))
 		results = make([]Result, len(batch))
@@ -574,7 +574,7 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome
 		*counter += int(n)
 		if lost := want - int(n); lost > 0 {
 			st.LeaseLost += lost
-			r.log.Warn("lease lost: another relay took these rows over; their outcome is discarded",
+			r.log.WarnContext(ctx, "lease lost: another relay took these rows over; their outcome is discarded",
 				"outcome", kind, "rows", lost, "lease", lease.String())
 		}
 	}
@@ -587,7 +587,7 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome
 	n, err = r.store.Release(ctx, lease, out.released, now)
 	step("released", len(out.released), n, err, &st.Released)
 	for _, f := range out.dead {
-		r.log.Error("outbox event dead-lettered", "outbox_id", int64(f.ID), "status_code", f.StatusCode, "error", f.Error)
+		r.log.ErrorContext(ctx, "outbox event dead-lettered", "outbox_id", int64(f.ID), "status_code", f.StatusCode, "error", f.Error)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("record batch outcome: %w", errors.Join(errs...))
