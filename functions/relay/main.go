@@ -238,19 +238,16 @@ type request struct {
 	Task string `json:"task"`
 }
 
-// result is the invocation's response: the counts of what it did.
+// result is the invocation's response: the counts of what it did. The drain's counts are
+// members named as in relay.Stats.Counts, right after task, each when it is not zero
+// (MarshalJSON).
 type result struct {
-	Task              string `json:"task"`
-	Claimed           int    `json:"claimed,omitempty"`
-	Dispatched        int    `json:"dispatched,omitempty"`
-	Retried           int    `json:"retried,omitempty"`
-	DeadLettered      int    `json:"dead_lettered,omitempty"`
-	Released          int    `json:"released,omitempty"`
-	LeaseLost         int    `json:"lease_lost,omitempty"`
-	DeferredQuota     int    `json:"deferred_quota,omitempty"`
-	DeferredDeploy    int    `json:"deferred_deployment,omitempty"`
-	DeferredOutage    int    `json:"deferred_outage,omitempty"`
-	Batches           int    `json:"batches,omitempty"`
+	Task string `json:"task"`
+	// Drain is what the drain task did.
+	Drain relay.Stats `json:"-"`
+	// RetentionBatches is the retention task's delete statements; a drain's batches are
+	// in Drain.
+	RetentionBatches  int    `json:"batches,omitempty"`
 	StoppedAtDeadline bool   `json:"stopped_at_deadline,omitempty"`
 	BacklogPending    *int64 `json:"backlog_pending,omitempty"`
 	// OldestPendingAge is the lateness (health.BacklogGauge.Lateness), OldestCreatedAge
@@ -263,6 +260,28 @@ type result struct {
 	// DLQSync is the dlq-sync task's counts.
 	DLQSync    *deadletter.SyncResult `json:"dlq_sync,omitempty"`
 	DurationMS int64                  `json:"duration_ms"`
+}
+
+// MarshalJSON writes r's members with the drain's non-zero counts after task.
+func (r result) MarshalJSON() ([]byte, error) {
+	type members result // without this method, so Marshal does not come back here
+	rest, err := json.Marshal(members(r))
+	if err != nil {
+		return nil, err
+	}
+	task, err := json.Marshal(r.Task)
+	if err != nil {
+		return nil, err
+	}
+	// rest is {"task":<task>,...}: duration_ms is always there, so a comma follows task.
+	split := len(`{"task":`) + len(task)
+	b := append(make([]byte, 0, len(rest)+256), rest[:split]...)
+	for name, n := range r.Drain.Counts() {
+		if n != 0 {
+			b = fmt.Appendf(b, `,%q:%d`, name, n) // the names are plain snake_case: %q is JSON
+		}
+	}
+	return append(b, rest[split:]...), nil
 }
 
 func parseTask(payload json.RawMessage) (string, error) {
@@ -336,12 +355,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 	} else {
 		st, err = h.relay.Drain(work)
 	}
-	res := result{
-		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
-		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
-		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment, DeferredOutage: st.DeferredOutage,
-		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
-	}
+	res := result{Task: taskDrain, Drain: st, StoppedAtDeadline: st.StoppedAtDeadline}
 	values := relaymetrics.Values(st)
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
@@ -378,7 +392,7 @@ func (h *handler) runRetention(_, work context.Context, start time.Time) (result
 	}
 	complete := r.Complete
 	res := result{Task: taskRetention, OutboxDeleted: r.OutboxDeleted, ProcessedDeleted: r.ProcessedDeleted,
-		Batches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
+		RetentionBatches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {
 		return res, fmt.Errorf("run retention: %w", err)
 	}
