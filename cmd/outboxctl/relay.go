@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/metrics/relaymetrics"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -75,7 +76,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usageErr(err)
 	}
-	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	pub, err := qstash.NewPublisher(cfg.Publisher)
 	if err != nil {
 		return usageErr(err)
@@ -202,7 +203,7 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	p.log.Info("relay started", slog.String("addr", ln.Addr().String()),
+	p.log.InfoContext(ctx, "relay started", slog.String("addr", ln.Addr().String()),
 		slog.Int("batch_size", p.relay.Config().BatchSize), slog.Duration("lease", p.relay.Config().Lease),
 		slog.Duration("retention_interval", p.retentionEvery))
 
@@ -228,7 +229,7 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 		select {
 		case <-stopped:
 		case <-t.C:
-			p.log.Error("relay did not stop within its grace period; exiting with work in flight: rows of unmarked batches go out again after their lease",
+			p.log.ErrorContext(ctx, "relay did not stop within its grace period; exiting with work in flight: rows of unmarked batches go out again after their lease",
 				slog.Duration("grace", p.grace))
 			_ = srv.Close()
 			return fmt.Errorf("%w (%v)", errGraceExceeded, p.grace)
@@ -243,7 +244,7 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve metrics: %w", err)
 	}
-	p.log.Info("relay stopped")
+	p.log.InfoContext(ctx, "relay stopped")
 	return nil
 }
 
@@ -273,7 +274,7 @@ func (p *relayProcess) retentionLoop(ctx context.Context) {
 		res, err := retention.Run(ctx, p.pool, p.retention)
 		p.record(metrics.Retention(res.OutboxDeleted, res.ProcessedDeleted))
 		if err != nil {
-			p.log.Error("retention run failed", slog.Any("error", err))
+			p.log.ErrorContext(ctx, "retention run failed", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():
@@ -293,7 +294,7 @@ func (p *relayProcess) gauges(ctx context.Context) {
 		if err == nil {
 			p.record(metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge))
 		} else if ctx.Err() == nil {
-			p.log.Warn("backlog gauge failed", slog.Any("error", err))
+			p.log.WarnContext(ctx, "backlog gauge failed", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():

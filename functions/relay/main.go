@@ -96,7 +96,7 @@ func main() {
 		cfg.creds = awsenv.NewCredentials(read)
 	}
 	cfg.rereadToken = (awsenv.Resolver{}).ParameterReader(os.Getenv, "QSTASH_TOKEN")
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	if err == nil {
 		err = checkTimeout(getenv, cfg.Relay.DeadlineMargin)
 	}
@@ -238,19 +238,16 @@ type request struct {
 	Task string `json:"task"`
 }
 
-// result is the invocation's response: the counts of what it did.
+// result is the invocation's response: the counts of what it did. The drain's counts are
+// members named as in relay.Stats.Counts, right after task, each when it is not zero
+// (MarshalJSON).
 type result struct {
-	Task              string `json:"task"`
-	Claimed           int    `json:"claimed,omitempty"`
-	Dispatched        int    `json:"dispatched,omitempty"`
-	Retried           int    `json:"retried,omitempty"`
-	DeadLettered      int    `json:"dead_lettered,omitempty"`
-	Released          int    `json:"released,omitempty"`
-	LeaseLost         int    `json:"lease_lost,omitempty"`
-	DeferredQuota     int    `json:"deferred_quota,omitempty"`
-	DeferredDeploy    int    `json:"deferred_deployment,omitempty"`
-	DeferredOutage    int    `json:"deferred_outage,omitempty"`
-	Batches           int    `json:"batches,omitempty"`
+	Task string `json:"task"`
+	// Drain is what the drain task did.
+	Drain relay.Stats `json:"-"`
+	// RetentionBatches is the retention task's delete statements; a drain's batches are
+	// in Drain.
+	RetentionBatches  int    `json:"batches,omitempty"`
 	StoppedAtDeadline bool   `json:"stopped_at_deadline,omitempty"`
 	BacklogPending    *int64 `json:"backlog_pending,omitempty"`
 	// OldestPendingAge is the lateness (health.BacklogGauge.Lateness), OldestCreatedAge
@@ -263,6 +260,28 @@ type result struct {
 	// DLQSync is the dlq-sync task's counts.
 	DLQSync    *deadletter.SyncResult `json:"dlq_sync,omitempty"`
 	DurationMS int64                  `json:"duration_ms"`
+}
+
+// MarshalJSON writes r's members with the drain's non-zero counts after task.
+func (r result) MarshalJSON() ([]byte, error) {
+	type members result // without this method, so Marshal does not come back here
+	rest, err := json.Marshal(members(r))
+	if err != nil {
+		return nil, err
+	}
+	task, err := json.Marshal(r.Task)
+	if err != nil {
+		return nil, err
+	}
+	// rest is {"task":<task>,...}: duration_ms is always there, so a comma follows task.
+	split := len(`{"task":`) + len(task)
+	b := append(make([]byte, 0, len(rest)+256), rest[:split]...)
+	for name, n := range r.Drain.Counts() {
+		if n != 0 {
+			b = fmt.Appendf(b, `,%q:%d`, name, n) // the names are plain snake_case: %q is JSON
+		}
+	}
+	return append(b, rest[split:]...), nil
 }
 
 func parseTask(payload json.RawMessage) (string, error) {
@@ -291,7 +310,7 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	start := time.Now()
 	task, err := parseTask(payload)
 	if err != nil {
-		h.log.Error("reject relay invocation", slog.Any("error", err))
+		h.log.ErrorContext(ctx, "reject relay invocation", slog.Any("error", err))
 		return result{}, err
 	}
 	// The pool re-reads a rotated database secret at the first connection the server
@@ -299,7 +318,7 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 	// once; Ready makes sure the invocation starts with a connection that works. A failure
 	// is not fatal here: the task meets it and reports it.
 	if err := h.creds.Ready(ctx, h.pool); err != nil {
-		h.log.Warn("database not ready", slog.Any("error", err))
+		h.log.WarnContext(ctx, "database not ready", slog.Any("error", err))
 	}
 	work := ctx
 	if dl, ok := ctx.Deadline(); ok {
@@ -323,7 +342,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		// order or hold events: nothing is claimed until the queues are right.
 		if err := h.ensureQueues(work); err != nil {
 			err = fmt.Errorf("check qstash fifo queues: %w", err)
-			h.log.Error("refuse to drain", slog.Any("error", err))
+			h.log.ErrorContext(ctx, "refuse to drain", slog.Any("error", err))
 			return result{Task: taskDrain, DurationMS: time.Since(start).Milliseconds()}, err
 		}
 		h.queuesReady = true
@@ -336,12 +355,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 	} else {
 		st, err = h.relay.Drain(work)
 	}
-	res := result{
-		Task: taskDrain, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
-		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
-		DeferredQuota: st.DeferredQuota, DeferredDeploy: st.DeferredDeployment, DeferredOutage: st.DeferredOutage,
-		Batches: st.Batches, StoppedAtDeadline: st.StoppedAtDeadline,
-	}
+	res := result{Task: taskDrain, Drain: st, StoppedAtDeadline: st.StoppedAtDeadline}
 	values := relaymetrics.Values(st)
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
@@ -356,17 +370,17 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)...)
 		res.BacklogPending, res.OldestPendingAge, res.OldestCreatedAge = &g.Pending, g.Lateness.Seconds(), g.OldestCreatedAge.Seconds()
 	} else {
-		h.log.Warn("backlog gauge skipped", slog.Any("error", gerr))
+		h.log.WarnContext(ctx, "backlog gauge skipped", slog.Any("error", gerr))
 	}
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: values}); merr != nil {
-		h.log.Error("write relay metrics", slog.Any("error", merr))
+		h.log.ErrorContext(ctx, "write relay metrics", slog.Any("error", merr))
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	if err != nil {
-		h.log.Error("relay drain", slog.Any("error", err), slog.Any("stats", st))
+		h.log.ErrorContext(ctx, "relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.Info("relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+	h.log.InfoContext(ctx, "relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
 		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }
@@ -374,11 +388,11 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 func (h *handler) runRetention(_, work context.Context, start time.Time) (result, error) {
 	r, err := retention.Run(work, h.pool, h.retention)
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: metrics.Retention(r.OutboxDeleted, r.ProcessedDeleted)}); merr != nil {
-		h.log.Error("write retention metrics", slog.Any("error", merr))
+		h.log.ErrorContext(work, "write retention metrics", slog.Any("error", merr))
 	}
 	complete := r.Complete
 	res := result{Task: taskRetention, OutboxDeleted: r.OutboxDeleted, ProcessedDeleted: r.ProcessedDeleted,
-		Batches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
+		RetentionBatches: r.Batches, Complete: &complete, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {
 		return res, fmt.Errorf("run retention: %w", err)
 	}
@@ -390,7 +404,7 @@ func (h *handler) runRetention(_, work context.Context, start time.Time) (result
 func (h *handler) runDLQSync(work context.Context, start time.Time) (result, error) {
 	r, err := deadletter.Sync(work, h.pool, h.dlqSync)
 	if merr := h.emf.Record(metrics.Event{Function: metrics.FunctionRelay, Values: []metrics.Value{metrics.Count(metrics.DLQSyncRecorded, int64(r.Recorded))}}); merr != nil {
-		h.log.Error("write dlq sync metrics", slog.Any("error", merr))
+		h.log.ErrorContext(work, "write dlq sync metrics", slog.Any("error", merr))
 	}
 	res := result{Task: taskDLQSync, DLQSync: &r, DurationMS: time.Since(start).Milliseconds()}
 	if err != nil {

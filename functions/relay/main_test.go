@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 type stack struct {
@@ -90,7 +91,7 @@ func TestDrainTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Task != "drain" || res.Claimed != 230 || res.Dispatched != 230 || res.Batches < 5 || res.BacklogPending == nil || *res.BacklogPending != 0 {
+	if res.Task != "drain" || res.Drain.Claimed != 230 || res.Drain.Dispatched != 230 || res.Drain.Batches < 5 || res.BacklogPending == nil || *res.BacklogPending != 0 {
 		t.Fatalf("result %+v", res)
 	}
 	if n := s.count(t, "dispatched_at IS NULL OR lease_token IS NOT NULL"); n != 0 {
@@ -118,6 +119,34 @@ func TestDrainTask(t *testing.T) {
 	b, _ := json.Marshal(res)
 	if !strings.Contains(string(b), `"dispatched":230`) {
 		t.Fatalf("response JSON %s", b)
+	}
+}
+
+// TestResultJSON pins the invocation result scripts read: a drain's non-zero counts,
+// named as in its log line, right after task; the retention task's batches; no counts at
+// all for a task that did not drain.
+func TestResultJSON(t *testing.T) {
+	t.Parallel()
+	pending := int64(4)
+	complete := true
+	for _, c := range []struct {
+		res  result
+		want string
+	}{
+		{result{Task: taskDrain, Drain: relay.Stats{Claimed: 3, Dispatched: 2, DeadLettered: 1, DeferredDeployment: 2, Batches: 1, PublishCalls: 1},
+			StoppedAtDeadline: true, BacklogPending: &pending, DurationMS: 5},
+			`{"task":"drain","claimed":3,"dispatched":2,"dead_lettered":1,"deferred_deployment":2,"batches":1,"publish_calls":1,"stopped_at_deadline":true,"backlog_pending":4,"duration_ms":5}`},
+		{result{Task: taskDrain, BacklogPending: new(int64)}, `{"task":"drain","backlog_pending":0,"duration_ms":0}`},
+		{result{Task: taskRetention, OutboxDeleted: 12, RetentionBatches: 2, Complete: &complete, DurationMS: 7},
+			`{"task":"retention","batches":2,"outbox_deleted":12,"complete":true,"duration_ms":7}`},
+	} {
+		b, err := json.Marshal(c.res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(b) != c.want {
+			t.Errorf("result JSON\n got %s\nwant %s", b, c.want)
+		}
 	}
 }
 
@@ -177,7 +206,7 @@ func TestEnvelopeDrains(t *testing.T) {
 	s := newStack(t)
 	s.enqueue(t, 5)
 	res, err := invoke(t, s.handler(t), 30*time.Second, `{"version":"0","detail-type":"Scheduled Event","source":"aws.events","detail":{}}`)
-	if err != nil || res.Dispatched != 5 {
+	if err != nil || res.Drain.Dispatched != 5 {
 		t.Fatalf("envelope: %+v %v", res, err)
 	}
 }
@@ -223,7 +252,7 @@ func TestDLQSyncTask(t *testing.T) {
 	s.env["PUBLIC_BASE_URL"], s.env["QSTASH_RETRIES"] = failing.URL, "0"
 	s.enqueue(t, 3)
 	h := s.handler(t)
-	if res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`); err != nil || res.Dispatched != 3 {
+	if res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`); err != nil || res.Drain.Dispatched != 3 {
 		t.Fatalf("drain: %+v %v", res, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -283,7 +312,7 @@ func TestDeadlineReserve(t *testing.T) {
 	if time.Since(start) > timeout {
 		t.Fatalf("returned after the deadline (%v)", time.Since(start))
 	}
-	if res.Claimed != 0 || !res.StoppedAtDeadline || res.BacklogPending == nil || *res.BacklogPending != 4 {
+	if res.Drain.Claimed != 0 || !res.StoppedAtDeadline || res.BacklogPending == nil || *res.BacklogPending != 4 {
 		t.Fatalf("result %+v", res)
 	}
 	if n := s.count(t, "lease_token IS NOT NULL"); n != 0 {
@@ -315,7 +344,7 @@ func TestLinger(t *testing.T) {
 	testwait.Eventually(t, 10*time.Second, func() bool { return s.count(t, "dispatched_at IS NOT NULL") >= 10 }, "the first drain to finish")
 	s.enqueue(t, 5)
 	o := <-done
-	if o.err != nil || o.res.Dispatched != 15 {
+	if o.err != nil || o.res.Drain.Dispatched != 15 {
 		t.Fatalf("linger: %+v %v", o.res, o.err)
 	}
 	if el := time.Since(start); el < 2*time.Second || el > 10*time.Second {
@@ -399,7 +428,7 @@ func TestFIFOQueuesCheckedAtColdStart(t *testing.T) {
 	resp.Body.Close()
 	s.enqueue(t, 10)
 	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
-	if err == nil || !strings.Contains(err.Error(), "shop-1 is paused") || res.Claimed != 0 {
+	if err == nil || !strings.Contains(err.Error(), "shop-1 is paused") || res.Drain.Claimed != 0 {
 		t.Fatalf("drain with a paused queue: %+v %v", res, err)
 	}
 	if n := s.count(t, "dispatched_at IS NULL AND attempts = 0"); n != 10 {
@@ -458,7 +487,7 @@ func TestRotatedTokenRereadOnce(t *testing.T) {
 	}
 	s.qs.SetToken("rotated")
 	res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`)
-	if err != nil || res.Dispatched != 120 || res.DeferredDeploy != 0 {
+	if err != nil || res.Drain.Dispatched != 120 || res.Drain.DeferredDeployment != 0 {
 		t.Fatalf("drain after the rotation: %+v %v", res, err)
 	}
 	if res, err := invoke(t, h, 30*time.Second, `{"task":"dlq-sync"}`); err != nil || res.DLQSync == nil {

@@ -174,10 +174,10 @@ func (c *Credentials) refresh(ctx context.Context, seen uint64, log *slog.Logger
 	close(ch)
 	if err != nil {
 		err = fmt.Errorf("re-read database credentials: %w", err)
-		log.Error("database refused the password; re-reading the secret failed, new connections fail until a re-read succeeds", slog.Any("error", err))
+		log.ErrorContext(ctx, "database refused the password; re-reading the secret failed, new connections fail until a re-read succeeds", slog.Any("error", err))
 		return err
 	}
-	log.Info("database refused the password; secret re-read, new connections use it", slog.Uint64("reads", c.gen))
+	log.InfoContext(ctx, "database refused the password; secret re-read, new connections use it", slog.Uint64("reads", c.gen))
 	return nil
 }
 

@@ -129,7 +129,7 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 	pingCtx, cancel := context.WithTimeout(ctx, orDefault(cfg.InitPingTimeout, DefaultInitPingTimeout))
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
-		logger.Warn("database not reachable at start; invocations fail until it is", slog.Any("error", err))
+		logger.WarnContext(ctx, "database not reachable at start; invocations fail until it is", slog.Any("error", err))
 	}
 	return pool, nil
 }

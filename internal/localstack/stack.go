@@ -168,7 +168,7 @@ func startPostgres(ctx context.Context, opts Options) (url string, stop func(), 
 		cleanup()
 		return "", nil, err
 	}
-	opts.Logger.Info("started throwaway postgres", "dir", dir, "port", cl.Port)
+	opts.Logger.InfoContext(ctx, "started throwaway postgres", "dir", dir, "port", cl.Port)
 	return cl.URL, func() { cl.Stop(); cleanup() }, nil
 }
 
@@ -251,7 +251,7 @@ wait:
 				break wait
 			}
 			if !opts.Forever && time.Now().After(deadline) {
-				opts.Logger.Error("pipeline did not settle before the timeout", "timeout", opts.Timeout.String())
+				opts.Logger.ErrorContext(ctx, "pipeline did not settle before the timeout", "timeout", opts.Timeout.String())
 				break wait
 			}
 		}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -44,16 +46,17 @@ func TestEMFGolden(t *testing.T) {
 	for i := range many {
 		many[i] = float64(i)
 	}
-	st := RelayCounts{Batches: 3, Claimed: 250, Dispatched: 240, Retried: 6, DeadLettered: 1, Released: 3, DeferredQuota: 2, DeferredDeployment: 1, LeaseLost: 0, PublishLatency: latency}
+	// The drain's counts come from relay.Stats, as in the relay function.
+	st := relay.Stats{Batches: 3, Claimed: 250, Dispatched: 240, Retried: 6, DeadLettered: 1, Released: 3, DeferredQuota: 2, DeferredDeployment: 1, LeaseLost: 0, PublishCalls: 3, PublishLatency: latency}
 	cases := []struct {
 		name string
 		cfg  EMFConfig
 		ev   Event
 	}{
 		{"relay_drain", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(Relay(st), Backlog(42, 3500*time.Millisecond, 7200*time.Second)...)}},
+			Values: append(Relay(st.Counts(), st.PublishLatency), Backlog(42, 3500*time.Millisecond, 7200*time.Second)...)}},
 		{"relay_drain_idle", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(Relay(RelayCounts{Batches: 1}), Backlog(0, 0, 0)...)}},
+			Values: append(Relay(relay.Stats{Batches: 1}.Counts(), nil), Backlog(0, 0, 0)...)}},
 		{"relay_retention", EMFConfig{Namespace: "Shop/Outbox"}, Event{Function: FunctionRelay, Time: fixedTime,
 			Values: Retention(1000, 25), Properties: map[string]string{"task": "retention", "request_id": "r-1"}}},
 		{"webhook_bounded_topic", EMFConfig{Topics: []string{"order.created"}}, Event{Function: FunctionWebhook, Topic: "order.created", Time: fixedTime,

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -34,36 +35,35 @@ type Value struct {
 // Count returns a one-number Value.
 func Count(name string, n int64) Value { return Value{Name: name, Values: []float64{float64(n)}} }
 
-// RelayCounts is what one relay drain did (relay.Stats.Metrics fills it).
-type RelayCounts struct {
-	Batches, Claimed, Dispatched, Retried, DeadLettered, Released, LeaseLost int
-	DeferredQuota, DeferredDeployment, DeferredOutage                        int
-	PublishLatency                                                           []time.Duration
-}
-
-// Relay returns the relay counters of st, and PublishLatency in milliseconds when st has
-// samples.
-func Relay(st RelayCounts) []Value {
-	vs := []Value{
-		Count(Claimed, int64(st.Claimed)),
-		Count(Dispatched, int64(st.Dispatched)),
-		Count(Retried, int64(st.Retried)),
-		Count(DeadLettered, int64(st.DeadLettered)),
-		Count(Released, int64(st.Released)),
-		Count(LeaseLost, int64(st.LeaseLost)),
-		Count(DeferredQuota, int64(st.DeferredQuota)),
-		Count(DeferredDeployment, int64(st.DeferredDeployment)),
-		Count(DeferredOutage, int64(st.DeferredOutage)),
-		Count(Batches, int64(st.Batches)),
+// Relay returns a drain's counts (relay.Stats.Counts: snake_case names in a fixed order)
+// as the relay counters of the same CamelCase name ("dead_lettered" is DeadLettered), in
+// that order, and PublishLatency in milliseconds when latency has samples. A count without
+// a counter of its name is left out: publish_calls, which PublishLatency's samples count.
+func Relay(counts iter.Seq2[string, int], latency []time.Duration) []Value {
+	var vs []Value
+	for name, n := range counts {
+		if d, ok := relayCounter(name); ok {
+			vs = append(vs, Count(d.Name, int64(n)))
+		}
 	}
-	if len(st.PublishLatency) > 0 {
-		ms := make([]float64, len(st.PublishLatency))
-		for i, d := range st.PublishLatency {
+	if len(latency) > 0 {
+		ms := make([]float64, len(latency))
+		for i, d := range latency {
 			ms[i] = float64(d.Microseconds()) / 1000
 		}
 		vs = append(vs, Value{Name: PublishLatency, Values: ms})
 	}
 	return vs
+}
+
+// relayCounter is the relay counter whose name is name in snake_case.
+func relayCounter(name string) (Definition, bool) {
+	for _, d := range Definitions {
+		if d.Function == FunctionRelay && d.Kind == Counter && snake(d.Name) == name {
+			return d, true
+		}
+	}
+	return Definition{}, false
 }
 
 // Backlog returns the backlog gauges: pending rows, how late the latest-to-go due event is

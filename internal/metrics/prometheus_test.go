@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
 func TestPromName(t *testing.T) {
@@ -40,10 +42,10 @@ func TestPromName(t *testing.T) {
 func TestRegistryGolden(t *testing.T) {
 	t.Parallel()
 	r := NewRegistry(RegistryConfig{Functions: []string{FunctionRelay}})
-	st := RelayCounts{Batches: 2, Claimed: 10, Dispatched: 9, Retried: 1, DeferredQuota: 3,
+	st := relay.Stats{Batches: 2, Claimed: 10, Dispatched: 9, Retried: 1, DeferredQuota: 3,
 		PublishLatency: []time.Duration{4 * time.Millisecond, 30 * time.Millisecond, 2 * time.Second, 20 * time.Second}}
 	for range 2 {
-		if err := r.Record(Event{Function: FunctionRelay, Values: Relay(st)}); err != nil {
+		if err := r.Record(Event{Function: FunctionRelay, Values: Relay(st.Counts(), st.PublishLatency)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -113,7 +113,13 @@ func (a *Answer) Reply(rep Reply, level slog.Level, msg string, attrs ...any) {
 		}
 	}
 	rep.Write(a.W)
-	a.Log.Log(a.R.Context(), level, msg, append(attrs, slog.Int("status", rep.Status), slog.String("outcome", rep.Outcome))...)
+	ctx := a.R.Context()
+	if a.Span != nil {
+		// The span starts after the request's context was made: put it there, so the line
+		// carries the delivery's trace id.
+		ctx = trace.ContextWithSpan(ctx, a.Span)
+	}
+	a.Log.Log(ctx, level, msg, append(attrs, slog.Int("status", rep.Status), slog.String("outcome", rep.Outcome))...)
 	if a.Observe != nil {
 		a.Observe(rep.Outcome)
 	}

@@ -101,7 +101,7 @@ func run(ctx context.Context, service string, read Read, build Build) error {
 	// Secrets named by DB_SECRET_ARN and *_PARAM are fetched once per cold start.
 	getenv, err := awsenv.Resolve(ctx, os.Getenv)
 	if err != nil {
-		slog.New(slog.NewJSONHandler(os.Stdout, nil)).Error("resolve secrets", slog.Any("error", err))
+		slog.New(slog.NewJSONHandler(os.Stdout, nil)).ErrorContext(ctx, "resolve secrets", slog.Any("error", err))
 		return err
 	}
 	rc, err := read(getenv)
@@ -109,29 +109,29 @@ func run(ctx context.Context, service string, read Read, build Build) error {
 	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
 		cfg.Creds = awsenv.NewCredentials(read)
 	}
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	if err != nil {
-		logger.Error("load "+service+" config", slog.Any("error", err))
+		logger.ErrorContext(ctx, "load "+service+" config", slog.Any("error", err))
 		return err
 	}
 	// Tracing is on when the OTEL_* variables name an exporter (the ADOT layer's collector).
 	tel, err := telemetry.Setup(ctx, getenv, service)
 	if err != nil {
-		logger.Error("set up tracing", slog.Any("error", err))
+		logger.ErrorContext(ctx, "set up tracing", slog.Any("error", err))
 		return err
 	}
 	defer tel.Shutdown(context.Background())
 	cfg.Tracer = tel.Tracer()
 	h, pool, err := Start(ctx, cfg, logger, build)
 	if err != nil {
-		logger.Error("start "+service, slog.Any("error", err))
+		logger.ErrorContext(ctx, "start "+service, slog.Any("error", err))
 		return err
 	}
 	defer pool.Close()
 	// Every request first makes sure the pool can connect, re-reading a rotated secret.
 	if err := funcurl.Serve(telemetry.FlushHandler(tel, logger, cfg.Creds.Handler(pool, h)), cfg.ListenAddr,
 		funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
-		logger.Error("serve "+service, slog.Any("error", err))
+		logger.ErrorContext(ctx, "serve "+service, slog.Any("error", err))
 		return err
 	}
 	return nil

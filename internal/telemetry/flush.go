@@ -48,6 +48,6 @@ func (p *Provider) flushAfter(ctx context.Context, log *slog.Logger) {
 	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	if err := p.Flush(fctx); err != nil && log != nil {
-		log.Warn("flush spans", slog.Any("error", err))
+		log.WarnContext(ctx, "flush spans", slog.Any("error", err))
 	}
 }

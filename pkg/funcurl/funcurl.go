@@ -76,18 +76,18 @@ func New(h http.Handler, cfg Config) Func {
 		r, err := NewRequest(ctx, ev, cfg.MaxBodyBytes)
 		switch {
 		case errors.Is(err, ErrBodyTooLarge):
-			log.Warn("function url body too large", slog.Int64("limit_bytes", cfg.MaxBodyBytes),
+			log.WarnContext(ctx, "function url body too large", slog.Int64("limit_bytes", cfg.MaxBodyBytes),
 				slog.Int("status", receive.ReplyTooLarge.Status), slog.String("outcome", receive.ReplyTooLarge.Outcome))
 			w := NewResponseWriter()
 			receive.ReplyTooLarge.Write(w)
 			return w.Response(), nil
 		case err != nil:
-			log.Warn("function url event rejected", slog.Any("error", err))
+			log.WarnContext(ctx, "function url event rejected", slog.Any("error", err))
 			return plain(http.StatusBadRequest, `{"error":"bad_request"}`), nil
 		}
 		defer func() {
 			if p := recover(); p != nil {
-				log.Error("handler panicked", slog.Any("panic", p))
+				log.ErrorContext(ctx, "handler panicked", slog.Any("panic", p))
 				resp, err = plain(http.StatusInternalServerError, `{"error":"internal_error"}`), nil
 			}
 		}()

@@ -193,7 +193,7 @@ func MigrateWithOptions(ctx context.Context, pool *pgxpool.Pool, opts MigrateOpt
 				return nil, fmt.Errorf("apply migrations: versions %v are missing below the database's highest version and only %v are known to be safe to apply late; apply them by hand or restore the schema they belong to", missing, knownOutOfOrder)
 			}
 		}
-		opts.Logger.Warn("applying migrations missing below the database's highest version (a database migrated between 07:39 and 08:18 UTC on 2026-12-03)",
+		opts.Logger.WarnContext(ctx, "applying migrations missing below the database's highest version (a database migrated between 07:39 and 08:18 UTC on 2026-12-03)",
 			"versions", missing)
 		if p, err = openProvider(ctx, mpool, db, opts.Logger, true); err != nil {
 			return nil, err
@@ -288,7 +288,7 @@ LIMIT 1`).Scan(&pid, &ageSeconds, &state, &query)
 		attrs = append(attrs, slog.Int("oldest_xact_pid", int(pid)), slog.Duration("oldest_xact_age", time.Duration(ageSeconds*float64(time.Second)).Round(time.Millisecond)),
 			slog.String("oldest_xact_state", state), slog.String("oldest_xact_query", query))
 	}
-	opts.Logger.Warn("migration waits for a lock", attrs...)
+	opts.Logger.WarnContext(ctx, "migration waits for a lock", attrs...)
 }
 
 // Status reports every embedded migration and whether the database has it.

@@ -180,7 +180,7 @@ func (l *listener) listen(ctx context.Context) bool {
 	if err != nil {
 		if !l.polling && ctx.Err() == nil {
 			l.polling = true
-			l.r.log.Warn("relay falls back to polling", "error", err.Error())
+			l.r.log.WarnContext(ctx, "relay falls back to polling", "error", err.Error())
 		}
 		return false
 	}
@@ -222,7 +222,7 @@ func (l *listener) wake(ctx context.Context) {
 		// The lock was taken on another server session: a transaction pooler between
 		// relay and database. It would stay held there, and producers would notify for
 		// ever; closing this connection cannot release it either, so say so.
-		l.r.log.Warn("sleeper lock was not held by the listening session: is the relay behind a transaction pooler? producers may keep sending NOTIFY; connect the relay directly or through a session pooler")
+		l.r.log.WarnContext(ctx, "sleeper lock was not held by the listening session: is the relay behind a transaction pooler? producers may keep sending NOTIFY; connect the relay directly or through a session pooler")
 		l.drop()
 		return
 	}
@@ -267,7 +267,7 @@ func (l *listener) wait(stop context.Context, d time.Duration) bool {
 // next wait re-establishes it. An error caused by stop is no news.
 func (l *listener) lost(ctx context.Context, err error) {
 	if ctx.Err() == nil {
-		l.r.log.Warn("listen connection lost; polling", "error", err.Error())
+		l.r.log.WarnContext(ctx, "listen connection lost; polling", "error", err.Error())
 	}
 	l.drop()
 }

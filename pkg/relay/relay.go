@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -103,18 +104,44 @@ type Stats struct {
 
 const maxLatencySamples = 100
 
+// statsCounter is one count of Stats under its name.
+type statsCounter struct {
+	name string
+	n    *int
+}
+
+// counters is the one list of Stats' counts, in the order every report shows them: their
+// snake_case names are the drain's log keys, the relay Lambda's result members and, as
+// outbox.relay.<name>, the batch span's attributes; the metrics are their CamelCase forms
+// (publish_calls is none: PublishLatency counts the calls). A counter added to Stats goes
+// here, and every report has it.
+func (s *Stats) counters() [11]statsCounter {
+	return [...]statsCounter{
+		{"claimed", &s.Claimed}, {"dispatched", &s.Dispatched}, {"retried", &s.Retried},
+		{"dead_lettered", &s.DeadLettered}, {"released", &s.Released}, {"lease_lost", &s.LeaseLost},
+		{"deferred_quota", &s.DeferredQuota}, {"deferred_deployment", &s.DeferredDeployment},
+		{"deferred_outage", &s.DeferredOutage}, {"batches", &s.Batches}, {"publish_calls", &s.PublishCalls},
+	}
+}
+
+// Counts yields every count of s (Claimed, Dispatched, ..., Batches, PublishCalls) under
+// its snake_case name ("claimed", "dead_lettered", "publish_calls"), always in the same
+// order; the names are stable: logs, metrics and the relay function's result use them.
+func (s Stats) Counts() iter.Seq2[string, int] {
+	return func(yield func(string, int) bool) {
+		for _, c := range s.counters() {
+			if !yield(c.name, *c.n) {
+				return
+			}
+		}
+	}
+}
+
 func (s *Stats) add(o Stats) {
-	s.Batches += o.Batches
-	s.Claimed += o.Claimed
-	s.Dispatched += o.Dispatched
-	s.Retried += o.Retried
-	s.DeadLettered += o.DeadLettered
-	s.Released += o.Released
-	s.DeferredQuota += o.DeferredQuota
-	s.DeferredDeployment += o.DeferredDeployment
-	s.DeferredOutage += o.DeferredOutage
-	s.LeaseLost += o.LeaseLost
-	s.PublishCalls += o.PublishCalls
+	sum, more := s.counters(), o.counters()
+	for i, c := range sum {
+		*c.n += *more[i].n
+	}
 	for _, l := range o.PublishLatency {
 		if len(s.PublishLatency) < maxLatencySamples {
 			s.PublishLatency = append(s.PublishLatency, l)
@@ -125,18 +152,14 @@ func (s *Stats) add(o Stats) {
 	}
 }
 
-// LogValue renders the counts for slog.
+// LogValue renders the counts (Counts) and how the drain ended for slog.
 func (s Stats) LogValue() slog.Value {
-	attrs := []slog.Attr{
-		slog.Int("batches", s.Batches), slog.Int("claimed", s.Claimed),
-		slog.Int("dispatched", s.Dispatched), slog.Int("retried", s.Retried),
-		slog.Int("dead_lettered", s.DeadLettered), slog.Int("released", s.Released),
-		slog.Int("deferred_quota", s.DeferredQuota), slog.Int("deferred_deployment", s.DeferredDeployment),
-		slog.Int("deferred_outage", s.DeferredOutage),
-		slog.Int("lease_lost", s.LeaseLost), slog.Int("publish_calls", s.PublishCalls),
-		slog.Bool("stopped_at_deadline", s.StoppedAtDeadline),
-		slog.Int64("duration_ms", s.Duration.Milliseconds()),
+	attrs := make([]slog.Attr, 0, len(s.counters())+3)
+	for name, n := range s.Counts() {
+		attrs = append(attrs, slog.Int(name, n))
 	}
+	attrs = append(attrs, slog.Bool("stopped_at_deadline", s.StoppedAtDeadline),
+		slog.Int64("duration_ms", s.Duration.Milliseconds()))
 	if !s.PausedUntil.IsZero() {
 		attrs = append(attrs, slog.Time("paused_until", s.PausedUntil))
 	}
@@ -422,7 +445,7 @@ func (r *Relay) Batch(ctx context.Context) (Stats, error) {
 	}
 	st, err := r.process(ctx, lease, c, claimedAt)
 	if d := st.deferred; d != nil {
-		r.log.Warn("publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
+		r.log.WarnContext(ctx, "publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
 	}
 	return st, err
 }
@@ -551,7 +574,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 		st.PublishLatency = append(st.PublishLatency, time.Since(t0))
 	}
 	if len(results) != len(batch) {
-		r.log.Error("publisher returned the wrong number of results; treating the batch as failed",
+		r.log.ErrorContext(ctx, "publisher returned the wrong number of results; treating the batch as failed",
 			"want", len(batch), "got", len(results))
 		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(batch))
 		results = make([]Result, len(batch))
@@ -574,7 +597,7 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome
 		*counter += int(n)
 		if lost := want - int(n); lost > 0 {
 			st.LeaseLost += lost
-			r.log.Warn("lease lost: another relay took these rows over; their outcome is discarded",
+			r.log.WarnContext(ctx, "lease lost: another relay took these rows over; their outcome is discarded",
 				"outcome", kind, "rows", lost, "lease", lease.String())
 		}
 	}
@@ -587,7 +610,7 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome
 	n, err = r.store.Release(ctx, lease, out.released, now)
 	step("released", len(out.released), n, err, &st.Released)
 	for _, f := range out.dead {
-		r.log.Error("outbox event dead-lettered", "outbox_id", int64(f.ID), "status_code", f.StatusCode, "error", f.Error)
+		r.log.ErrorContext(ctx, "outbox event dead-lettered", "outbox_id", int64(f.ID), "status_code", f.StatusCode, "error", f.Error)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("record batch outcome: %w", errors.Join(errs...))

@@ -56,12 +56,12 @@ func Supervise(stop context.Context, next func(run int) (*Relay, error), cfg Sup
 		}
 		if err == nil || stop.Err() != nil {
 			if r.log.Enabled(stop, slog.LevelDebug) {
-				r.log.Debug("relay run ended", "run", run, "stats", st)
+				r.log.DebugContext(stop, "relay run ended", "run", run, "stats", st)
 			}
 			pause = cfg.RestartMin
 			continue
 		}
-		r.log.Warn("relay run failed; starting another", "run", run, "error", err.Error(), "pause_ms", pause.Milliseconds())
+		r.log.WarnContext(stop, "relay run failed; starting another", "run", run, "error", err.Error(), "pause_ms", pause.Milliseconds())
 		t := time.NewTimer(pause)
 		select {
 		case <-stop.Done():

@@ -23,15 +23,25 @@ type destinationNamer interface {
 	DestinationBase() string
 }
 
-// Span attributes of the batch span: the batch's outcome counts.
+// Span attributes of the mark span (the counts it writes), and the publish span's deferred
+// count; the batch span has the batch's Stats.Counts (statsAttributes).
 const (
 	attrDispatched   = attribute.Key("outbox.relay.dispatched")
 	attrRetried      = attribute.Key("outbox.relay.retried")
 	attrDeadLettered = attribute.Key("outbox.relay.dead_lettered")
 	attrReleased     = attribute.Key("outbox.relay.released")
 	attrDeferred     = attribute.Key("outbox.relay.deferred")
-	attrLeaseLost    = attribute.Key("outbox.relay.lease_lost")
 )
+
+// statsAttributes are a batch's counts as batch span attributes: outbox.relay.<name> for
+// each of Stats.Counts, and outbox.relay.deferred, the messages deferred for any reason.
+func statsAttributes(st Stats) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, len(st.counters())+1)
+	for name, n := range st.Counts() {
+		attrs = append(attrs, attribute.Int("outbox.relay."+name, n))
+	}
+	return append(attrs, attrDeferred.Int(st.DeferredQuota+st.DeferredDeployment+st.DeferredOutage))
+}
 
 // traceDestination is what the batch spans of pub are named after.
 func traceDestination(pub Publisher) string {
@@ -57,9 +67,7 @@ func (r *Relay) processTraced(ctx context.Context, lease outboxstore.Lease, c ou
 	cs.End(trace.WithTimestamp(claimed))
 
 	st, err := r.processBatch(ctx, lease, c, claimedAt)
-	span.SetAttributes(
-		attrDispatched.Int(st.Dispatched), attrRetried.Int(st.Retried), attrDeadLettered.Int(st.DeadLettered),
-		attrReleased.Int(st.Released), attrDeferred.Int(st.DeferredQuota+st.DeferredDeployment), attrLeaseLost.Int(st.LeaseLost))
+	span.SetAttributes(statsAttributes(st)...)
 	if err != nil {
 		// The error text names rows and statements, never payloads; still, the class is
 		// what a trace backend needs: the logs have the rest.

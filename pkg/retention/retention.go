@@ -160,7 +160,7 @@ steps:
 		}
 	}
 	res.Duration = time.Since(start)
-	cfg.Logger.Info("retention run",
+	cfg.Logger.InfoContext(ctx, "retention run",
 		slog.Int64("outbox_deleted", res.OutboxDeleted), slog.Int64("processed_deleted", res.ProcessedDeleted),
 		slog.Int("batches", res.Batches), slog.Bool("complete", res.Complete),
 		slog.Int64("duration_ms", res.Duration.Milliseconds()))

@@ -3,6 +3,7 @@ package webhook_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -200,5 +203,42 @@ func TestTracingNoSpanBeforeTheSignature(t *testing.T) {
 	}
 	if n := len(rec.Ended()) + len(rec.Started()); n != 0 {
 		t.Fatalf("an unsigned request made %d spans", n)
+	}
+}
+
+// TestTracingLogLinesCarryTheDeliverySpan: with the functions' log handler, the line a
+// delivery logs carries its span's trace and span ids; the line of a request refused
+// before any span starts carries none.
+func TestTracingLogLinesCarryTheDeliverySpan(t *testing.T) {
+	t.Parallel()
+	rec, tr := tracingtest.New(t)
+	logs := &logtest.Buffer{}
+	f := newFixture(t, func(c *webhook.Config) {
+		c.Tracer = tr
+		c.Logger = slog.New(telemetry.LogHandler(slog.NewJSONHandler(logs, nil)))
+	})
+	if w := f.serve(delivery(t, orderPath, "13", order("o-13"))); w.Code != http.StatusOK {
+		t.Fatalf("delivery: status %d %s", w.Code, w.Body)
+	}
+	forged := delivery(t, orderPath, "14", order("o-14"))
+	forged.Header.Set("Upstash-Signature", "forged")
+	if w := f.serve(forged); w.Code != http.StatusUnauthorized {
+		t.Fatalf("forged delivery: status %d, want 401", w.Code)
+	}
+
+	spans := spansNamed(rec, "process ")
+	if len(spans) != 1 {
+		t.Fatalf("%d delivery spans, want 1", len(spans))
+	}
+	sc := spans[0].SpanContext()
+	lines := logs.Lines()
+	if len(lines) != 2 {
+		t.Fatalf("%d log lines, want 2: %v", len(lines), lines)
+	}
+	if l := lines[0]; l["msg"] != "webhook delivery processed" || l["trace_id"] != sc.TraceID().String() || l["span_id"] != sc.SpanID().String() {
+		t.Fatalf("delivery line %v; want trace_id %s span_id %s", l, sc.TraceID(), sc.SpanID())
+	}
+	if l := lines[1]; l["trace_id"] != nil || l["span_id"] != nil {
+		t.Fatalf("the refused request's line carries a span: %v", l)
 	}
 }

@@ -8,12 +8,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// Values returns st's figures as metrics (EMF lines, Prometheus).
+// Values returns st's figures as metrics (EMF lines, Prometheus): its Counts under their
+// metric names, and PublishLatency.
 func Values(st relay.Stats) []metrics.Value {
-	return metrics.Relay(metrics.RelayCounts{
-		Batches: st.Batches, Claimed: st.Claimed, Dispatched: st.Dispatched, Retried: st.Retried,
-		DeadLettered: st.DeadLettered, Released: st.Released, LeaseLost: st.LeaseLost,
-		DeferredQuota: st.DeferredQuota, DeferredDeployment: st.DeferredDeployment, DeferredOutage: st.DeferredOutage,
-		PublishLatency: st.PublishLatency,
-	})
+	return metrics.Relay(st.Counts(), st.PublishLatency)
 }

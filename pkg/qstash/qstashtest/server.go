@@ -346,7 +346,7 @@ func start(ln net.Listener, opts Options) *Server {
 	go func() {
 		defer s.wg.Done()
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("qstash server stopped", "error", err)
+			s.log.ErrorContext(ctx, "qstash server stopped", "error", err)
 		}
 	}()
 	return s
