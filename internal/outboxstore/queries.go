@@ -60,7 +60,14 @@ const (
 	// row below the bound still finds itself as its key's head and is never starved by
 	// it), unless migration 0016's counter of reopened rows is no longer $11: a row made
 	// pending again below $9 counts there before its transaction commits, so a claim that
-	// can see the row sees the count too, and then probes every key from its start. The last five columns feed the next claim's bounds, read in this statement's
+	// can see the row sees the count too, and then probes every key from its start. The
+	// counter is looked up by name (to_regclass), not referenced: binaries deployed before
+	// `migrate up` ran 0016 claim as before, with no id bound (reopened -1), instead of
+	// failing every claim until the migration (the day-two chaos run starts its relays on
+	// an older schema). A counter never used reads 0 (pg_sequence_last_value is NULL until
+	// the first nextval).
+	//
+	// The last five columns feed the next claim's bounds, read in this statement's
 	// snapshot: db_now, ready_from (the oldest ready row at or after $8), pending_from, a
 	// lower bound of the pending ids: a walk of the primary key from $10 up to the first
 	// pending row, or over 2,000 rows, after which it says "past the last row walked" (a
@@ -100,7 +107,7 @@ WITH win AS MATERIALIZED (
         FROM outbox h
         WHERE h.partition_key = o.partition_key
           AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL
-          AND h.id >= least(CASE WHEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_reopened_seq) = $11::bigint
+          AND h.id >= least(CASE WHEN coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), -1) = $11::bigint AND $11::bigint >= 0
                                  THEN $9::bigint ELSE 0 END, o.id)
         ORDER BY h.id
         LIMIT 1) hd
@@ -194,7 +201,8 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
                         WHERE p.dispatched_at IS NULL AND p.dead_lettered_at IS NULL)
                    ELSE $10::bigint END) AS pending_from,
           (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
-          (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_reopened_seq) AS reopened`
+          CASE WHEN to_regclass('outbox_reopened_seq') IS NULL THEN -1
+               ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened`
 
 	// qClaimPlanner runs before qClaim in its implicit transaction: no sorts where an index
 	// gives the order. Every walk of the claim (the ready index for win, a key's pending

@@ -121,7 +121,8 @@ func (w *walks) next(now time.Time, dbNow *time.Time) (walkParams, uint64) {
 		p.probeBelow = w.readyFrom
 	}
 	p.readyFrom = pgtype.Timestamptz{Time: w.readyFrom, Valid: true}
-	if lagged, ok := w.lagged(); ok && w.pendingFrom > 0 && !w.refind && w.stillFor(walkLag) {
+	if lagged, ok := w.lagged(); ok && w.pendingFrom > 0 && !w.refind && w.stillFor(walkLag) &&
+		w.samples[len(w.samples)-1].reopened >= 0 { // < 0: no counter (0016 not applied)
 		p.idFrom = min(w.pendingFrom, lagged.maxID)
 		p.reopened = w.samples[len(w.samples)-1].reopened
 	}

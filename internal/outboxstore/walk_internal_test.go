@@ -335,3 +335,18 @@ func TestWalkBounds(t *testing.T) {
 }
 
 func pgInt8(v int64) pgtype.Int8 { return pgtype.Int8{Int64: v, Valid: true} }
+
+// Binaries deployed before `migrate up` ran 0016 (no counter of reopened rows) claim as
+// before, without an id bound, rather than failing every claim.
+func TestClaimWithoutTheReopenedCounter(t *testing.T) {
+	t.Parallel()
+	r := newWalkRig(t)
+	if _, err := r.db.Pool.Exec(context.Background(), `DROP TRIGGER outbox_reopened ON outbox;
+DROP FUNCTION outbox_count_reopened(); DROP SEQUENCE outbox_reopened_seq`); err != nil {
+		t.Fatal(err)
+	}
+	r.rounds(8, 50, 50)
+	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom != 0 || !p.readyFrom.Valid {
+		t.Fatalf("bounds without the counter: %+v, want the ready bound and no id bound", p)
+	}
+}
