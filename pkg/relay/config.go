@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Defaults for Config.
@@ -196,7 +198,7 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &publish.ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)

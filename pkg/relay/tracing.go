@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // DefaultTraceDestination names the batch span's destination when the publisher does not
@@ -83,7 +84,7 @@ func (r *Relay) recordTraced(ctx context.Context, lease outboxstore.Lease, out o
 
 // publishTraced is one Publisher.Publish call inside a "publish" child span of the batch
 // span, with the outcome of its messages counted.
-func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []Result {
+func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []publish.Result {
 	ctx, span := r.cfg.Tracer.Start(ctx, "publish", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(batch))))
 	defer span.End()
@@ -91,13 +92,13 @@ func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []Res
 	var published, retryable, permanent, deferred int
 	for _, res := range results {
 		switch res.Outcome() {
-		case Published:
+		case publish.Published:
 			published++
-		case Retryable:
+		case publish.Retryable:
 			retryable++
-		case PermanentFailure:
+		case publish.PermanentFailure:
 			permanent++
-		case Deferred:
+		case publish.Deferred:
 			deferred++
 		}
 	}
