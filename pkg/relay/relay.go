@@ -368,13 +368,13 @@ func (r *Relay) paused() time.Time {
 }
 
 // deferUntil pauses claiming after a deferral: until d.Until, or a pause doubling from
-// DeferPause when it names none, never longer than MaxDeferPause, or MaxOutagePause for
+// DeferPause when it names none, never longer than maxDeferPause, or MaxOutagePause for
 // an outage.
 func (r *Relay) deferUntil(d *publish.DeferError) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	limit := MaxDeferPause
+	limit := maxDeferPause
 	if d.Reason == publish.DeferOutage {
 		limit = MaxOutagePause
 	}

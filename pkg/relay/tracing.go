@@ -14,9 +14,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
-// DefaultTraceDestination names the batch span's destination when the publisher does not
+// defaultTraceDestination names the batch span's destination when the publisher does not
 // say where it sends (see destinationNamer).
-const DefaultTraceDestination = "qstash"
+const defaultTraceDestination = "qstash"
 
 // destinationNamer is implemented by a publisher that can say where every message goes
 // (the qstash publisher: its destination base URL). The batch span is named after it.
@@ -39,7 +39,7 @@ func traceDestination(pub Publisher) string {
 	if d, ok := pub.(destinationNamer); ok && d.DestinationBase() != "" {
 		return d.DestinationBase()
 	}
-	return DefaultTraceDestination
+	return defaultTraceDestination
 }
 
 // processTraced is process inside the batch span: a span that starts when the claim did,

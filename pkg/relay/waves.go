@@ -144,7 +144,7 @@ func classify(wave []outbox.Message, results []publish.Result, policy retryPolic
 			}
 			w.retries = append(w.retries, outboxstore.Retry{
 				ID:    m.ID,
-				Delay: Backoff(m.Attempt, policy.base, policy.max, policy.rand()),
+				Delay: backoff(m.Attempt, policy.base, policy.max, policy.rand()),
 				Error: errText(res.Err),
 			})
 		}

@@ -149,7 +149,7 @@ func TestClassify(t *testing.T) {
 		{name: "retryable holds its key", wave: msgs("a:1", "b:2:2"), errs: []error{nil, transient},
 			want: outcome{published: []outbox.ID{1}, retries: []outboxstore.Retry{{ID: 2, Error: transient.Error()}}},
 			held: map[string]bool{"b": true}, freed: map[string]bool{},
-			retryIn: []time.Duration{Backoff(2, time.Minute, time.Hour, 0.5)}},
+			retryIn: []time.Duration{backoff(2, time.Minute, time.Hour, 0.5)}},
 		{name: "retry budget spent: dead letter frees the key", wave: msgs("a:1:3"), errs: []error{transient},
 			want: outcome{dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a",
 				Error: "retry budget exhausted after 3 attempts: " + transient.Error()}}},

@@ -236,8 +236,8 @@ func (s *Server) ResetQuota() {
 	s.mu.Unlock()
 }
 
-// QuotaUsed is the number of messages counted against QuotaMessages in this period.
-func (s *Server) QuotaUsed() int {
+// usedQuota is the number of messages counted against QuotaMessages in this period.
+func (s *Server) usedQuota() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.quotaUsed
