@@ -14,7 +14,10 @@ type Queue = queue
 
 func (p *Publisher) Destination(topic string) string { return p.destination(topic) }
 
-func (p *Publisher) MessageDestination(m outbox.Message) string { return p.messageDestination(m) }
+// MessageDestination is the URL m is delivered to (appendMessageDestination).
+func (p *Publisher) MessageDestination(m outbox.Message) string {
+	return string(p.appendMessageDestination(nil, m))
+}
 
 func (p *Publisher) DeduplicationID(m outbox.Message) string { return p.deduplicationID(m) }
 
@@ -22,4 +25,9 @@ func (p *Publisher) QueueName(partitionKey string) string { return p.queueName(p
 
 func (t *Token) Value() string { return t.get() }
 
-func (t *Token) Rereads() uint64 { return t.rereads() }
+// Rereads returns how many times the token was read again successfully.
+func (t *Token) Rereads() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gen
+}

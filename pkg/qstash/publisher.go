@@ -96,19 +96,15 @@ func (p *Publisher) DestinationBase() string { return strings.TrimSuffix(p.destB
 func (p *Publisher) Config() PublisherConfig { return p.cfg }
 
 // destination is the base URL of topic's deliveries: DestinationBaseURL (trailing "/"
-// dropped) + "/events/" + topic. messageDestination adds the message's identity.
+// dropped) + "/events/" + topic. appendMessageDestination adds the message's identity.
 func (p *Publisher) destination(topic string) string {
 	return p.destBase + url.PathEscape(topic)
 }
 
-// messageDestination is the URL m is delivered to, and so the subject its signature
-// carries: Destination(m.Topic) + "?outbox_id=<id>&generation=<generation>", both decimal,
-// always both. The signature covers the URL and not forwarded headers, so a receiver that
-// reads the identity from here can trust it (ParseIdentity).
-func (p *Publisher) messageDestination(m outbox.Message) string {
-	return string(p.appendMessageDestination(make([]byte, 0, len(p.destBase)+len(m.Topic)+48), m))
-}
-
+// appendMessageDestination appends the URL m is delivered to, and so the subject its
+// signature carries: destination(m.Topic) + "?outbox_id=<id>&generation=<generation>", both
+// decimal, always both. The signature covers the URL and not forwarded headers, so a
+// receiver that reads the identity from here can trust it (ParseIdentity).
 func (p *Publisher) appendMessageDestination(b []byte, m outbox.Message) []byte {
 	b = append(b, p.destBase...)
 	b = append(b, url.PathEscape(m.Topic)...)

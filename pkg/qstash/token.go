@@ -40,13 +40,6 @@ func (t *Token) get() string {
 	return v
 }
 
-// rereads returns how many times the token was read again successfully.
-func (t *Token) rereads() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.gen
-}
-
 func (t *Token) current() (string, uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -41,7 +41,7 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
 	}
-	it := refItem{Destination: p.messageDestination(m), Headers: h, Body: string(m.Payload)}
+	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	if p.cfg.Ordering == OrderingFIFO {
 		it.Queue = p.queueName(m.PartitionKey)
 	} else if p.flow != "" && m.PartitionKey != "" {

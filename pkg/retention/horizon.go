@@ -47,9 +47,6 @@ func Horizon(relayCfg relay.Config, qstashRetries int) time.Duration {
 	return relayRetryHorizon(relayCfg) + qstashRetryHorizon(qstashRetries)
 }
 
-// defaultHorizon is Horizon with the relay's defaults and QStash's default 3 retries.
-func defaultHorizon() time.Duration { return Horizon(relay.Config{}, 3) }
-
 // ValidateDedupeTTL refuses a dedupe TTL that does not outlive the whole retry horizon: a
 // record deleted before the last possible redelivery lets that redelivery run its side
 // effects a second time. The error prints both numbers.

@@ -41,7 +41,7 @@ func TestValidateDedupeTTL(t *testing.T) {
 	if err := ValidateDedupeTTL(DefaultDedupeTTL, relay.Config{}, 3); err != nil {
 		t.Fatalf("the default TTL must pass with the default config: %v", err)
 	}
-	if h := defaultHorizon(); h > 8*time.Hour || h < 7*time.Hour {
+	if h := Horizon(relay.Config{}, 3); h > 8*time.Hour || h < 7*time.Hour {
 		t.Fatalf("default horizon %v moved; update DefaultDedupeTTL's doc", h)
 	}
 	if err := ValidateDedupeTTL(DefaultDedupeTTL, relay.Config{}, 17); err != nil {

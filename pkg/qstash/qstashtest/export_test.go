@@ -4,4 +4,8 @@ package qstashtest
 var Backoff = backoff
 
 // QuotaUsed is the number of messages counted against the quota, for the quota tests.
-func (s *Server) QuotaUsed() int { return s.usedQuota() }
+func (s *Server) QuotaUsed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.quotaUsed
+}
