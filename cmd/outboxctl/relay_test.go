@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -274,7 +275,7 @@ func gatedPublisher(gate int) relay.PublisherFunc {
 	var mu sync.Mutex
 	inFlight := 0
 	open := make(chan struct{})
-	return func(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	return func(ctx context.Context, msgs []outbox.Message) []publish.Result {
 		mu.Lock()
 		inFlight++
 		if inFlight == gate {
@@ -286,7 +287,7 @@ func gatedPublisher(gate int) relay.PublisherFunc {
 		case <-time.After(5 * time.Second):
 		case <-ctx.Done():
 		}
-		return make([]relay.Result, len(msgs))
+		return make([]publish.Result, len(msgs))
 	}
 }
 

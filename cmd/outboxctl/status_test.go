@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/health/healthtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -126,7 +127,7 @@ func TestStatusDeadLettersAreDegraded(t *testing.T) {
 func TestStatusOpenTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	opened := db.HoldSnapshot(t, "status-test-holder").Began
+	opened := healthtest.HoldSnapshot(t, db, "status-test-holder").Began
 	testwait.EventuallyNil(t, time.Until(opened.Add(15*time.Second)), func() error {
 		code, m, _ := statusJSON(t, db.URL, "--max-transaction-age", "200ms", "--max-xmin-age", "-1")
 		age, _ := field(m, "xmin_horizon", "oldest_transaction_age_seconds").(float64)

@@ -15,26 +15,33 @@ import (
 	"testing"
 )
 
-// skipped are the pkg/ directories the check leaves out: awsenvtest is being replaced by
-// a moto_server-backed helper and is not part of the documented API.
-var skipped = map[string]bool{
-	"internal/awsenv/awsenvtest": true,
-}
-
 // TestExportedNamesDocumented fails with the list of exported identifiers in pkg/ (types,
 // funcs, methods on exported types, consts, vars) that have no doc comment, or whose doc
 // comment does not start with the name, as go doc and pkg.go.dev show it.
 func TestExportedNamesDocumented(t *testing.T) {
 	t.Parallel()
-	root := filepath.Join("..", "..")
 	var problems []string
+	walkLibrary(t, func(path, rel string) {
+		problems = append(problems, checkFile(t, path, rel)...)
+	})
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		t.Errorf("%d exported names in pkg/ without a proper doc comment:\n%s",
+			len(problems), strings.Join(problems, "\n"))
+	}
+}
+
+// walkLibrary calls fn for every non-test Go file under pkg/ (testdata excluded), with its
+// path and its slash-separated path relative to the module root.
+func walkLibrary(t *testing.T, fn func(path, rel string)) {
+	t.Helper()
+	root := filepath.Join("..", "..")
 	err := filepath.WalkDir(filepath.Join(root, "pkg"), func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			rel, _ := filepath.Rel(root, path)
-			if skipped[filepath.ToSlash(rel)] || d.Name() == "testdata" {
+			if d.Name() == "testdata" {
 				return filepath.SkipDir
 			}
 			return nil
@@ -43,16 +50,11 @@ func TestExportedNamesDocumented(t *testing.T) {
 			return nil
 		}
 		rel, _ := filepath.Rel(root, path)
-		problems = append(problems, checkFile(t, path, filepath.ToSlash(rel))...)
+		fn(path, filepath.ToSlash(rel))
 		return nil
 	})
 	if err != nil {
 		t.Fatalf("walk pkg: %v", err)
-	}
-	if len(problems) > 0 {
-		sort.Strings(problems)
-		t.Errorf("%d exported names in pkg/ without a proper doc comment:\n%s",
-			len(problems), strings.Join(problems, "\n"))
 	}
 }
 

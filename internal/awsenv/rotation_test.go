@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -80,8 +81,8 @@ func (f *failures) since(t time.Time) []string {
 // deliver is the relay's publisher for this test (as a relay.PublisherFunc): it delivers
 // each message straight to the webhook at base the way QStash would (the identity in the
 // signed URL), and reports anything but 200 as a retryable failure, also added to fails.
-func deliver(ctx context.Context, base string, fails *failures, msgs []outbox.Message) []relay.Result {
-	res := make([]relay.Result, len(msgs))
+func deliver(ctx context.Context, base string, fails *failures, msgs []outbox.Message) []publish.Result {
+	res := make([]publish.Result, len(msgs))
 	for i, m := range msgs {
 		target := fmt.Sprintf("%s/events/%s?outbox_id=%d&generation=%d", base, m.Topic, m.ID, m.Generation)
 		sig, err := qstash.Sign(qstash.DevCurrentSigningKey, target, m.Payload, time.Now())
@@ -157,7 +158,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 	}
 	handler := hookCreds.Handler(hookPool, wh) // the webhook function's wiring
 	hook.Store(&handler)
-	pub := relay.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []relay.Result {
+	pub := relay.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []publish.Result {
 		return deliver(ctx, srv.URL, fails, msgs)
 	})
 	rl, err := relay.New(relayPool, pub,
@@ -333,7 +334,7 @@ type countingPublisher struct {
 	opened   chan struct{}
 }
 
-func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	p.mu.Lock()
 	for _, m := range msgs {
 		p.count[int64(m.ID)]++
@@ -355,7 +356,7 @@ func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) 
 	p.mu.Lock()
 	p.inFlight--
 	p.mu.Unlock()
-	return make([]relay.Result, len(msgs))
+	return make([]publish.Result, len(msgs))
 }
 
 // TestRotationWithOldSessionsOpen: RDS rotation changes the password and leaves open

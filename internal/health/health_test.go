@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/health"
+	"github.com/outbox-relay/outbox-relay/internal/health/healthtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -150,7 +151,7 @@ func TestOpenTransactionHoldsHorizon(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	pid := db.HoldSnapshot(t, "health-test-holder").PID
+	pid := healthtest.HoldSnapshot(t, db, "health-test-holder").PID
 	// Make the horizon age measurable: other transactions consume ids after the snapshot.
 	for range 3 {
 		exec(t, db, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', gen_random_uuid()::text)`)

@@ -13,7 +13,7 @@ import (
 
 // Query parameters that carry a message's identity in the destination URL the relay
 // publishes to: <PUBLIC_BASE_URL>/events/<topic>?outbox_id=<id>&generation=<n>
-// (qstash.Publisher.MessageDestination). QStash's signature covers the URL (its sub claim),
+// (the publisher's message destination). QStash's signature covers the URL (its sub claim),
 // so unlike a forwarded header they cannot be changed by whoever replays a captured delivery.
 const (
 	QueryOutboxID   = qstash.IdentityIDParam

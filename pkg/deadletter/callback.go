@@ -55,7 +55,7 @@ type CallbackConfig struct {
 	Observe func(outcome string)
 	// LegacyWindow reports whether callbacks of deliveries published before the identity
 	// moved into the URL may still be linked to their outbox row through the source headers
-	// they report. Default: the legacy_identity window in Pool's database (LegacyOpen).
+	// they report. Default: the legacy_identity window in Pool's database (legacyOpen).
 	LegacyWindow func(ctx context.Context) (bool, error)
 	// Tracer, when set, records each verified callback in a span of its own trace, linked
 	// to the event's producer span (the traceparent among the source headers the callback
@@ -110,7 +110,7 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 		return nil, fmt.Errorf("invalid failure callback config: %w", errors.Join(errs...))
 	}
 	if cfg.LegacyWindow == nil {
-		cfg.LegacyWindow = LegacyOpen(cfg.Pool)
+		cfg.LegacyWindow = legacyOpen(cfg.Pool)
 	}
 	return &CallbackHandler{cfg: cfg, recv: receive.Receiver{
 		Verifier:     cfg.Verifier,
@@ -148,7 +148,7 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.Reply(replyMalformed, slog.LevelWarn, "failure callback malformed", slog.Any("error", err))
 		return
 	}
-	f := FromCallback(cb)
+	f := fromCallback(cb)
 	if f.QStashMessageID == "" {
 		a.Reply(replyMalformed, slog.LevelWarn, "failure callback has no sourceMessageId")
 		return
@@ -171,7 +171,7 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec, err := Record(ctx, h.cfg.Pool, f)
 	if err == nil && a.Span != nil {
-		a.Span.SetAttributes(DeadLetterIDKey.Int64(rec.LetterID), attribute.Bool("outbox.dead_letter.created", rec.Created),
+		a.Span.SetAttributes(deadLetterIDKey.Int64(rec.LetterID), attribute.Bool("outbox.dead_letter.created", rec.Created),
 			attribute.Bool("outbox.dead_letter.superseded", rec.Superseded))
 	}
 	switch {
@@ -191,9 +191,9 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// DeadLetterIDKey is the span attribute naming the dead letter a callback recorded (or
+// deadLetterIDKey is the span attribute naming the dead letter a callback recorded (or
 // found recorded) and the letters a redrive resolved.
-const DeadLetterIDKey = attribute.Key("outbox.dead_letter.id")
+const deadLetterIDKey = attribute.Key("outbox.dead_letter.id")
 
 // startSpan starts the callback's span: a new trace (QStash calls back after its last
 // retry, long after the producer's trace ended) linked to the producer span the source
@@ -263,9 +263,9 @@ func (h *CallbackHandler) legacyIdentity(ctx context.Context, cb qstash.FailureC
 	return true, nil
 }
 
-// LegacyOpen reports whether db's legacy_identity window (migration 0007) is open. A
+// legacyOpen reports whether db's legacy_identity window (migration 0007) is open. A
 // database without that table has none.
-func LegacyOpen(db Querier) func(ctx context.Context) (bool, error) {
+func legacyOpen(db Querier) func(ctx context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		var open bool
 		err := db.QueryRow(ctx, qLegacyWindowOpen).Scan(&open)
@@ -280,10 +280,10 @@ func LegacyOpen(db Querier) func(ctx context.Context) (bool, error) {
 	}
 }
 
-// FromCallback extracts what Record needs from a decoded failure callback. The outbox id
+// fromCallback extracts what Record needs from a decoded failure callback. The outbox id
 // and generation come from the reported destination url (signed with the callback body);
 // without them OutboxID stays 0.
-func FromCallback(cb qstash.FailureCallback) DeliveryFailure {
+func fromCallback(cb qstash.FailureCallback) DeliveryFailure {
 	f := DeliveryFailure{
 		QStashMessageID: cb.SourceMessageID,
 		DLQID:           cb.DLQID,

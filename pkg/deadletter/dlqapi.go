@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 // DLQEntry is one message of QStash's dead-letter queue (GET /v2/dlq), with what Sync
@@ -49,9 +51,6 @@ type DLQ interface {
 	Delete(ctx context.Context, dlqIDs []string) (int, error)
 }
 
-// DefaultQStashURL is DLQClient's default BaseURL.
-const DefaultQStashURL = "https://qstash.upstash.io"
-
 const (
 	// maxDLQPage is QStash's largest DLQ page (count).
 	maxDLQPage = 100
@@ -62,7 +61,7 @@ const (
 // DLQClient reads and deletes QStash DLQ entries over QStash's REST API
 // (qstash-contract.md §9).
 type DLQClient struct {
-	// BaseURL is QStash's origin (QSTASH_URL). Default DefaultQStashURL.
+	// BaseURL is QStash's origin (QSTASH_URL). Default qstash.DefaultBaseURL.
 	BaseURL string
 	// Token is the QStash token (QSTASH_TOKEN). Required.
 	Token string
@@ -156,7 +155,7 @@ func (c *DLQClient) once(ctx context.Context, method, pathQuery string) ([]byte,
 	}
 	base := strings.TrimRight(c.BaseURL, "/")
 	if base == "" {
-		base = DefaultQStashURL
+		base = qstash.DefaultBaseURL
 	}
 	req, err := http.NewRequestWithContext(ctx, method, base+pathQuery, nil)
 	if err != nil {

@@ -35,8 +35,8 @@ type Group struct {
 	SampleError string `json:"sample_error"`
 }
 
-// FingerprintLen is the length of a fingerprint in hex digits.
-const FingerprintLen = 16
+// fingerprintLen is the length of a fingerprint in hex digits.
+const fingerprintLen = 16
 
 // ErrBadFingerprint is wrapped by ValidFingerprint's error.
 var ErrBadFingerprint = errors.New("not a dead letter fingerprint")
@@ -44,8 +44,8 @@ var ErrBadFingerprint = errors.New("not a dead letter fingerprint")
 // ValidFingerprint returns nil for 16 lower-case hex digits (as Group.Fingerprint and
 // Letter.Fingerprint show them), else an error wrapping ErrBadFingerprint.
 func ValidFingerprint(fp string) error {
-	if len(fp) != FingerprintLen {
-		return fmt.Errorf("%w: %q is not %d hex digits", ErrBadFingerprint, fp, FingerprintLen)
+	if len(fp) != fingerprintLen {
+		return fmt.Errorf("%w: %q is not %d hex digits", ErrBadFingerprint, fp, fingerprintLen)
 	}
 	for i := 0; i < len(fp); i++ {
 		if c := fp[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {

@@ -14,8 +14,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
-// MaxResponseBodyBytes caps the destination response body kept in a dead letter.
-const MaxResponseBodyBytes = 8 << 10
+// maxResponseBodyBytes caps the destination response body kept in a dead letter.
+const maxResponseBodyBytes = 8 << 10
 
 // maxIDBytes bounds the ids and URL copied from a callback.
 const maxIDBytes = 1024
@@ -36,7 +36,7 @@ type DeliveryFailure struct {
 	MaxRetries   int
 	// URL is the destination the message was sent to.
 	URL string
-	// OutboxID is the event's outbox row, 0 when unknown. FromCallback reads it from URL's
+	// OutboxID is the event's outbox row, 0 when unknown. fromCallback reads it from URL's
 	// outbox_id query parameter (signed with the callback body).
 	OutboxID int64
 	// Generation is the outbox generation the delivery was about (URL's generation); nil
@@ -48,8 +48,8 @@ type DeliveryFailure struct {
 	SourceBody []byte
 }
 
-// ErrorText is the dead letter's error column and the outbox row's last_error.
-func (f DeliveryFailure) ErrorText() string {
+// errorText is the dead letter's error column and the outbox row's last_error.
+func (f DeliveryFailure) errorText() string {
 	status := "no response"
 	if f.Status != 0 {
 		status = fmt.Sprintf("HTTP %d", f.Status)
@@ -110,12 +110,12 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 	if f.OutboxID > 0 {
 		outboxID = &f.OutboxID
 	}
-	errText := f.ErrorText()
+	errText := f.errorText()
 	var r Recorded
 	var gotOutbox *int64
 	err := db.QueryRow(ctx, qRecordDelivery,
 		outboxID, postgres.NullIfZero(topicFromURL(f.URL)), payload, errText, f.Retried, postgres.NullIfZero(f.Status),
-		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, MaxResponseBodyBytes), f.Generation,
+		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, maxResponseBodyBytes), f.Generation,
 	).Scan(&r.LetterID, &gotOutbox, &r.OutboxMarked, &r.Superseded)
 	if isDataError(err) && payload != nil {
 		// The body was JSON to encoding/json but not to jsonb (e.g. a \u0000 escape): keep

@@ -297,10 +297,10 @@ func (p *syncPage) add(e DLQEntry, id entryIdentity) {
 	p.generations = append(p.generations, gen)
 	p.topics = append(p.topics, textColumn([]byte(id.topic), maxIDBytes))
 	p.payloads = append(p.payloads, payload)
-	p.errorTexts = append(p.errorTexts, f.ErrorText())
+	p.errorTexts = append(p.errorTexts, f.errorText())
 	p.attempts = append(p.attempts, attempts)
 	p.statuses = append(p.statuses, nonZero32(e.ResponseStatus))
-	p.responseBodies = append(p.responseBodies, textColumn(e.ResponseBody, MaxResponseBodyBytes))
+	p.responseBodies = append(p.responseBodies, textColumn(e.ResponseBody, maxResponseBodyBytes))
 	p.failedAt = append(p.failedAt, dlqTime(e.DLQID))
 }
 

@@ -71,7 +71,7 @@ func TestCallbackSpanLinksProducer(t *testing.T) {
 		if err := db.Pool.QueryRow(context.Background(), `SELECT id FROM dead_letters WHERE outbox_id = $1`, id).Scan(&letter); err != nil {
 			t.Fatal(err)
 		}
-		if got := attrOf(s, deadletter.DeadLetterIDKey).AsInt64(); got != letter {
+		if got := attrOf(s, "outbox.dead_letter.id").AsInt64(); got != letter {
 			t.Fatalf("span names letter %d, want %d", got, letter)
 		}
 		if got := attrOf(s, "http.response.status_code").AsInt64(); got != http.StatusOK {

@@ -31,13 +31,13 @@ import (
 // DefaultMaxBodyBytes is Lambda's own limit on a synchronous invocation payload (6 MB).
 const DefaultMaxBodyBytes = 6 << 20
 
-// Errors of NewRequest.
+// Errors of newRequest.
 var (
-	// ErrBodyTooLarge: the decoded body would exceed the limit. It is detected from the
+	// errBodyTooLarge: the decoded body would exceed the limit. It is detected from the
 	// encoded length, before anything is decoded.
-	ErrBodyTooLarge = errors.New("request body too large")
-	// ErrBadRequest: the event cannot be turned into an HTTP request.
-	ErrBadRequest = errors.New("malformed function url event")
+	errBodyTooLarge = errors.New("request body too large")
+	// errBadRequest: the event cannot be turned into an HTTP request.
+	errBadRequest = errors.New("malformed function url event")
 )
 
 // Config tunes New. Zero fields take the defaults.
@@ -58,9 +58,6 @@ type Config struct {
 // lambda.Start.
 type Func func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error)
 
-// Handler is New(h, Config{}).
-func Handler(h http.Handler) Func { return New(h, Config{}) }
-
 // New returns a Lambda handler serving h. It never returns an error to the runtime (that
 // would become a 502 without the handler's status): malformed events get 400, oversized
 // bodies 489 (non-retryable), handler panics 500.
@@ -73,14 +70,14 @@ func New(h http.Handler, cfg Config) Func {
 	}
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (resp events.LambdaFunctionURLResponse, err error) {
 		log := cfg.Logger.With(slog.String("request_id", ev.RequestContext.RequestID))
-		r, err := NewRequest(ctx, ev, cfg.MaxBodyBytes)
+		r, err := newRequest(ctx, ev, cfg.MaxBodyBytes)
 		switch {
-		case errors.Is(err, ErrBodyTooLarge):
+		case errors.Is(err, errBodyTooLarge):
 			log.WarnContext(ctx, "function url body too large", slog.Int64("limit_bytes", cfg.MaxBodyBytes),
 				slog.Int("status", receive.ReplyTooLarge.Status), slog.String("outcome", receive.ReplyTooLarge.Outcome))
-			w := NewResponseWriter()
+			w := newResponseWriter()
 			receive.ReplyTooLarge.Write(w)
-			return w.Response(), nil
+			return w.response(), nil
 		case err != nil:
 			log.WarnContext(ctx, "function url event rejected", slog.Any("error", err))
 			return plain(http.StatusBadRequest, `{"error":"bad_request"}`), nil
@@ -91,22 +88,22 @@ func New(h http.Handler, cfg Config) Func {
 				resp, err = plain(http.StatusInternalServerError, `{"error":"internal_error"}`), nil
 			}
 		}()
-		w := NewResponseWriter()
+		w := newResponseWriter()
 		h.ServeHTTP(w, r)
-		return w.Response(), nil
+		return w.response(), nil
 	}
 }
 
-// NewRequest converts ev into a server-side *http.Request carrying ctx and the trusted
-// origin. Bodies whose decoded size exceeds maxBody (> 0) fail with ErrBodyTooLarge before
-// they are decoded; other problems wrap ErrBadRequest.
-func NewRequest(ctx context.Context, ev events.LambdaFunctionURLRequest, maxBody int64) (*http.Request, error) {
+// newRequest converts ev into a server-side *http.Request carrying ctx and the trusted
+// origin. Bodies whose decoded size exceeds maxBody (> 0) fail with errBodyTooLarge before
+// they are decoded; other problems wrap errBadRequest.
+func newRequest(ctx context.Context, ev events.LambdaFunctionURLRequest, maxBody int64) (*http.Request, error) {
 	rc := ev.RequestContext
 	if rc.HTTP.Method == "" {
-		return nil, fmt.Errorf("%w: requestContext.http.method is empty", ErrBadRequest)
+		return nil, fmt.Errorf("%w: requestContext.http.method is empty", errBadRequest)
 	}
 	if rc.DomainName == "" || strings.ContainsAny(rc.DomainName, "/@?# ") {
-		return nil, fmt.Errorf("%w: requestContext.domainName %q is not a host name", ErrBadRequest, rc.DomainName)
+		return nil, fmt.Errorf("%w: requestContext.domainName %q is not a host name", errBadRequest, rc.DomainName)
 	}
 	target := ev.RawPath
 	if target == "" {
@@ -117,7 +114,7 @@ func NewRequest(ctx context.Context, ev events.LambdaFunctionURLRequest, maxBody
 	}
 	u, err := url.ParseRequestURI(target)
 	if err != nil || !strings.HasPrefix(target, "/") {
-		return nil, fmt.Errorf("%w: rawPath %q", ErrBadRequest, ev.RawPath)
+		return nil, fmt.Errorf("%w: rawPath %q", errBadRequest, ev.RawPath)
 	}
 	u.Scheme, u.Host = "https", rc.DomainName
 
@@ -126,12 +123,12 @@ func NewRequest(ctx context.Context, ev events.LambdaFunctionURLRequest, maxBody
 		size = decodedLen(ev.Body)
 	}
 	if maxBody > 0 && size > maxBody {
-		return nil, ErrBodyTooLarge
+		return nil, errBodyTooLarge
 	}
 	body := []byte(ev.Body)
 	if ev.IsBase64Encoded {
 		if body, err = base64.StdEncoding.DecodeString(ev.Body); err != nil {
-			return nil, fmt.Errorf("%w: body is not valid base64: %v", ErrBadRequest, err)
+			return nil, fmt.Errorf("%w: body is not valid base64: %v", errBadRequest, err)
 		}
 	}
 
@@ -179,28 +176,28 @@ type readCloser struct{ *bytes.Reader }
 
 func (readCloser) Close() error { return nil }
 
-// ResponseWriter buffers a handler's response for a BUFFERED Function URL reply.
-type ResponseWriter struct {
+// responseWriter buffers a handler's response for a BUFFERED Function URL reply.
+type responseWriter struct {
 	header http.Header
 	status int
 	body   bytes.Buffer
 }
 
-// NewResponseWriter returns an empty ResponseWriter.
-func NewResponseWriter() *ResponseWriter { return &ResponseWriter{header: make(http.Header)} }
+// newResponseWriter returns an empty responseWriter.
+func newResponseWriter() *responseWriter { return &responseWriter{header: make(http.Header)} }
 
 // Header returns the response headers.
-func (w *ResponseWriter) Header() http.Header { return w.header }
+func (w *responseWriter) Header() http.Header { return w.header }
 
 // WriteHeader records the status; later calls are ignored, as in net/http.
-func (w *ResponseWriter) WriteHeader(status int) {
+func (w *responseWriter) WriteHeader(status int) {
 	if w.status == 0 {
 		w.status = status
 	}
 }
 
 // Write appends to the body, sending 200 if no status was written.
-func (w *ResponseWriter) Write(p []byte) (int, error) {
+func (w *responseWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
 	return w.body.Write(p)
 }
@@ -208,7 +205,7 @@ func (w *ResponseWriter) Write(p []byte) (int, error) {
 // Response returns the buffered response. Set-Cookie headers become Cookies (Function URLs
 // drop them from headers); repeated headers are comma-joined; a body that is not valid
 // UTF-8 is base64-encoded; a missing Content-Type is sniffed as net/http does.
-func (w *ResponseWriter) Response() events.LambdaFunctionURLResponse {
+func (w *responseWriter) response() events.LambdaFunctionURLResponse {
 	status := w.status
 	if status == 0 {
 		status = http.StatusOK

@@ -69,14 +69,14 @@ type record struct {
 // recorded as unknown.
 func Retried(n int) Option {
 	return func(r *record) {
-		if n >= 0 && n <= MaxRetried {
+		if n >= 0 && n <= maxRetried {
 			r.retried = &n
 		}
 	}
 }
 
-// MaxRetried bounds the retry count Retried records; QStash's plans allow at most 20.
-const MaxRetried = 1000
+// maxRetried bounds the retry count Retried records; QStash's plans allow at most 20.
+const maxRetried = 1000
 
 // HandleOnce runs work for (consumer, messageID) unless that pair has already committed.
 //

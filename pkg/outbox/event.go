@@ -81,10 +81,10 @@ const (
 	DefaultMaxPayloadBytes      = 512 << 10
 	DefaultMaxPartitionKeyBytes = 256
 	DefaultMaxHeaderBytes       = 8 << 10
-	// MaxTopicLen is fixed: the topic is part of a URL and of a CHECK constraint.
-	MaxTopicLen = 128
-	// MaxJSONDepth rejects pathological nesting before Postgres has to parse it.
-	MaxJSONDepth = 64
+	// maxTopicLen is fixed: the topic is part of a URL and of a CHECK constraint.
+	maxTopicLen = 128
+	// maxJSONDepth rejects pathological nesting before Postgres has to parse it.
+	maxJSONDepth = 64
 )
 
 // WithDefaults returns l with zero fields set to their defaults.
@@ -106,8 +106,8 @@ func ValidTopic(topic string) error {
 	switch {
 	case topic == "":
 		return errors.New("empty; use a name like order.created")
-	case len(topic) > MaxTopicLen:
-		return fmt.Errorf("%d characters, the limit is %d", len(topic), MaxTopicLen)
+	case len(topic) > maxTopicLen:
+		return fmt.Errorf("%d characters, the limit is %d", len(topic), maxTopicLen)
 	case topic == "." || topic == ".." || strings.Contains(topic, ".."):
 		return errors.New(`".." is not allowed; topics are URL path segments`)
 	}
@@ -173,7 +173,7 @@ const (
 // checkJSONForPostgres rejects valid JSON that jsonb would still refuse, so Enqueue returns
 // a typed error instead of aborting the caller's transaction: \u0000 (jsonb cannot store
 // NUL), unpaired UTF-16 surrogate escapes, numbers beyond numeric's range, and nesting deeper
-// than MaxJSONDepth (a denial-of-service shape). p is already known to be valid JSON.
+// than maxJSONDepth (a denial-of-service shape). p is already known to be valid JSON.
 func checkJSONForPostgres(p []byte) error {
 	depth, maxDepth := 0, 0
 	for i := 0; i < len(p); i++ {
@@ -217,8 +217,8 @@ func checkJSONForPostgres(p []byte) error {
 			i = end - 1
 		}
 	}
-	if maxDepth > MaxJSONDepth {
-		return fmt.Errorf("nested %d levels deep, the limit is %d", maxDepth, MaxJSONDepth)
+	if maxDepth > maxJSONDepth {
+		return fmt.Errorf("nested %d levels deep, the limit is %d", maxDepth, maxJSONDepth)
 	}
 	return nil
 }

@@ -20,13 +20,13 @@ type Message struct {
 	CreatedAt  time.Time
 }
 
-// DefaultDeploymentName is the deployment name DeduplicationID uses: the one every id had
+// defaultDeploymentName is the deployment name DeduplicationID uses: the one every id had
 // before deployments were named, so outbox-<id> stays byte-identical.
-const DefaultDeploymentName = "outbox"
+const defaultDeploymentName = "outbox"
 
-// DeduplicationID is DeduplicationIDFor(DefaultDeploymentName): outbox-<id>, plus -r<n>
+// DeduplicationID is DeduplicationIDFor(defaultDeploymentName): outbox-<id>, plus -r<n>
 // after the n-th redrive.
-func (m Message) DeduplicationID() string { return m.DeduplicationIDFor(DefaultDeploymentName) }
+func (m Message) DeduplicationID() string { return m.DeduplicationIDFor(defaultDeploymentName) }
 
 // DeduplicationIDFor is the QStash deduplication id of this publish in the deployment
 // name: <name>-<id>, plus -r<n> after the n-th redrive, because QStash would drop a reused

@@ -32,7 +32,7 @@ func CreateSchema(ctx context.Context, baseURL, prefix string, migrate bool, log
 		return nil, fmt.Errorf("name schema: %w", err)
 	}
 	name := prefix + "_" + hex.EncodeToString(b[:])
-	url, err := WithSearchPath(baseURL, name)
+	url, err := withSearchPath(baseURL, name)
 	if err != nil {
 		return nil, err
 	}
@@ -73,9 +73,9 @@ func (s *Schema) Drop(ctx context.Context) error {
 	return nil
 }
 
-// WithSearchPath returns url with search_path set to schema as a pgx runtime parameter
+// withSearchPath returns url with search_path set to schema as a pgx runtime parameter
 // (pgx sends unknown URL parameters to the server as settings).
-func WithSearchPath(url, schema string) (string, error) {
+func withSearchPath(url, schema string) (string, error) {
 	if _, err := pgx.ParseConfig(url); err != nil {
 		return "", fmt.Errorf("parse database url: %w", err)
 	}

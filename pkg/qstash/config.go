@@ -148,7 +148,7 @@ func (c PublisherConfig) Validate() error {
 	if err := checkBaseURL(c.BaseURL); err != nil {
 		bad("BaseURL", "%v", err)
 	}
-	if c.Tokens == nil || c.Tokens.Value() == "" {
+	if c.Tokens == nil || c.Tokens.get() == "" {
 		bad("Token", "is empty")
 	}
 	if c.DestinationBaseURL == "" {

@@ -37,17 +37,17 @@ type APIError struct {
 	at time.Time
 }
 
-// RateLimit is one family of rate-limit headers. Reset is kept as sent; ResetTime reads it.
+// RateLimit is one family of rate-limit headers. Reset is kept as sent; resetTime reads it.
 type RateLimit struct {
 	Limit     int64
 	Remaining int64
 	Reset     string
 }
 
-// ResetTime reads Reset: QStash sends unix seconds (docs api-ratelimiting); unix
+// resetTime reads Reset: QStash sends unix seconds (docs api-ratelimiting); unix
 // milliseconds and a delta in seconds (the IETF RateLimit draft) are accepted too, told
 // apart by size. False when absent or unreadable.
-func (r RateLimit) ResetTime(now time.Time) (time.Time, bool) {
+func (r RateLimit) resetTime(now time.Time) (time.Time, bool) {
 	v, err := strconv.ParseInt(strings.TrimSpace(r.Reset), 10, 64)
 	if err != nil || v < 0 {
 		return time.Time{}, false
@@ -422,7 +422,7 @@ func quotaUntil(e *APIError) time.Time {
 	}
 	candidates = append(candidates, e.RateLimit, e.Burst)
 	for _, r := range candidates {
-		if t, found := r.ResetTime(now); found && ok(t) {
+		if t, found := r.resetTime(now); found && ok(t) {
 			return t
 		}
 	}

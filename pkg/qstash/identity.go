@@ -8,7 +8,7 @@ import (
 )
 
 // Query parameters of a delivery URL that carry the message's identity
-// (Publisher.MessageDestination). The QStash signature's subject is the whole URL, so
+// (Publisher.appendMessageDestination). The QStash signature's subject is the whole URL, so
 // unlike the forwarded X-Outbox-Id header they cannot be changed by whoever replays a
 // captured delivery.
 const (

@@ -38,7 +38,7 @@ const (
 	hashHexLen = 20
 )
 
-// FlowControlKey is the Upstash-Flow-Control-Key for a partition key in deployment name:
+// flowControlKey is the Upstash-Flow-Control-Key for a partition key in deployment name:
 // "<name>.<readable>-<hash>", where readable is the key with every byte outside the
 // resource-name rule replaced by '_' (at most 40 bytes) and hash is the first 80 bits of
 // SHA-256 of the raw key in hex. It always passes ValidResourceName, is the same for the
@@ -46,14 +46,14 @@ const (
 // of the raw key, so "a:b" and "a/b" differ although both read "a_b"). The name keeps two
 // deployments on one account from sharing limits (keys are account-wide). name must be
 // a valid deployment name; partitionKey may be anything, including empty.
-func FlowControlKey(name, partitionKey string) string {
+func flowControlKey(name, partitionKey string) string {
 	return name + "." + readableHash(partitionKey)
 }
 
-// Label is the Upstash-Label for a topic: the topic itself when it already passes the
+// label is the Upstash-Label for a topic: the topic itself when it already passes the
 // resource-name rule (every topic except one with '~'), else "<readable>-<hash>" as for
-// FlowControlKey. QStash's console, logs and DLQ filter by it.
-func Label(topic string) string {
+// flowControlKey. QStash's console, logs and DLQ filter by it.
+func label(topic string) string {
 	if ValidResourceName(topic) {
 		return topic
 	}

@@ -95,20 +95,16 @@ func (p *Publisher) DestinationBase() string { return strings.TrimSuffix(p.destB
 // Config returns the effective configuration (defaults applied).
 func (p *Publisher) Config() PublisherConfig { return p.cfg }
 
-// Destination is the base URL of topic's deliveries: DestinationBaseURL (trailing "/"
-// dropped) + "/events/" + topic. MessageDestination adds the message's identity.
-func (p *Publisher) Destination(topic string) string {
+// destination is the base URL of topic's deliveries: DestinationBaseURL (trailing "/"
+// dropped) + "/events/" + topic. appendMessageDestination adds the message's identity.
+func (p *Publisher) destination(topic string) string {
 	return p.destBase + url.PathEscape(topic)
 }
 
-// MessageDestination is the URL m is delivered to, and so the subject its signature
-// carries: Destination(m.Topic) + "?outbox_id=<id>&generation=<generation>", both decimal,
-// always both. The signature covers the URL and not forwarded headers, so a receiver that
-// reads the identity from here can trust it (ParseIdentity).
-func (p *Publisher) MessageDestination(m outbox.Message) string {
-	return string(p.appendMessageDestination(make([]byte, 0, len(p.destBase)+len(m.Topic)+48), m))
-}
-
+// appendMessageDestination appends the URL m is delivered to, and so the subject its
+// signature carries: destination(m.Topic) + "?outbox_id=<id>&generation=<generation>", both
+// decimal, always both. The signature covers the URL and not forwarded headers, so a
+// receiver that reads the identity from here can trust it (ParseIdentity).
 func (p *Publisher) appendMessageDestination(b []byte, m outbox.Message) []byte {
 	b = append(b, p.destBase...)
 	b = append(b, url.PathEscape(m.Topic)...)
@@ -118,18 +114,18 @@ func (p *Publisher) appendMessageDestination(b []byte, m outbox.Message) []byte 
 	return strconv.AppendInt(b, int64(m.Generation), 10)
 }
 
-// DeduplicationID is m's Upstash-Deduplication-Id in this deployment: <Name>-<id>, plus
+// deduplicationID is m's Upstash-Deduplication-Id in this deployment: <Name>-<id>, plus
 // -r<generation> after a redrive.
-func (p *Publisher) DeduplicationID(m outbox.Message) string { return m.DeduplicationIDFor(p.cfg.Name) }
+func (p *Publisher) deduplicationID(m outbox.Message) string { return m.DeduplicationIDFor(p.cfg.Name) }
 
-// QueueName is the FIFO queue of partitionKey: <QueuePrefix>-<fnv1a(key) mod FIFOQueues>.
+// queueName is the FIFO queue of partitionKey: <QueuePrefix>-<fnv1a(key) mod FIFOQueues>.
 // The hash is stable across processes and releases, so a key always maps to one queue.
-func (p *Publisher) QueueName(partitionKey string) string {
-	return QueueName(p.cfg.QueuePrefix, p.cfg.FIFOQueues, partitionKey)
+func (p *Publisher) queueName(partitionKey string) string {
+	return fifoQueueName(p.cfg.QueuePrefix, p.cfg.FIFOQueues, partitionKey)
 }
 
-// QueueName is the FIFO queue of partitionKey among n queues named prefix-0..prefix-(n-1).
-func QueueName(prefix string, n int, partitionKey string) string {
+// fifoQueueName is the FIFO queue of partitionKey among n queues named prefix-0..prefix-(n-1).
+func fifoQueueName(prefix string, n int, partitionKey string) string {
 	h := fnv.New32a()
 	h.Write([]byte(partitionKey))
 	return prefix + "-" + strconv.FormatUint(uint64(h.Sum32())%uint64(n), 10)
@@ -412,14 +408,14 @@ func (n *encodeNames) flowControlKey(name, key string) string {
 	if n.flowKeys == nil {
 		n.flowKeys = make(map[string]string)
 	}
-	fk := FlowControlKey(name, key)
+	fk := flowControlKey(name, key)
 	n.flowKeys[key] = fk
 	return fk
 }
 
 func (n *encodeNames) labelOf(topic string) string {
 	if n.label == "" || n.topic != topic {
-		n.topic, n.label = topic, Label(topic)
+		n.topic, n.label = topic, label(topic)
 	}
 	return n.label
 }
@@ -445,7 +441,7 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		// Information only: receivers take the identity from the signed URL.
 		header{forwardPrefix + "X-Outbox-Id", m.ID.String()},
 		header{forwardPrefix + "X-Outbox-Generation", strconv.Itoa(m.Generation)},
-		header{"Upstash-Deduplication-Id", p.DeduplicationID(m)},
+		header{"Upstash-Deduplication-Id", p.deduplicationID(m)},
 		header{"Upstash-Label", names.labelOf(m.Topic)},
 		header{"Upstash-Retries", strconv.Itoa(retries)})
 	if p.cfg.FailureCallbackURL != "" {
@@ -454,7 +450,7 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 	queue := ""
 	switch p.cfg.Ordering {
 	case OrderingFIFO:
-		queue = p.QueueName(m.PartitionKey)
+		queue = p.queueName(m.PartitionKey)
 	default:
 		if p.flow != "" && m.PartitionKey != "" {
 			own = append(own, header{"Upstash-Flow-Control-Key", names.flowControlKey(p.cfg.Name, m.PartitionKey)},

@@ -13,8 +13,8 @@ import (
 	"time"
 )
 
-// Queue is a QStash queue as GET /v2/queues/{name} describes it.
-type Queue struct {
+// queue is a QStash queue as GET /v2/queues/{name} describes it.
+type queue struct {
 	Name        string `json:"name"`
 	Parallelism int    `json:"parallelism"`
 	Paused      bool   `json:"paused"`
@@ -116,18 +116,18 @@ func (p *Publisher) ensureQueue(ctx context.Context, name string) error {
 }
 
 // getQueue reads a queue; found is false when QStash answers 404.
-func (p *Publisher) getQueue(ctx context.Context, name string) (Queue, bool, error) {
+func (p *Publisher) getQueue(ctx context.Context, name string) (queue, bool, error) {
 	data, err := p.queueRequest(ctx, http.MethodGet, "/v2/queues/"+url.PathEscape(name), nil)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
-		return Queue{}, false, nil
+		return queue{}, false, nil
 	}
 	if err != nil {
-		return Queue{}, false, fmt.Errorf("check qstash queue %s: %w", name, p.queueHint(err))
+		return queue{}, false, fmt.Errorf("check qstash queue %s: %w", name, p.queueHint(err))
 	}
-	var q Queue
+	var q queue
 	if err := json.Unmarshal(data, &q); err != nil {
-		return Queue{}, false, fmt.Errorf("check qstash queue %s: decode %s: %w", name, snippet(data), err)
+		return queue{}, false, fmt.Errorf("check qstash queue %s: decode %s: %w", name, snippet(data), err)
 	}
 	return q, true, nil
 }

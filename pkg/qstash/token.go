@@ -34,17 +34,10 @@ func NewToken(value string, reread func(ctx context.Context) (string, error)) *T
 	return &Token{value: strings.TrimSpace(value), reread: reread}
 }
 
-// Value returns the current token.
-func (t *Token) Value() string {
+// get returns the current token.
+func (t *Token) get() string {
 	v, _ := t.current()
 	return v
-}
-
-// Rereads returns how many times the token was read again successfully.
-func (t *Token) Rereads() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.gen
 }
 
 func (t *Token) current() (string, uint64) {
@@ -58,7 +51,7 @@ func (t *Token) current() (string, uint64) {
 // flight rather than starting a second one. It returns the token to use now.
 func (t *Token) refresh(ctx context.Context, seen uint64) (string, error) {
 	if t.reread == nil {
-		return t.Value(), errTokenFixed
+		return t.get(), errTokenFixed
 	}
 	t.mu.Lock()
 	if t.gen > seen {

@@ -35,17 +35,17 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	h["Content-Type"] = "application/json"
 	h["Upstash-Forward-X-Outbox-Id"] = m.ID.String()
 	h["Upstash-Forward-X-Outbox-Generation"] = strconv.Itoa(m.Generation)
-	h["Upstash-Deduplication-Id"] = p.DeduplicationID(m)
-	h["Upstash-Label"] = Label(m.Topic)
+	h["Upstash-Deduplication-Id"] = p.deduplicationID(m)
+	h["Upstash-Label"] = label(m.Topic)
 	h["Upstash-Retries"] = strconv.Itoa(p.cfg.Retries)
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
 	}
 	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	if p.cfg.Ordering == OrderingFIFO {
-		it.Queue = p.QueueName(m.PartitionKey)
+		it.Queue = p.queueName(m.PartitionKey)
 	} else if p.flow != "" && m.PartitionKey != "" {
-		h["Upstash-Flow-Control-Key"] = FlowControlKey(p.cfg.Name, m.PartitionKey)
+		h["Upstash-Flow-Control-Key"] = flowControlKey(p.cfg.Name, m.PartitionKey)
 		h["Upstash-Flow-Control-Value"] = p.flow
 	}
 	return it

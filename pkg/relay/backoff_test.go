@@ -23,7 +23,7 @@ func TestBackoff(t *testing.T) {
 		{1000, 0.25, 15 * time.Minute},
 	}
 	for _, tc := range cases {
-		if got := Backoff(tc.attempt, base, maxD, tc.r); got != tc.want {
+		if got := backoff(tc.attempt, base, maxD, tc.r); got != tc.want {
 			t.Errorf("Backoff(%d, r=%v) = %v, want %v", tc.attempt, tc.r, got, tc.want)
 		}
 	}
@@ -33,7 +33,7 @@ func TestBackoffIsJittered(t *testing.T) {
 	t.Parallel()
 	seen := map[time.Duration]bool{}
 	for _, r := range []float64{0.1, 0.2, 0.3, 0.4} {
-		seen[Backoff(4, 30*time.Second, time.Hour, r)] = true
+		seen[backoff(4, 30*time.Second, time.Hour, r)] = true
 	}
 	if len(seen) != 4 {
 		t.Fatalf("delays not spread: %v", seen)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Defaults for Config.
@@ -38,9 +40,9 @@ const (
 	MaxPublishConcurrency = 64
 	// DefaultDeferPause is the first pause after a deferred publish that names no time.
 	DefaultDeferPause = 5 * time.Second
-	// MaxDeferPause caps every pause after a deferred publish, however far the queue's
+	// maxDeferPause caps every pause after a deferred publish, however far the queue's
 	// reset lies (a misread reset must not silence a warm relay for days).
-	MaxDeferPause = 24 * time.Hour
+	maxDeferPause = 24 * time.Hour
 	// MaxOutagePause caps the pause after an outage (DeferOutage: QStash failing or out of
 	// reach for whole requests), which doubles from DeferPause like any other. An outage
 	// ends by itself and nobody has to act, so the relay keeps probing: one Publish call
@@ -136,7 +138,7 @@ type Config struct {
 	// (pool MaxConns - 1) batches at once on a *pgxpool.Pool.
 	PublishConcurrency int
 	// DeferPause is the pause after a deferred publish whose DeferError names no Until;
-	// it doubles with each consecutive deferral, up to MaxDeferPause. Default
+	// it doubles with each consecutive deferral, up to 24 hours. Default
 	// DefaultDeferPause.
 	DeferPause time.Duration
 	// PollInterval is Linger's safety net when no notification arrives. Default 1s.
@@ -196,7 +198,7 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &publish.ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)
@@ -231,8 +233,8 @@ func (c Config) Validate() error {
 	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {
 		bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)
 	}
-	if c.DeferPause <= 0 || c.DeferPause > MaxDeferPause {
-		bad("DeferPause", "%v is outside (0, %v]", c.DeferPause, MaxDeferPause)
+	if c.DeferPause <= 0 || c.DeferPause > maxDeferPause {
+		bad("DeferPause", "%v is outside (0, %v]", c.DeferPause, maxDeferPause)
 	}
 	if c.PollInterval <= 0 {
 		bad("PollInterval", "%v must be positive", c.PollInterval)
@@ -246,10 +248,10 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Backoff returns the delay before retrying after the given attempt (1-based): exponential
+// backoff returns the delay before retrying after the given attempt (1-based): exponential
 // with full jitter (AWS Builders' Library), ceiling min(base*2^attempt, max), floor 1s.
 // r is a float in [0,1).
-func Backoff(attempt int, base, maxDelay time.Duration, r float64) time.Duration {
+func backoff(attempt int, base, maxDelay time.Duration, r float64) time.Duration {
 	ceiling := maxDelay
 	if attempt < 62 {
 		if c := base << attempt; c > 0 && c < maxDelay && c>>attempt == base {
@@ -266,7 +268,7 @@ func (c Config) RetryHorizon() time.Duration {
 	c = c.WithDefaults()
 	var total time.Duration
 	for a := 1; a < c.MaxAttempts; a++ {
-		total += Backoff(a, c.BackoffBase, c.BackoffMax, 1)
+		total += backoff(a, c.BackoffBase, c.BackoffMax, 1)
 	}
 	return total
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -59,7 +60,7 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	seed(t, db, 300, func(i int) string { return fmt.Sprintf("k%d", i%7) })
 	reset := time.Now().Add(time.Hour)
 	pub := &fakePublisher{fail: func(outbox.Message) error {
-		return &relay.DeferError{Reason: relay.DeferQuota, Until: reset, Err: errors.New("qstash api: 429 daily quota exceeded")}
+		return &publish.DeferError{Reason: publish.DeferQuota, Until: reset, Err: errors.New("qstash api: 429 daily quota exceeded")}
 	}}
 	logger, logs := logtest.New()
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 1, Logger: logger})
@@ -98,13 +99,13 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 // released; the batch's other waves are not sent.
 func TestDeferredStatsByReason(t *testing.T) {
 	t.Parallel()
-	for _, reason := range []string{relay.DeferQuota, relay.DeferDeployment, relay.DeferOutage} {
+	for _, reason := range []string{publish.DeferQuota, publish.DeferDeployment, publish.DeferOutage} {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			seed(t, db, 40, func(i int) string { return fmt.Sprintf("k%d", i%10) }) // 4 waves of 10
 			pub := &fakePublisher{fail: func(outbox.Message) error {
-				return &relay.DeferError{Reason: reason, Until: time.Now().Add(time.Hour), Err: errors.New("refused")}
+				return &publish.DeferError{Reason: reason, Until: time.Now().Add(time.Hour), Err: errors.New("refused")}
 			}}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -112,7 +113,7 @@ func TestDeferredStatsByReason(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]int{relay.DeferQuota: st.DeferredQuota, relay.DeferDeployment: st.DeferredDeployment, relay.DeferOutage: st.DeferredOutage}
+			got := map[string]int{publish.DeferQuota: st.DeferredQuota, publish.DeferDeployment: st.DeferredDeployment, publish.DeferOutage: st.DeferredOutage}
 			if got[reason] != 10 || st.Released != 40 || st.PublishCalls != 1 || st.Dispatched+st.Retried+st.DeadLettered != 0 {
 				t.Fatalf("stats %+v: want 10 deferred (%s) in one call, 40 released", st, reason)
 			}
@@ -133,7 +134,7 @@ func TestDeferredQuotaResumesAfterReset(t *testing.T) {
 			var calls atomic.Int32
 			deferFirst := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
 				if n == 1 {
-					return &relay.DeferError{Reason: relay.DeferQuota, Until: time.Now().Add(reset), Err: errors.New("qstash api: 429 quota")}
+					return &publish.DeferError{Reason: publish.DeferQuota, Until: time.Now().Add(reset), Err: errors.New("qstash api: 429 quota")}
 				}
 				return nil
 			}}
@@ -176,7 +177,7 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 	var calls atomic.Int32
 	pub := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
 		if n <= 3 {
-			return &relay.DeferError{Reason: relay.DeferDeployment, Err: errors.New("qstash api: 404 Not Found: check QSTASH_URL")}
+			return &publish.DeferError{Reason: publish.DeferDeployment, Err: errors.New("qstash api: 404 Not Found: check QSTASH_URL")}
 		}
 		return nil
 	}}
@@ -220,13 +221,13 @@ type callTime struct {
 	t time.Time
 }
 
-func (c *callCounter) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (c *callCounter) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	n := c.calls.Add(1)
 	c.mu.Lock()
 	c.times = append(c.times, callTime{n, time.Now()})
 	c.mu.Unlock()
 	if err := c.refuse(n); err != nil {
-		res := make([]relay.Result, len(msgs))
+		res := make([]publish.Result, len(msgs))
 		for i := range res {
 			res[i].Err = err
 		}
@@ -301,13 +302,13 @@ func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
 // but never past MaxOutagePause, where a deployment fault may pause up to MaxDeferPause.
 func TestOutagePauseIsCapped(t *testing.T) {
 	t.Parallel()
-	for reason, want := range map[string]time.Duration{relay.DeferOutage: relay.MaxOutagePause, relay.DeferDeployment: 2 * time.Hour} {
+	for reason, want := range map[string]time.Duration{publish.DeferOutage: relay.MaxOutagePause, publish.DeferDeployment: 2 * time.Hour} {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
 			pub := &fakePublisher{fail: func(outbox.Message) error {
-				return &relay.DeferError{Reason: reason, Err: errors.New("refused")}
+				return &publish.DeferError{Reason: reason, Err: errors.New("refused")}
 			}}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -319,7 +320,7 @@ func TestOutagePauseIsCapped(t *testing.T) {
 			if p := st.PausedUntil.Sub(start); p < want-time.Second || p > want+5*time.Second {
 				t.Fatalf("paused %v after one %s deferral, want %v (stats %+v)", p, reason, want, st)
 			}
-			if reason == relay.DeferOutage && st.DeferredOutage != 10 {
+			if reason == publish.DeferOutage && st.DeferredOutage != 10 {
 				t.Fatalf("stats %+v: want 10 deferred for the outage", st)
 			}
 		})

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -24,7 +25,7 @@ type callLog struct {
 	inner relay.Publisher
 }
 
-func (c *callLog) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (c *callLog) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	c.mu.Lock()
 	c.calls = append(c.calls, append([]outbox.Message(nil), msgs...))
 	c.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -36,7 +37,7 @@ type keyGuard struct {
 
 const overlapWait = time.Second
 
-func (g *keyGuard) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (g *keyGuard) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	g.mu.Lock()
 	if g.active == nil {
 		g.active = map[string]int{}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Relay drains one outbox table through one Publisher. It is safe to run many relays, in
@@ -99,7 +100,7 @@ type Stats struct {
 	// more: the last claim may have left ready rows behind (see outboxstore.Claimed).
 	more bool
 	// deferred is the first deferral seen, for the drain's one log line.
-	deferred *DeferError
+	deferred *publish.DeferError
 }
 
 const maxLatencySamples = 100
@@ -390,14 +391,14 @@ func (r *Relay) paused() time.Time {
 }
 
 // deferUntil pauses claiming after a deferral: until d.Until, or a pause doubling from
-// DeferPause when it names none, never longer than MaxDeferPause, or MaxOutagePause for
+// DeferPause when it names none, never longer than maxDeferPause, or MaxOutagePause for
 // an outage.
-func (r *Relay) deferUntil(d *DeferError) {
+func (r *Relay) deferUntil(d *publish.DeferError) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	limit := MaxDeferPause
-	if d.Reason == DeferOutage {
+	limit := maxDeferPause
+	if d.Reason == publish.DeferOutage {
 		limit = MaxOutagePause
 	}
 	until := d.Until
@@ -435,19 +436,6 @@ func minTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-// Batch claims, publishes and marks one batch of at most MaxBatchBytes.
-func (r *Relay) Batch(ctx context.Context) (Stats, error) {
-	lease, c, claimedAt, err := r.claim(ctx, r.cfg.MaxBatchBytes)
-	if err != nil || c.Len() == 0 {
-		return Stats{more: c.More}, err
-	}
-	st, err := r.process(ctx, lease, c, claimedAt)
-	if d := st.deferred; d != nil {
-		r.log.WarnContext(ctx, "publishing deferred", "reason", d.Reason, "until", r.paused(), "error", d.Error())
-	}
-	return st, err
 }
 
 func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, outboxstore.Claimed, time.Time, error) {
@@ -554,7 +542,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 }
 
 // publish calls the publisher once, guarding against a short result slice.
-func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline time.Time, st *Stats) []Result {
+func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline time.Time, st *Stats) []publish.Result {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	if dl, ok := pctx.Deadline(); !ok || deadline.Before(dl) {
@@ -563,7 +551,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 		defer c2()
 	}
 	t0 := time.Now()
-	var results []Result
+	var results []publish.Result
 	if r.cfg.Tracer != nil {
 		results = r.publishTraced(pctx, batch)
 	} else {
@@ -577,9 +565,9 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 		r.log.ErrorContext(ctx, "publisher returned the wrong number of results; treating the batch as failed",
 			"want", len(batch), "got", len(results))
 		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(batch))
-		results = make([]Result, len(batch))
+		results = make([]publish.Result, len(batch))
 		for i := range results {
-			results[i] = Result{Err: err}
+			results[i] = publish.Result{Err: err}
 		}
 	}
 	return results

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -33,18 +34,18 @@ type publishRecord struct {
 	ok      bool
 }
 
-func (p *fakePublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (p *fakePublisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	if p.before != nil {
 		p.before(ctx, msgs)
 	}
-	res := make([]relay.Result, len(msgs))
+	res := make([]publish.Result, len(msgs))
 	p.mu.Lock()
 	for i, m := range msgs {
 		var err error
 		if p.fail != nil {
 			err = p.fail(m)
 		}
-		res[i] = relay.Result{Err: err, MessageID: "msg_" + m.ID.String()}
+		res[i] = publish.Result{Err: err, MessageID: "msg_" + m.ID.String()}
 		p.log = append(p.log, publishRecord{id: m.ID, key: m.PartitionKey, dedupID: m.DeduplicationID(), ok: err == nil})
 	}
 	p.mu.Unlock()

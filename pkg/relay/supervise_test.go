@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -38,7 +39,7 @@ func TestSuperviseReplacesDeadAndFailedRuns(t *testing.T) {
 		done <- relay.Supervise(stop, func(run int) (*relay.Relay, error) {
 			switch run {
 			case 0:
-				return newRelay(t, db, relay.PublisherFunc(func(context.Context, []outbox.Message) []relay.Result { runtime.Goexit(); return nil }),
+				return newRelay(t, db, relay.PublisherFunc(func(context.Context, []outbox.Message) []publish.Result { runtime.Goexit(); return nil }),
 					relay.Config{Lease: 2 * time.Second, PublishTimeout: time.Second, MarkTimeout: 500 * time.Millisecond, PollInterval: 10 * time.Millisecond}), nil
 			case 1:
 				return newRelay(t, closed, &fakePublisher{}, relay.Config{PollInterval: 10 * time.Millisecond}), nil

@@ -11,11 +11,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
-// DefaultTraceDestination names the batch span's destination when the publisher does not
+// defaultTraceDestination names the batch span's destination when the publisher does not
 // say where it sends (see destinationNamer).
-const DefaultTraceDestination = "qstash"
+const defaultTraceDestination = "qstash"
 
 // destinationNamer is implemented by a publisher that can say where every message goes
 // (the qstash publisher: its destination base URL). The batch span is named after it.
@@ -48,7 +49,7 @@ func traceDestination(pub Publisher) string {
 	if d, ok := pub.(destinationNamer); ok && d.DestinationBase() != "" {
 		return d.DestinationBase()
 	}
-	return DefaultTraceDestination
+	return defaultTraceDestination
 }
 
 // processTraced is process inside the batch span: a span that starts when the claim did,
@@ -91,7 +92,7 @@ func (r *Relay) recordTraced(ctx context.Context, lease outboxstore.Lease, out o
 
 // publishTraced is one Publisher.Publish call inside a "publish" child span of the batch
 // span, with the outcome of its messages counted.
-func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []Result {
+func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []publish.Result {
 	ctx, span := r.cfg.Tracer.Start(ctx, "publish", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(batch))))
 	defer span.End()
@@ -99,13 +100,13 @@ func (r *Relay) publishTraced(ctx context.Context, batch []outbox.Message) []Res
 	var published, retryable, permanent, deferred int
 	for _, res := range results {
 		switch res.Outcome() {
-		case Published:
+		case publish.Published:
 			published++
-		case Retryable:
+		case publish.Retryable:
 			retryable++
-		case PermanentFailure:
+		case publish.PermanentFailure:
 			permanent++
-		case Deferred:
+		case publish.Deferred:
 			deferred++
 		}
 	}

@@ -66,7 +66,7 @@ func TestDrainTraced(t *testing.T) {
 	var batches []sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s)
-		if s.Name() == "send "+relay.DefaultTraceDestination {
+		if s.Name() == "send qstash" {
 			batches = append(batches, s)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // The steps of publishBatch that decide, apart from the clock, the pause and the publisher:
@@ -104,7 +105,7 @@ type waveOutcome struct {
 	outcome
 	// deferred holds each deferral in wave order: those messages were released with no
 	// attempt spent, and nothing more of the batch may be sent.
-	deferred []*DeferError
+	deferred []*publish.DeferError
 	// held are the keys with an event that failed: their later events wait until that
 	// outcome is recorded. freed are those of them dead-lettered, whose later events are
 	// claimable again once the batch is marked.
@@ -113,37 +114,37 @@ type waveOutcome struct {
 
 // classify turns a wave's results (one per message, in order) into outcomes. A retryable
 // failure at policy.maxAttempts is dead-lettered instead of rescheduled.
-func classify(wave []outbox.Message, results []Result, policy retryPolicy) waveOutcome {
+func classify(wave []outbox.Message, results []publish.Result, policy retryPolicy) waveOutcome {
 	w := waveOutcome{held: map[string]bool{}, freed: map[string]bool{}}
 	for i, m := range wave {
 		res := results[i]
 		switch res.Outcome() {
-		case Published:
+		case publish.Published:
 			w.published = append(w.published, m.ID)
-		case Deferred:
+		case publish.Deferred:
 			// Not attempted: back to pending with the attempt uncounted.
 			w.released = append(w.released, m.ID)
-			var d *DeferError
+			var d *publish.DeferError
 			errors.As(res.Err, &d)
 			w.deferred = append(w.deferred, d)
-		case PermanentFailure:
-			w.dead = append(w.dead, outboxstore.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: StatusCode(res.Err)})
+		case publish.PermanentFailure:
+			w.dead = append(w.dead, outboxstore.Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: errText(res.Err), StatusCode: publish.StatusCode(res.Err)})
 			w.held[m.PartitionKey], w.freed[m.PartitionKey] = true, true
-		case Retryable:
+		case publish.Retryable:
 			w.held[m.PartitionKey] = true
 			if m.Attempt >= policy.maxAttempts {
 				w.dead = append(w.dead, outboxstore.Failure{
 					ID:           m.ID,
 					PartitionKey: m.PartitionKey,
 					Error:        fmt.Sprintf("retry budget exhausted after %d attempts: %s", m.Attempt, errText(res.Err)),
-					StatusCode:   StatusCode(res.Err),
+					StatusCode:   publish.StatusCode(res.Err),
 				})
 				w.freed[m.PartitionKey] = true
 				continue
 			}
 			w.retries = append(w.retries, outboxstore.Retry{
 				ID:    m.ID,
-				Delay: Backoff(m.Attempt, policy.base, policy.max, policy.rand()),
+				Delay: backoff(m.Attempt, policy.base, policy.max, policy.rand()),
 				Error: errText(res.Err),
 			})
 		}
@@ -183,14 +184,14 @@ func runIDs(runs [][]outbox.Message) []outbox.ID {
 }
 
 // countDeferred counts deferrals by reason and keeps the first for the drain's log line.
-func (s *Stats) countDeferred(ds []*DeferError) {
+func (s *Stats) countDeferred(ds []*publish.DeferError) {
 	for _, d := range ds {
 		switch d.Reason {
-		case DeferQuota:
+		case publish.DeferQuota:
 			s.DeferredQuota++
-		case DeferDeployment:
+		case publish.DeferDeployment:
 			s.DeferredDeployment++
-		case DeferOutage:
+		case publish.DeferOutage:
 			s.DeferredOutage++
 		}
 		if s.deferred == nil {

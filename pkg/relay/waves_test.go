@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // The batch logic's pure steps, and publishBatch over a scripted publisher: no database.
@@ -129,16 +130,16 @@ func TestNextWaveLeavesRunsAlone(t *testing.T) {
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	policy := retryPolicy{maxAttempts: 3, base: time.Minute, max: time.Hour, rand: func() float64 { return 0.5 }}
-	quota := &DeferError{Reason: DeferQuota}
-	outage := &DeferError{Reason: DeferOutage}
+	quota := &publish.DeferError{Reason: publish.DeferQuota}
+	outage := &publish.DeferError{Reason: publish.DeferOutage}
 	transient := errors.New("503 from the queue")
-	permanent := Permanent(fmt.Errorf("400 bad destination"))
+	permanent := publish.Permanent(fmt.Errorf("400 bad destination"))
 	cases := []struct {
 		name    string
 		wave    []outbox.Message
 		errs    []error
 		want    outcome
-		defers  []*DeferError
+		defers  []*publish.DeferError
 		held    map[string]bool
 		freed   map[string]bool
 		retryIn []time.Duration
@@ -148,7 +149,7 @@ func TestClassify(t *testing.T) {
 		{name: "retryable holds its key", wave: msgs("a:1", "b:2:2"), errs: []error{nil, transient},
 			want: outcome{published: []outbox.ID{1}, retries: []outboxstore.Retry{{ID: 2, Error: transient.Error()}}},
 			held: map[string]bool{"b": true}, freed: map[string]bool{},
-			retryIn: []time.Duration{Backoff(2, time.Minute, time.Hour, 0.5)}},
+			retryIn: []time.Duration{backoff(2, time.Minute, time.Hour, 0.5)}},
 		{name: "retry budget spent: dead letter frees the key", wave: msgs("a:1:3"), errs: []error{transient},
 			want: outcome{dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a",
 				Error: "retry budget exhausted after 3 attempts: " + transient.Error()}}},
@@ -158,14 +159,14 @@ func TestClassify(t *testing.T) {
 			held: map[string]bool{"a": true}, freed: map[string]bool{"a": true}},
 		{name: "deferrals are released, each kept", wave: msgs("a:1", "b:2", "c:3"), errs: []error{quota, nil, outage},
 			want:   outcome{published: []outbox.ID{2}, released: []outbox.ID{1, 3}},
-			defers: []*DeferError{quota, outage}, held: map[string]bool{}, freed: map[string]bool{}},
+			defers: []*publish.DeferError{quota, outage}, held: map[string]bool{}, freed: map[string]bool{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			results := make([]Result, len(tc.errs))
+			results := make([]publish.Result, len(tc.errs))
 			for i, err := range tc.errs {
-				results[i] = Result{Err: err}
+				results[i] = publish.Result{Err: err}
 			}
 			w := classify(tc.wave, results, policy)
 			var delays []time.Duration
@@ -220,9 +221,9 @@ func TestAdvance(t *testing.T) {
 
 func TestCountDeferred(t *testing.T) {
 	t.Parallel()
-	first := &DeferError{Reason: DeferDeployment}
+	first := &publish.DeferError{Reason: publish.DeferDeployment}
 	var st Stats
-	st.countDeferred([]*DeferError{first, {Reason: DeferQuota}, {Reason: DeferQuota}, {Reason: DeferOutage}})
+	st.countDeferred([]*publish.DeferError{first, {Reason: publish.DeferQuota}, {Reason: publish.DeferQuota}, {Reason: publish.DeferOutage}})
 	if st.DeferredDeployment != 1 || st.DeferredQuota != 2 || st.DeferredOutage != 1 || st.deferred != first {
 		t.Errorf("stats = %+v, want 1 deployment, 2 quota, 1 outage, the first kept", st)
 	}
@@ -254,7 +255,7 @@ func TestPublishBatch(t *testing.T) {
 			want:    outcome{published: []outbox.ID{2, 4}, retries: []outboxstore.Retry{{ID: 1}}, released: []outbox.ID{3}}},
 		{name: "fifo: a dead letter unblocks its key", ordering: OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:2")},
-			fail:    map[outbox.ID]error{1: Permanent(errors.New("400"))},
+			fail:    map[outbox.ID]error{1: publish.Permanent(errors.New("400"))},
 			calls:   [][]outbox.ID{{1}},
 			want:    outcome{dead: []outboxstore.Failure{{ID: 1}}, released: []outbox.ID{2}}, unblocked: true},
 		{name: "undecodable row holds its key before any call", ordering: OrderingPublish,
@@ -268,7 +269,7 @@ func TestPublishBatch(t *testing.T) {
 			want:    outcome{published: []outbox.ID{2}, retries: []outboxstore.Retry{{ID: 1}}}},
 		{name: "a deferral stops the batch", ordering: OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3")},
-			fail:    map[outbox.ID]error{2: &DeferError{Reason: DeferQuota}},
+			fail:    map[outbox.ID]error{2: &publish.DeferError{Reason: publish.DeferQuota}},
 			calls:   [][]outbox.ID{{1, 2}},
 			want:    outcome{published: []outbox.ID{1}, released: []outbox.ID{2, 3}}, unblocked: true},
 		{name: "out of time: everything released unsent", ordering: OrderingFIFO, expired: true,
@@ -279,9 +280,9 @@ func TestPublishBatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var calls [][]outbox.ID
-			pub := PublisherFunc(func(_ context.Context, ms []outbox.Message) []Result {
+			pub := PublisherFunc(func(_ context.Context, ms []outbox.Message) []publish.Result {
 				calls = append(calls, ids(ms))
-				res := make([]Result, len(ms))
+				res := make([]publish.Result, len(ms))
 				for i, m := range ms {
 					res[i].Err = tc.fail[m.ID]
 				}

@@ -9,46 +9,43 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// MaxDeliveryAttempt bounds how long one QStash delivery attempt can be in flight: the
+// maxDeliveryAttempt bounds how long one QStash delivery attempt can be in flight: the
 // webhook is a Lambda, and no invocation outlives Lambda's 15-minute maximum. A delivery
 // whose response QStash did not see (the handler committed, then timed out) is retried.
-const MaxDeliveryAttempt = 15 * time.Minute
+const maxDeliveryAttempt = 15 * time.Minute
 
-// QStashBackoffCap is QStash's longest delay between retries: min(86400, e^(2.5n)) s.
-const QStashBackoffCap = 24 * time.Hour
+// qstashBackoffCap is QStash's longest delay between retries: min(86400, e^(2.5n)) s.
+const qstashBackoffCap = 24 * time.Hour
 
-// QStashRetryHorizon is the longest QStash can keep delivering one message: the sum of its
-// default backoff min(86400, e^(2.5n)) s for n = 1..retries, plus one MaxDeliveryAttempt
+// qstashRetryHorizon is the longest QStash can keep delivering one message: the sum of its
+// default backoff min(86400, e^(2.5n)) s for n = 1..retries, plus one maxDeliveryAttempt
 // per attempt (1 + retries).
-func QStashRetryHorizon(retries int) time.Duration {
+func qstashRetryHorizon(retries int) time.Duration {
 	var total time.Duration
 	for n := 1; n <= retries; n++ {
-		s := math.Min(QStashBackoffCap.Seconds(), math.Exp(2.5*float64(n)))
+		s := math.Min(qstashBackoffCap.Seconds(), math.Exp(2.5*float64(n)))
 		total += time.Duration(s * float64(time.Second))
 	}
-	return total + time.Duration(retries+1)*MaxDeliveryAttempt
+	return total + time.Duration(retries+1)*maxDeliveryAttempt
 }
 
-// RelayRetryHorizon is the longest the relay can keep re-publishing one event: every
+// relayRetryHorizon is the longest the relay can keep re-publishing one event: every
 // backoff ceiling up to MaxAttempts (relay.Config.RetryHorizon), plus a full lease per
 // attempt, because an attempt may hold its lease until it expires before its backoff
 // even starts (a relay that died mid-publish).
-func RelayRetryHorizon(cfg relay.Config) time.Duration {
+func relayRetryHorizon(cfg relay.Config) time.Duration {
 	cfg = cfg.WithDefaults()
 	return cfg.RetryHorizon() + time.Duration(cfg.MaxAttempts)*cfg.Lease
 }
 
 // Horizon is the longest time between a consumer first processing a message and the last
 // possible delivery of the same message id: a publish the relay believed failed (the
-// response was lost) is retried as late as RelayRetryHorizon, and that publish is
-// delivered, at the latest, QStashRetryHorizon later. QStash's 10-minute deduplication
+// response was lost) is retried as late as relayRetryHorizon, and that publish is
+// delivered, at the latest, qstashRetryHorizon later. QStash's 10-minute deduplication
 // window is deliberately not added: it removes duplicates inside it, it never delays one.
 func Horizon(relayCfg relay.Config, qstashRetries int) time.Duration {
-	return RelayRetryHorizon(relayCfg) + QStashRetryHorizon(qstashRetries)
+	return relayRetryHorizon(relayCfg) + qstashRetryHorizon(qstashRetries)
 }
-
-// DefaultHorizon is Horizon with the relay's defaults and QStash's default 3 retries.
-func DefaultHorizon() time.Duration { return Horizon(relay.Config{}, 3) }
 
 // ValidateDedupeTTL refuses a dedupe TTL that does not outlive the whole retry horizon: a
 // record deleted before the last possible redelivery lets that redelivery run its side
@@ -77,8 +74,8 @@ func outlivesHorizon(field string, d time.Duration, relayCfg relay.Config, qstas
 	if d <= h {
 		return &publish.ConfigError{Config: "retention", Field: field, Reason: fmt.Sprintf("%v (%.0fs) is shorter than the retry horizon %v (%.0fs: relay %v + QStash %d retries %v); "+
 			"%s: raise it above %v or shorten the retry budgets",
-			d, d.Seconds(), h.Round(time.Second), h.Seconds(), RelayRetryHorizon(relayCfg).Round(time.Second),
-			qstashRetries, QStashRetryHorizon(qstashRetries).Round(time.Second), risk, h.Round(time.Hour)+time.Hour)}
+			d, d.Seconds(), h.Round(time.Second), h.Seconds(), relayRetryHorizon(relayCfg).Round(time.Second),
+			qstashRetries, qstashRetryHorizon(qstashRetries).Round(time.Second), risk, h.Round(time.Hour)+time.Hour)}
 	}
 	return nil
 }

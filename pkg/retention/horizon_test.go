@@ -11,7 +11,7 @@ import (
 func TestQStashRetryHorizon(t *testing.T) {
 	t.Parallel()
 	// QStash's documented table: 12s, 2m28s, 30m8s, 6h7m6s, then 24h; plus one
-	// MaxDeliveryAttempt per attempt.
+	// maxDeliveryAttempt per attempt.
 	backoff := map[int]time.Duration{
 		0: 0,
 		1: 12 * time.Second,
@@ -19,8 +19,8 @@ func TestQStashRetryHorizon(t *testing.T) {
 		5: (12+148+1808+22026)*time.Second + 24*time.Hour,
 	}
 	for retries, b := range backoff {
-		w := b + time.Duration(retries+1)*MaxDeliveryAttempt
-		got := QStashRetryHorizon(retries)
+		w := b + time.Duration(retries+1)*maxDeliveryAttempt
+		got := qstashRetryHorizon(retries)
 		if d := got - w; d < -2*time.Second || d > 2*time.Second {
 			t.Errorf("QStashRetryHorizon(%d) = %v, want about %v", retries, got, w)
 		}
@@ -31,7 +31,7 @@ func TestRelayRetryHorizon(t *testing.T) {
 	t.Parallel()
 	// Defaults: ceilings 60,120,240,480,960,1920 s then 1h for attempts 7..11; 12 leases of 30s.
 	want := (60+120+240+480+960+1920)*time.Second + 5*time.Hour + 12*30*time.Second
-	if got := RelayRetryHorizon(relay.Config{}); got != want {
+	if got := relayRetryHorizon(relay.Config{}); got != want {
 		t.Fatalf("RelayRetryHorizon = %v, want %v", got, want)
 	}
 }
@@ -41,7 +41,7 @@ func TestValidateDedupeTTL(t *testing.T) {
 	if err := ValidateDedupeTTL(DefaultDedupeTTL, relay.Config{}, 3); err != nil {
 		t.Fatalf("the default TTL must pass with the default config: %v", err)
 	}
-	if h := DefaultHorizon(); h > 8*time.Hour || h < 7*time.Hour {
+	if h := Horizon(relay.Config{}, 3); h > 8*time.Hour || h < 7*time.Hour {
 		t.Fatalf("default horizon %v moved; update DefaultDedupeTTL's doc", h)
 	}
 	if err := ValidateDedupeTTL(DefaultDedupeTTL, relay.Config{}, 17); err != nil {

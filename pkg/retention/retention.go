@@ -27,7 +27,7 @@ import (
 const (
 	// DefaultOutboxRetention keeps a week of dispatched events for audits and redrives.
 	DefaultOutboxRetention = 7 * 24 * time.Hour
-	// DefaultDedupeTTL is 14 days. The default retry horizon (DefaultHorizon: the relay's
+	// DefaultDedupeTTL is 14 days. The default retry horizon (defaultHorizon: the relay's
 	// 12 attempts with 30s..1h backoff, plus QStash's 3 retries and their delivery
 	// attempts) is under 8 hours, so 14 days leaves a wide margin, and it still passes
 	// ValidateDedupeTTL with QStash retries raised up to 17 (each retry from the fifth on

@@ -14,7 +14,7 @@ func Permanent(err error) error {
 }
 
 // IsPermanent reports whether err, or an error it wraps, has a Permanent() bool method
-// returning true (so errors marked by relay.Permanent count too).
+// returning true (so errors marked by publish.Permanent count too).
 func IsPermanent(err error) bool {
 	var p interface{ Permanent() bool }
 	return errors.As(err, &p) && p.Permanent()

@@ -53,9 +53,9 @@ const (
 	OutcomeTooLarge = receive.OutcomeTooLarge
 )
 
-// UnknownTopic is the topic passed to Config.Observe for a topic with no handler, so an
+// unknownTopic is the topic passed to Config.Observe for a topic with no handler, so an
 // unauthenticated client cannot create metric series by inventing paths.
-const UnknownTopic = "unknown"
+const unknownTopic = "unknown"
 
 // Delivery is one verified QStash delivery, as a HandlerFunc sees it.
 type Delivery struct {
@@ -106,7 +106,7 @@ type Config struct {
 	// Logger receives one line per delivery. Default slog.Default().
 	Logger *slog.Logger
 	// Observe, when set, is called once per delivery on /events/{topic} with the topic (or
-	// UnknownTopic) and one of the Outcome* values, e.g. to count deliveries in metrics.
+	// "unknown") and one of the Outcome* values, e.g. to count deliveries in metrics.
 	Observe func(topic, outcome string)
 	// Legacy, when set, is the fallback for deliveries published before the message id
 	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
@@ -225,7 +225,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	fn, known := h.cfg.Handlers[topic]
 	label := topic
 	if !known {
-		label = UnknownTopic
+		label = unknownTopic
 	}
 	a := &receive.Answer{W: w, R: r, Log: h.cfg.Logger.With(slog.String("topic", label))}
 	if h.cfg.Observe != nil {
@@ -265,7 +265,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	sum := sha256.Sum256(body)
 	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
 	if outcome != 0 && span.IsRecording() {
-		span.SetAttributes(InboxOutcomeKey.String(outcome.String()))
+		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
@@ -282,9 +282,9 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// InboxOutcomeKey is the span attribute that says what the inbox did with a delivery:
+// inboxOutcomeKey is the span attribute that says what the inbox did with a delivery:
 // inbox.Processed, Duplicate or Conflict as a word.
-const InboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
+const inboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
 
 // handleOnce runs fn once per message id in the inbox transaction, inside an "inbox
 // commit" span (the delivery span's child) when tracing is on, so spans the handler starts
@@ -299,7 +299,7 @@ func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, su
 	defer span.End()
 	outcome, err := inbox.HandleOnce(ctx, h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum, work, inbox.Retried(d.Attempt))
 	if outcome != 0 {
-		span.SetAttributes(InboxOutcomeKey.String(outcome.String()))
+		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}
 	if err != nil && outcome != inbox.Conflict {
 		// The handler's error text may quote the payload: spans get the class only.

@@ -1,7 +1,7 @@
 // Package pgtest gives each test its own migrated Postgres schema, so tests that share one
 // server run in parallel without seeing each other's rows.
 //
-// The server comes from DATABASE_URL (default DefaultURL). When it cannot be reached the test
+// The server comes from DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test). When it cannot be reached the test
 // fails under CI=true and is skipped, with the reason, otherwise.
 package pgtest
 
@@ -20,15 +20,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
-// DefaultURL is the database used when DATABASE_URL is unset: the dev machines' local server.
-const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+// defaultURL is the database used when DATABASE_URL is unset: the dev machines' local server.
+const defaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
-// URL returns DATABASE_URL or DefaultURL.
+// URL returns DATABASE_URL or defaultURL.
 func URL() string {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		return u
 	}
-	return DefaultURL
+	return defaultURL
 }
 
 // DB is one test's schema on the shared server.
@@ -147,42 +147,6 @@ func unreachable(tb testing.TB, err error) {
 		tb.Fatal(msg)
 	}
 	tb.Skip(msg)
-}
-
-// Snapshot is a REPEATABLE READ transaction that has taken its snapshot and stays open:
-// it pins the server's xmin horizon, as a forgotten transaction does in production.
-type Snapshot struct {
-	// Tx is the open transaction.
-	Tx pgx.Tx
-	// PID is its backend's process id.
-	PID int64
-	// Began was read before BEGIN: the server dates the transaction from BEGIN, so its
-	// age is at most time.Since(Began), where a clock read after BEGIN could lag it.
-	Began time.Time
-}
-
-// HoldSnapshot opens a connection of its own on the schema, named application
-// (application_name, which health reports show), and holds a Snapshot on it until the
-// test ends; the transaction is rolled back before the schema is dropped.
-func (db *DB) HoldSnapshot(tb testing.TB, application string) Snapshot {
-	tb.Helper()
-	ctx := context.Background()
-	cfg := db.Pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = application
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("pgtest: connect %s: %v", application, err)
-	}
-	tb.Cleanup(func() { conn.Close(context.Background()) })
-	s := Snapshot{Began: time.Now()}
-	if s.Tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}); err != nil {
-		tb.Fatalf("pgtest: begin %s: %v", application, err)
-	}
-	tb.Cleanup(func() { _ = s.Tx.Rollback(context.Background()) })
-	if err := s.Tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&s.PID); err != nil { // takes the snapshot
-		tb.Fatalf("pgtest: snapshot %s: %v", application, err)
-	}
-	return s
 }
 
 // OpenPool opens a pool of its own on url (a DB's URL, or another database's), tuned by

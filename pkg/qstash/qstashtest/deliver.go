@@ -204,7 +204,7 @@ func (s *Server) retryDelay(m *message, n int, res response) time.Duration {
 	if res.header != nil {
 		for _, name := range []string{"Retry-After", "X-RateLimit-Reset", "X-RateLimit-Reset-Requests", "X-RateLimit-Reset-Tokens"} {
 			if v := res.header.Get(name); v != "" {
-				if rd, ok := parseReceiverDelay(v, time.Now()); ok && rd <= MaxBackoff {
+				if rd, ok := parseReceiverDelay(v, time.Now()); ok && rd <= maxBackoff {
 					d = rd
 					break
 				}
@@ -215,14 +215,14 @@ func (s *Server) retryDelay(m *message, n int, res response) time.Duration {
 		d = m.retryDelay
 	}
 	if d < 0 {
-		d = Backoff(n)
+		d = backoff(n)
 	}
 	return time.Duration(float64(d) * s.opts.TimeScale)
 }
 
-// Backoff is QStash's default delay before retry n (n = 1 for the first retry):
+// backoff is QStash's default delay before retry n (n = 1 for the first retry):
 // min(86400, e^(2.5n)) seconds, unscaled.
-func Backoff(n int) time.Duration {
+func backoff(n int) time.Duration {
 	sec := math.Min(86400, math.Exp(2.5*float64(n)))
 	return time.Duration(sec * float64(time.Second))
 }

@@ -236,13 +236,6 @@ func (s *Server) ResetQuota() {
 	s.mu.Unlock()
 }
 
-// QuotaUsed is the number of messages counted against QuotaMessages in this period.
-func (s *Server) QuotaUsed() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.quotaUsed
-}
-
 type batchRequestItem struct {
 	Destination string            `json:"destination"`
 	Headers     map[string]string `json:"headers"`

@@ -42,8 +42,8 @@ const (
 	DefaultAddr            = "127.0.0.1:8080"
 	DefaultDedupWindow     = 10 * time.Minute
 	DefaultDeliveryTimeout = 30 * time.Second
-	// MaxBackoff is QStash's cap on the default retry delay (one day).
-	MaxBackoff = 24 * time.Hour
+	// maxBackoff is QStash's cap on the default retry delay (one day).
+	maxBackoff = 24 * time.Hour
 )
 
 // Options configures a Server. Zero fields take the defaults.

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -103,7 +104,7 @@ type recordingPublisher struct {
 	ok     map[outbox.ID]int
 }
 
-func (p *recordingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (p *recordingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	p.mu.Lock()
 	p.calls++
 	call := p.calls

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -127,7 +128,7 @@ type faultyPublisher struct {
 	dead     atomic.Bool
 }
 
-func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []relay.Result {
+func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
 	if p.dead.Load() {
 		runtime.Goexit() // the process is gone
 	}
@@ -159,7 +160,7 @@ func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []
 }
 
 // publish draws the per-batch faults with x.
-func (p *faultyPublisher) publish(ctx context.Context, msgs []outbox.Message, x float64) []relay.Result {
+func (p *faultyPublisher) publish(ctx context.Context, msgs []outbox.Message, x float64) []publish.Result {
 	switch f := p.f; {
 	case x < f.CrashBeforePublish:
 		p.in.add(FaultCrashBeforePublish, 1)

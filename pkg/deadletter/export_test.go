@@ -1,0 +1,4 @@
+package deadletter
+
+// ErrorText is the error text a delivery failure records, for the tests that compare it.
+func (f DeliveryFailure) ErrorText() string { return f.errorText() }
