@@ -115,12 +115,12 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	ret := cfg.Retention
 	ret.Logger = logger
 	p := &relayProcess{
-		pool: pool, relay: r, retention: ret, retentionEvery: *retentionEvery, gaugeEvery: *gaugeEvery, grace: *grace,
+		pool: pool, relay: r, relayCfg: rc.WithDefaults(), retention: ret, retentionEvery: *retentionEvery, gaugeEvery: *gaugeEvery, grace: *grace,
 		reg: metrics.NewRegistry(metrics.RegistryConfig{Functions: []string{metrics.FunctionRelay}}),
 		log: logger,
 	}
 	if p.grace == 0 {
-		p.grace = r.Config().Lease
+		p.grace = p.relayCfg.Lease
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -179,6 +179,7 @@ func checkLoopback(addr string) error {
 type relayProcess struct {
 	pool           *pgxpool.Pool
 	relay          *relay.Relay
+	relayCfg       relay.Config // with its defaults, as the relay runs it
 	retention      retention.Config
 	retentionEvery time.Duration
 	gaugeEvery     time.Duration
@@ -204,7 +205,7 @@ func (p *relayProcess) run(ctx context.Context, ln net.Listener) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	p.log.InfoContext(ctx, "relay started", slog.String("addr", ln.Addr().String()),
-		slog.Int("batch_size", p.relay.Config().BatchSize), slog.Duration("lease", p.relay.Config().Lease),
+		slog.Int("batch_size", p.relayCfg.BatchSize), slog.Duration("lease", p.relayCfg.Lease),
 		slog.Duration("retention_interval", p.retentionEvery))
 
 	stopped := make(chan struct{})
@@ -320,7 +321,7 @@ func (p *relayProcess) healthz(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "unhealthy: no successful drain for %s: %s\n", since.Round(time.Second), strings.TrimSpace(*last))
 		return
 	}
-	if since > 3*relayChunk+p.relay.Config().Lease {
+	if since > 3*relayChunk+p.relayCfg.Lease {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "unhealthy: the drain loop has not completed for %s\n", since.Round(time.Second))
 		return

@@ -62,9 +62,6 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// Config returns the effective configuration (defaults applied).
-func (r *Relay) Config() Config { return r.cfg }
-
 // Stats counts what a drain did.
 type Stats struct {
 	// Batches counts claims that leased at least one row.
