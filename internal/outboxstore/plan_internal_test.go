@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -53,7 +55,10 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40, nil, 0, 1, -1)
+			// No bounds; pending_from's walk starts at the first id.
+			args := claimArgs(batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40,
+				walkParams{pendingFrom: pgtype.Int8{Int64: 1, Valid: true}, reopened: -1})
+			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, args)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -88,7 +93,7 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 			}
 			// EXPLAIN shows JIT only with costs.
 			var jit bool
-			jrows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF) "+qClaim, batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40, nil, 0, 1, -1)
+			jrows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF) "+qClaim, args)
 			if err != nil {
 				t.Fatal(err)
 			}

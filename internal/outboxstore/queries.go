@@ -1,33 +1,34 @@
 package outboxstore
 
-// Relay statements. Every one runs once per batch. $now is NULL in production (the
+// Relay statements. Every one runs once per batch. The clock (@now in the claim, the last
+// timestamptz parameter of the others) is NULL in production (the
 // database clock) and a fixed instant in tests, so no test sleeps for time to pass.
 const (
-	// qClaim leases up to $1 ready rows under token $2 for $4 (an interval) in ONE statement,
+	// qClaim leases up to @batch ready rows under token @token for @lease (an interval) in ONE statement,
 	// keeping per-key FIFO: a row is claimed only together with every pending row of its key
-	// that has a smaller id. $5 is the window size (how far into the ready index to look).
+	// that has a smaller id. @window is the window size (how far into the ready index to look).
 	//
 	// win walks outbox_ready_idx in (available_at, id) order and looks up each row's key head
 	// (its smallest pending id, outbox_pending_key_idx, one probe). Rows whose head is not
 	// ready (backing off, or leased by a relay) are skipped during the walk, so a blocked key
 	// does not fill the window and starve the others.
 	//
-	// heads keeps the heads of up to $1 keys seen in the window, in walk order (a head itself
+	// heads keeps the heads of up to @batch keys seen in the window, in walk order (a head itself
 	// may lie beyond the window, e.g. after a redrive). chosen extends each head with its
 	// key's next pending ids while they are ready, up to lim per key, and takes whole runs,
-	// oldest key first, until it has $1 rows: a hot key's backlog goes out in one batch, not
-	// one per claim. lim is $1 shared out over the heads, but at least $6: a relay with $6
-	// batches in flight needs the keys' backlogs spread over $6 batches, not one event per
+	// oldest key first, until it has @batch rows: a hot key's backlog goes out in one batch, not
+	// one per claim. lim is @batch shared out over the heads, but at least @key_run: a relay with @key_run
+	// batches in flight needs the keys' backlogs spread over @key_run batches, not one event per
 	// key in each, because a key whose head is in flight cannot be claimed again (measured at
 	// a 30 ms round trip, 1,000 keys, batch 500: with one event per key only two batches could
 	// be in flight). The heads go into the lateral in walk order and each run comes out in id
-	// order, so the nested loop's output is already in (ord, rn) order and LIMIT $1 stops it
-	// after the $1st row: the runs of later keys are never read. There is deliberately no
+	// order, so the nested loop's output is already in (ord, rn) order and LIMIT @batch stops it
+	// after the @batchst row: the runs of later keys are never read. There is deliberately no
 	// ORDER BY: on a table without statistics the planner answered one with a full sort over
 	// every key's run (8,000 probes for a batch of 1,000). Should a run ever come out of order,
 	// eligible still takes only gap-free prefixes, so order costs fairness, never
 	// correctness. With lim 1 (one
-	// batch in flight, at least $1 keys) every key gets one row, the head itself, whose
+	// batch in flight, at least @batch keys) every key gets one row, the head itself, whose
 	// readiness win already checked: the first branch answers that case without an index
 	// probe per key (measured: about a quarter of the claim's time at batch 500 over 1,000
 	// keys).
@@ -53,13 +54,13 @@ const (
 	// per id even before the table has statistics (an unanalysed table got a nested loop
 	// over every pending row here).
 	//
-	// $8, $9 and $10 bound the walks that a pinned xmin horizon would otherwise make grow
+	// @ready_from, @id_from and @pending_from bound the walks that a pinned xmin horizon would otherwise make grow
 	// with every event since the pin (walk.go says how the Store chooses them; NULL, 0 and
-	// NULL walk everything): win starts the ready index at available_at $8, and each head
-	// probe starts its key at id $9, or at the window row's own id if that is smaller (so a
+	// NULL walk everything): win starts the ready index at available_at @ready_from, and each head
+	// probe starts its key at id @id_from, or at the window row's own id if that is smaller (so a
 	// row below the bound still finds itself as its key's head and is never starved by
-	// it), unless migration 0016's counter of reopened rows is no longer $11: a row made
-	// pending again below $9 counts there before its transaction commits, so a claim that
+	// it), unless migration 0016's counter of reopened rows is no longer @reopened: a row made
+	// pending again below @id_from counts there before its transaction commits, so a claim that
 	// can see the row sees the count too, and then probes every key from its start. The
 	// counter is looked up by name (to_regclass), not referenced: binaries deployed before
 	// `migrate up` ran 0016 claim as before, with no id bound (reopened -1), instead of
@@ -68,14 +69,14 @@ const (
 	// the first nextval).
 	//
 	// The last five columns feed the next claim's bounds, read in this statement's
-	// snapshot: db_now, ready_from (the oldest ready row at or after $8), pending_from, a
-	// lower bound of the pending ids: a walk of the primary key from $10 up to the first
+	// snapshot: db_now, ready_from (the oldest ready row at or after @ready_from), pending_from, a
+	// lower bound of the pending ids: a walk of the primary key from @pending_from up to the first
 	// pending row, or over 2,000 rows, after which it says "past the last row walked" (a
 	// long run of dispatched rows after a row that backed off for an hour takes several
 	// claims, not one long one). The 2,000 are a LIMIT on an ordered subquery rather than
 	// an upper bound on id: a range with both ends was planned as a bitmap scan and a sort
 	// of every row in it on a never-analysed table, the LIMIT as an index walk in every
-	// state (the plan test checks it). With $10 NULL, the
+	// state (the plan test checks it). With @pending_from NULL, the
 	// minimum over the pending rows, written min(id + 0) so the planner cannot make it a
 	// primary-key walk over the retained history. Then max_id and reopened (migration
 	// 0016's counter of rows made pending again).
@@ -89,7 +90,7 @@ const (
 	//
 	// kept is the byte budget: chosen's rows in chosen's order (oldest keys first, each
 	// key's run in id order) while the payloads before a row, as stored (pg_column_size,
-	// read from the tuple locked already: no TOASTed value is fetched), stay under $7. The
+	// read from the tuple locked already: no TOASTed value is fetched), stay under @budget. The
 	// first row always fits, so one event larger than the budget still moves, and a cut in
 	// that order leaves every key a prefix of its run. Rows cut are locked by this
 	// statement only and stay ready. bytes_cut tells the caller the budget left rows out.
@@ -107,24 +108,24 @@ WITH win AS MATERIALIZED (
         FROM outbox h
         WHERE h.partition_key = o.partition_key
           AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL
-          AND h.id >= least(CASE WHEN coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), -1) = $11::bigint AND $11::bigint >= 0
-                                 THEN $9::bigint ELSE 0 END, o.id)
+          AND h.id >= least(CASE WHEN coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), -1) = @reopened::bigint AND @reopened::bigint >= 0
+                                 THEN @id_from::bigint ELSE 0 END, o.id)
         ORDER BY h.id
         LIMIT 1) hd
     WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
-      AND o.available_at >= coalesce($8::timestamptz, '-infinity')
-      AND o.available_at <= coalesce($3::timestamptz, now())
-      AND hd.head_at <= coalesce($3::timestamptz, now())
+      AND o.available_at >= coalesce(@ready_from::timestamptz, '-infinity')
+      AND o.available_at <= coalesce(@now::timestamptz, now())
+      AND hd.head_at <= coalesce(@now::timestamptz, now())
     ORDER BY o.available_at, o.id
-    LIMIT $5
+    LIMIT @window
 ), heads AS (
     SELECT partition_key, head_id AS id, min(w.ord) AS ord
     FROM (SELECT partition_key, head_id, row_number() OVER () AS ord FROM win) w
     GROUP BY partition_key, head_id
     ORDER BY min(w.ord)
-    LIMIT $1
+    LIMIT @batch
 ), per_key AS (
-    SELECT greatest(ceil($1::numeric / greatest(count(*), 1))::int, $6) AS lim FROM heads
+    SELECT greatest(ceil(@batch::numeric / greatest(count(*), 1))::int, @key_run) AS lim FROM heads
 ), chosen AS (
     SELECT h.partition_key, h.id, 1::bigint AS rn, h.ord
     FROM heads h, per_key
@@ -136,7 +137,7 @@ WITH win AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT s.id,
                row_number() OVER (ORDER BY s.id) AS rn,
-               bool_and(s.available_at <= coalesce($3::timestamptz, now())) OVER (ORDER BY s.id) AS ready
+               bool_and(s.available_at <= coalesce(@now::timestamptz, now())) OVER (ORDER BY s.id) AS ready
         FROM (
             SELECT p.id, p.available_at
             FROM outbox p
@@ -146,13 +147,13 @@ WITH win AS MATERIALIZED (
             ORDER BY p.id
             LIMIT per_key.lim) s) r
     WHERE per_key.lim > 1 AND r.ready
-    LIMIT $1)
+    LIMIT @batch)
 ), locked AS (
     SELECT o.id, o.partition_key, pg_column_size(o.payload) AS stored
     FROM outbox o
     WHERE o.id = ANY (ARRAY(SELECT id FROM chosen))
       AND coalesce(o.dispatched_at, o.dead_lettered_at) IS NULL
-      AND o.available_at <= coalesce($3::timestamptz, now())
+      AND o.available_at <= coalesce(@now::timestamptz, now())
     FOR UPDATE SKIP LOCKED
 ), eligible AS (
     SELECT id, ord, rn, stored
@@ -169,13 +170,13 @@ WITH win AS MATERIALIZED (
     SELECT id
     FROM (SELECT id, sum(stored) OVER (ORDER BY ord, rn ROWS UNBOUNDED PRECEDING) - stored AS before
           FROM eligible) y
-    WHERE before < $7
+    WHERE before < @budget
 )
 UPDATE outbox o
-SET lease_token  = $2,
+SET lease_token  = @token,
     attempts     = o.attempts + 1,
-    locked_until = coalesce($3::timestamptz, now()) + $4::interval,
-    available_at = coalesce($3::timestamptz, now()) + $4::interval
+    locked_until = coalesce(@now::timestamptz, now()) + @lease::interval,
+    available_at = coalesce(@now::timestamptz, now()) + @lease::interval
 WHERE o.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
           pg_column_size(o.payload) AS stored,
@@ -183,23 +184,23 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
           coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut,
           (SELECT coalesce(max(ord), 0) FROM chosen) AS keys_end,
           (SELECT count(*) FROM eligible) > (SELECT count(*) FROM kept) AS bytes_cut,
-          coalesce($3::timestamptz, now()) AS db_now,
+          coalesce(@now::timestamptz, now()) AS db_now,
           (SELECT a.available_at FROM outbox a
            WHERE a.dispatched_at IS NULL AND a.dead_lettered_at IS NULL
-             AND a.available_at >= coalesce($8::timestamptz, '-infinity')
-             AND a.available_at <= coalesce($3::timestamptz, now())
+             AND a.available_at >= coalesce(@ready_from::timestamptz, '-infinity')
+             AND a.available_at <= coalesce(@now::timestamptz, now())
            ORDER BY a.available_at, a.id LIMIT 1) AS ready_from,
           coalesce((SELECT s.id
                     FROM (SELECT p.id, p.dispatched_at, p.dead_lettered_at FROM outbox p
-                          WHERE p.id >= $10::bigint ORDER BY p.id LIMIT 2000) s
+                          WHERE p.id >= @pending_from::bigint ORDER BY p.id LIMIT 2000) s
                     WHERE coalesce(s.dispatched_at, s.dead_lettered_at) IS NULL
                     ORDER BY s.id LIMIT 1),
                    (SELECT max(s.id) + 1
-                    FROM (SELECT p.id FROM outbox p WHERE p.id >= $10::bigint ORDER BY p.id LIMIT 2000) s),
-                   CASE WHEN $10::bigint IS NULL THEN
+                    FROM (SELECT p.id FROM outbox p WHERE p.id >= @pending_from::bigint ORDER BY p.id LIMIT 2000) s),
+                   CASE WHEN @pending_from::bigint IS NULL THEN
                        (SELECT min(p.id + 0) FROM outbox p
                         WHERE p.dispatched_at IS NULL AND p.dead_lettered_at IS NULL)
-                   ELSE $10::bigint END) AS pending_from,
+                   ELSE @pending_from::bigint END) AS pending_from,
           (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
           CASE WHEN to_regclass('outbox_reopened_seq') IS NULL THEN -1
                ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened`

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -150,8 +151,7 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 		}
 		go s.probeBelow(wp.probeBelow, clock)
 	}
-	rows, err := s.query(ctx, qClaimPlanner, qClaim, limit, lease.Token, now, d, window, max(keyRun, 1), budget,
-		wp.readyFrom, wp.idFrom, wp.pendingFrom, wp.reopened)
+	rows, err := s.query(ctx, qClaimPlanner, qClaim, claimArgs(limit, lease.Token, now, d, window, max(keyRun, 1), budget, wp))
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -203,6 +203,15 @@ func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, max
 		s.textPerStored.Store(math.Float64bits(float64(c.Bytes) / float64(storedSum)))
 	}
 	return c, nil
+}
+
+// claimArgs are qClaim's named arguments (see its comment); lease is an interval: a
+// time.Duration, or text in tests.
+func claimArgs(n int, token pgtype.UUID, now *time.Time, lease any, window, keyRun int, budget int64, p walkParams) pgx.NamedArgs {
+	return pgx.NamedArgs{
+		"batch": n, "token": token, "now": now, "lease": lease, "window": window, "key_run": keyRun, "budget": budget,
+		"ready_from": p.readyFrom, "id_from": p.idFrom, "pending_from": p.pendingFrom, "reopened": p.reopened,
+	}
 }
 
 // probeBelow looks for the oldest ready row below the claims' ready bound (walk.go), on

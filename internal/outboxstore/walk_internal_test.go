@@ -119,8 +119,8 @@ func (r *walkRig) buffers(bounded bool) int {
 		r.t.Fatal(err)
 	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+qClaim, 1000, lease.Token, r.clock, "1 minute", 1000, 4,
-		int64(1)<<40, p.readyFrom, p.idFrom, p.pendingFrom, p.reopened).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+qClaim,
+		claimArgs(1000, lease.Token, &r.clock, "1 minute", 1000, 4, int64(1)<<40, p)).Scan(&plan); err != nil {
 		r.t.Fatal(err)
 	}
 	var out []struct {
