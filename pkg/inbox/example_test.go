@@ -33,7 +33,7 @@ func ExampleHandleOnce() {
 	}
 	// The same message delivered twice, as QStash may after a timeout.
 	for range 2 {
-		outcome, err := inbox.HandleOnce(ctx, db.Pool, "billing", "outbox-7", hash[:], credit)
+		outcome, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "billing", ID: "outbox-7", PayloadHash: hash[:]}, credit)
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -56,45 +56,43 @@ type TxBeginner interface {
 // rolls back its writes and the dedupe record, so a retry runs it again.
 type Work func(ctx context.Context, tx pgx.Tx) error
 
-// Option adds to what HandleOnce records with a message.
-type Option func(*record)
-
-type record struct {
-	retried *int
+// Message identifies the delivery HandleOnce runs work for.
+type Message struct {
+	// Consumer names the handler: each consumer has its own record of what it processed.
+	// Required.
+	Consumer string
+	// ID is the delivery's message id (the signed outbox identity, or QStash's message id).
+	// Required.
+	ID string
+	// PayloadHash (e.g. sha256 of the delivered body) is stored with the record: a later
+	// delivery of the same ID with a different non-nil hash is a Conflict. nil is never one.
+	PayloadHash []byte
+	// Retried is the delivery's Upstash-Retried (0 on the first attempt), stored so that
+	// operators see how many attempts deliveries took (outboxctl status). nil, or a value
+	// outside 0..1000 (the header is not signed), is stored as unknown.
+	Retried *int
 }
 
-// Retried records n (the delivery's Upstash-Retried: 0 on the first attempt) with the
-// message, so operators can see how many attempts deliveries took (outboxctl status).
-// Without it, or with n outside 0..MaxRetried (the header is not signed), the count is
-// recorded as unknown.
-func Retried(n int) Option {
-	return func(r *record) {
-		if n >= 0 && n <= maxRetried {
-			r.retried = &n
-		}
-	}
-}
-
-// maxRetried bounds the retry count Retried records; QStash's plans allow at most 20.
+// maxRetried bounds the retry count HandleOnce records; QStash's plans allow at most 20.
 const maxRetried = 1000
 
-// HandleOnce runs work for (consumer, messageID) unless that pair has already committed.
+// HandleOnce runs work for (msg.Consumer, msg.ID) unless that pair has already committed.
 //
 // In one READ COMMITTED transaction it inserts the dedupe record, runs work and commits.
-// payloadHash (e.g. sha256 of the delivered body) is stored with the record; a later
-// delivery of the same id with a different non-nil hash yields Conflict and an error
-// wrapping ErrPayloadConflict. A nil hash on either side is never a conflict.
+// A later delivery of the same id with a different non-nil PayloadHash yields Conflict and
+// an error wrapping ErrPayloadConflict.
 //
 // Results: (Processed, nil) after a commit; (Duplicate, nil) when already processed;
 // (Conflict, err) as above; (0, err) when work or the database failed, with everything
 // rolled back. Errors from work are wrapped, so errors.Is/As still see them.
-func HandleOnce(ctx context.Context, db TxBeginner, consumer, messageID string, payloadHash []byte, work Work, opts ...Option) (Outcome, error) {
+func HandleOnce(ctx context.Context, db TxBeginner, msg Message, work Work) (Outcome, error) {
+	consumer, messageID, payloadHash := msg.Consumer, msg.ID, msg.PayloadHash
 	if consumer == "" || messageID == "" {
 		return 0, errors.New("handle message once: consumer and message id must be non-empty")
 	}
-	var rec record
-	for _, o := range opts {
-		o(&rec)
+	retried := msg.Retried
+	if retried != nil && (*retried < 0 || *retried > maxRetried) {
+		retried = nil
 	}
 	// READ COMMITTED explicitly: under REPEATABLE READ or SERIALIZABLE a concurrent
 	// duplicate would fail with a serialization error instead of waiting and seeing it.
@@ -106,7 +104,7 @@ func HandleOnce(ctx context.Context, db TxBeginner, consumer, messageID string, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	var inserted bool
-	err = tx.QueryRow(ctx, qClaim, consumer, messageID, payloadHash, rec.retried).Scan(&inserted)
+	err = tx.QueryRow(ctx, qClaim, consumer, messageID, payloadHash, retried).Scan(&inserted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return duplicateOrConflict(ctx, tx, consumer, messageID, payloadHash)

@@ -44,7 +44,7 @@ func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 	ctx := context.Background()
 
 	for i, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate, inbox.Duplicate} {
-		got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1"))
+		got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, effect("m1"))
 		if err != nil || got != want {
 			t.Fatalf("delivery %d: got (%v, %v), want (%v, nil)", i, got, err, want)
 		}
@@ -53,7 +53,7 @@ func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 		t.Fatalf("effects = %d, want 1", n)
 	}
 	// The same id under another consumer is another message.
-	if got, err := inbox.HandleOnce(ctx, db.Pool, "other", "m1", hash("p"), effect("m1")); err != nil || got != inbox.Processed {
+	if got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "other", ID: "m1", PayloadHash: hash("p")}, effect("m1")); err != nil || got != inbox.Processed {
 		t.Fatalf("other consumer: got (%v, %v)", got, err)
 	}
 	var stored []byte
@@ -71,7 +71,7 @@ func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
 	ctx := context.Background()
 	boom := errors.New("boom")
 
-	got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), func(ctx context.Context, tx pgx.Tx) error {
+	got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, func(ctx context.Context, tx pgx.Tx) error {
 		if err := effect("m1")(ctx, tx); err != nil {
 			return err
 		}
@@ -87,7 +87,7 @@ func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
 		t.Fatalf("processed_messages = %d after failed work, want 0", n)
 	}
 	// The retry runs the work again and commits.
-	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1")); err != nil || got != inbox.Processed {
+	if got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, effect("m1")); err != nil || got != inbox.Processed {
 		t.Fatalf("retry: got (%v, %v)", got, err)
 	}
 	if n := db.Count(t, `SELECT count(*) FROM effects`); n != 1 {
@@ -100,11 +100,11 @@ func TestHandleOnceConflictingPayload(t *testing.T) {
 	db := setup(t)
 	ctx := context.Background()
 
-	if _, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("a"), effect("m1")); err != nil {
+	if _, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("a")}, effect("m1")); err != nil {
 		t.Fatal(err)
 	}
 	ran := false
-	got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("b"), func(context.Context, pgx.Tx) error { ran = true; return nil })
+	got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("b")}, func(context.Context, pgx.Tx) error { ran = true; return nil })
 	if got != inbox.Conflict || !errors.Is(err, inbox.ErrPayloadConflict) {
 		t.Fatalf("got (%v, %v), want (Conflict, ErrPayloadConflict)", got, err)
 	}
@@ -112,13 +112,13 @@ func TestHandleOnceConflictingPayload(t *testing.T) {
 		t.Fatal("work ran on a conflicting payload")
 	}
 	// Without a hash on either side there is nothing to compare: a duplicate.
-	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", nil, effect("m1")); err != nil || got != inbox.Duplicate {
+	if got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: nil}, effect("m1")); err != nil || got != inbox.Duplicate {
 		t.Fatalf("nil hash: got (%v, %v), want Duplicate", got, err)
 	}
-	if _, err := inbox.HandleOnce(ctx, db.Pool, "c", "m2", nil, effect("m2")); err != nil {
+	if _, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m2", PayloadHash: nil}, effect("m2")); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := inbox.HandleOnce(ctx, db.Pool, "c", "m2", hash("x"), effect("m2")); err != nil || got != inbox.Duplicate {
+	if got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m2", PayloadHash: hash("x")}, effect("m2")); err != nil || got != inbox.Duplicate {
 		t.Fatalf("stored nil hash: got (%v, %v), want Duplicate", got, err)
 	}
 }
@@ -130,11 +130,11 @@ func TestHandleOnceRecordsRetried(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	ctx := context.Background()
-	for id, opts := range map[string][]inbox.Option{
-		"first": {inbox.Retried(0)}, "third": {inbox.Retried(2)}, "unknown": nil,
-		"negative": {inbox.Retried(-1)}, "huge": {inbox.Retried(1 << 40)},
+	ptr := func(v int) *int { return &v }
+	for id, retried := range map[string]*int{
+		"first": ptr(0), "third": ptr(2), "unknown": nil, "negative": ptr(-1), "huge": ptr(1 << 40),
 	} {
-		if out, err := inbox.HandleOnce(ctx, db.Pool, "c", id, hash(id), effect(id), opts...); err != nil || out != inbox.Processed {
+		if out, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: id, PayloadHash: hash(id), Retried: retried}, effect(id)); err != nil || out != inbox.Processed {
 			t.Fatalf("%s: %v %v", id, out, err)
 		}
 	}
@@ -158,7 +158,7 @@ func TestHandleOnceRejectsEmptyIDs(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	for _, c := range [][2]string{{"", "m"}, {"c", ""}} {
-		if _, err := inbox.HandleOnce(context.Background(), db.Pool, c[0], c[1], nil, effect("x")); err == nil {
+		if _, err := inbox.HandleOnce(context.Background(), db.Pool, inbox.Message{Consumer: c[0], ID: c[1], PayloadHash: nil}, effect("x")); err == nil {
 			t.Fatalf("HandleOnce(%q, %q) accepted empty ids", c[0], c[1])
 		}
 	}
@@ -179,7 +179,7 @@ func TestHandleOnceConcurrentDeliveriesOneEffect(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			outcomes[i], errs[i] = inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("m1"))
+			outcomes[i], errs[i] = inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, effect("m1"))
 		}()
 	}
 	close(start)
@@ -222,7 +222,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 			}
 			first := make(chan result, 1)
 			go func() {
-				o, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), func(ctx context.Context, tx pgx.Tx) error {
+				o, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, func(ctx context.Context, tx pgx.Tx) error {
 					if err := effect("first")(ctx, tx); err != nil {
 						return err
 					}
@@ -243,7 +243,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 
 			second := make(chan result, 1)
 			go func() {
-				o, err := inbox.HandleOnce(ctx, db.Pool, "c", "m1", hash("p"), effect("second"))
+				o, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, effect("second"))
 				second <- result{o, err}
 			}()
 			// Wait until the second delivery is blocked on the first's transaction.
@@ -295,7 +295,7 @@ func TestHandleOnceDatabaseDown(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	db.Pool.Close()
-	if _, err := inbox.HandleOnce(context.Background(), db.Pool, "c", "m1", nil, effect("m1")); err == nil {
+	if _, err := inbox.HandleOnce(context.Background(), db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: nil}, effect("m1")); err == nil {
 		t.Fatal("HandleOnce on a closed pool returned nil error")
 	}
 }

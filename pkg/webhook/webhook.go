@@ -292,12 +292,12 @@ const inboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
 func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, sum []byte) (inbox.Outcome, error) {
 	work := func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, d) }
 	if h.cfg.Tracer == nil {
-		return inbox.HandleOnce(ctx, h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum, work, inbox.Retried(d.Attempt))
+		return inbox.HandleOnce(ctx, h.cfg.Pool, inbox.Message{Consumer: h.cfg.Consumer, ID: d.MessageID, PayloadHash: sum, Retried: &d.Attempt}, work)
 	}
 	ctx, span := h.cfg.Tracer.Start(ctx, "inbox commit", trace.WithAttributes(
 		semconv.DBSystemNamePostgreSQL, attribute.String("outbox.consumer", h.cfg.Consumer)))
 	defer span.End()
-	outcome, err := inbox.HandleOnce(ctx, h.cfg.Pool, h.cfg.Consumer, d.MessageID, sum, work, inbox.Retried(d.Attempt))
+	outcome, err := inbox.HandleOnce(ctx, h.cfg.Pool, inbox.Message{Consumer: h.cfg.Consumer, ID: d.MessageID, PayloadHash: sum, Retried: &d.Attempt}, work)
 	if outcome != 0 {
 		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}

@@ -108,7 +108,7 @@ func consumerLevel(ctx context.Context, url string, conc, n int) (ConsumerRun, e
 		body := Payload(rawRun, i, KeyName(i%1000))
 		sum := sha256.Sum256(body)
 		msgID := rawRun + "-" + strconv.Itoa(i)
-		_, err := inbox.HandleOnce(ctx, pool, webhook.DefaultConsumer, msgID, sum[:], func(ctx context.Context, tx pgx.Tx) error {
+		_, err := inbox.HandleOnce(ctx, pool, inbox.Message{Consumer: webhook.DefaultConsumer, ID: msgID, PayloadHash: sum[:]}, func(ctx context.Context, tx pgx.Tx) error {
 			return orders.OrderCreated(ctx, tx, webhook.Delivery{Topic: Topic, MessageID: msgID, Payload: body})
 		})
 		return err

@@ -274,7 +274,7 @@ func TestEventPageShowsRowDedupeLettersAndTrace(t *testing.T) {
 	}
 	settle(t, db, false, "", nil)
 	// The consumer's dedupe record, written by the consumer's own code path.
-	if _, err := inbox.HandleOnce(ctx, db.Pool, "orders", ids[0].String(), []byte{0xab, 0xcd}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	if _, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "orders", ID: ids[0].String(), PayloadHash: []byte{0xab, 0xcd}}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	ts := start(t, db, console.Config{})
