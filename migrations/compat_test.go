@@ -225,7 +225,7 @@ func TestCurrentCodeAcrossTheFillfactorMigrations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c, err := store.Claim(ctx, lease, 10, 1, 30*time.Second, nil); err != nil || c.Len() != 3 {
+			if c, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 10, KeyRun: 1, For: 30 * time.Second}); err != nil || c.Len() != 3 {
 				t.Fatalf("claim: %d %v", c.Len(), err)
 			}
 			failure := func(id outbox.ID) deadletter.DeliveryFailure {

@@ -13,7 +13,7 @@ import (
 // The byte budget cuts a claim after the rows whose payloads fill it, keeps every key's
 // events in order, says More so the drain goes on, and still moves one event larger than
 // the budget; every event is claimed once.
-func TestClaimWithinByteBudget(t *testing.T) {
+func TestClaimByteBudget(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
@@ -31,7 +31,7 @@ FROM generate_series(1, 20) g`); err != nil {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.ClaimWithin(ctx, lease, 100, 4, maxBytes, time.Minute, nil)
+		c, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 100, KeyRun: 4, MaxBytes: maxBytes, For: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -46,7 +46,7 @@ FROM generate_series(1, $1::int) g`, rows); err != nil {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := s.Claim(ctx, lease, batch, 8, time.Minute, nil)
+		c, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: batch, KeyRun: 8, For: time.Minute})
 		if err != nil || c.Len() == 0 {
 			b.Fatalf("claimed %d: %v", c.Len(), err)
 		}

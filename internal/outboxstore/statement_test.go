@@ -89,7 +89,7 @@ func TestStatementRetriedWhenTheSessionWasEnded(t *testing.T) {
 
 			terminate(t, db, pool)
 			lease, _ := outboxstore.NewLease()
-			c, err := s.Claim(ctx, lease, 10, 1, time.Minute, nil)
+			c, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 10, KeyRun: 1, For: time.Minute})
 			if err != nil {
 				t.Fatalf("claim after the session was ended: %v", err)
 			}
@@ -125,7 +125,7 @@ func TestStatementNotRetriedWhenItRan(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	lease, _ := outboxstore.NewLease()
-	if c, err := s.Claim(ctx, lease, 5, 5, time.Minute, nil); err != nil || c.Len() != 5 {
+	if c, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 5, For: time.Minute}); err != nil || c.Len() != 5 {
 		t.Fatalf("claim: %d rows, %v", c.Len(), err)
 	}
 	// pg_cancel_backend from outside while the mark waits on a row lock: 57014 before any
@@ -204,7 +204,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	warm, cancelWarm := context.WithTimeout(bg, time.Minute)
 	defer cancelWarm()
 	lease, _ := outboxstore.NewLease()
-	if _, err := s.Claim(warm, lease, 5, 1, time.Minute, nil); err != nil {
+	if _, err := s.Claim(warm, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 1, For: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	insertReady(t, db, 5, func(i int) string { return "k" })
@@ -221,7 +221,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, bound)
 	defer cancel()
 	start := time.Now()
-	_, err := s.Claim(ctx, lease, 5, 1, time.Minute, nil)
+	_, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 1, For: time.Minute})
 	took := time.Since(start)
 	if !errors.Is(err, outboxstore.ErrTimeout) || !strings.HasPrefix(err.Error(), "claim outbox batch: statement timed out after ") {
 		t.Fatalf("claim behind a lock: %v, want claim outbox batch: statement timed out after ...", err)
@@ -237,7 +237,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	// Local to the claim's transaction.
 	ctx2, cancel2 := context.WithTimeout(bg, time.Minute)
 	defer cancel2()
-	if c, err := s.Claim(ctx2, lease, 5, 1, time.Minute, nil); err != nil || c.Len() != 5 {
+	if c, err := s.Claim(ctx2, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 1, For: time.Minute}); err != nil || c.Len() != 5 {
 		t.Fatalf("claim: %d rows, %v", c.Len(), err)
 	}
 	var setting string
@@ -250,7 +250,7 @@ func TestStatementBoundOnTheServer(t *testing.T) {
 	db.LockTable(t, "outbox")
 	start = time.Now()
 	lease, _ = outboxstore.NewLease()
-	_, err = strict.Claim(ctx2, lease, 5, 1, time.Minute, nil)
+	_, err = strict.Claim(ctx2, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 1, For: time.Minute})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" || time.Since(start) > 5*time.Second {
 		t.Fatalf("claim under a session statement_timeout of 200 ms: %v after %v, want SQLSTATE 57014 at once", err, time.Since(start))

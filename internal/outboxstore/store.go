@@ -35,10 +35,10 @@ type Store struct {
 	// window is the next claim's window (0: the batch size), learned from the last claim.
 	window atomic.Int64
 	// rows is the next claim's row limit (0: the batch size), learned from the last claim
-	// the byte budget cut (see ClaimWithin).
+	// the byte budget cut (see Claim).
 	rows atomic.Int64
 	// textPerStored is the payloads' text size per stored byte (math.Float64bits; 0:
-	// not yet learned), learned from the last claim (see ClaimWithin).
+	// not yet learned), learned from the last claim (see Claim).
 	textPerStored atomic.Uint64
 	// walks bounds the claim's index walks (walk.go).
 	walks walks
@@ -87,7 +87,7 @@ type Claimed struct {
 	// len(Payload), undecodable rows included).
 	Bytes int64
 	// BytesCut is true when the byte budget left out rows the claim had chosen (see
-	// ClaimWithin); More is then true as well.
+	// Claim); More is then true as well.
 	BytesCut bool
 }
 
@@ -98,15 +98,26 @@ func (c Claimed) Len() int { return len(c.Messages) + len(c.Undecodable) }
 // cannot be published.
 var ErrBadHeaders = errors.New("headers must be a JSON object of string values")
 
-// Claim is ClaimWithin without a byte budget.
-func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Duration, now *time.Time) (Claimed, error) {
-	return s.ClaimWithin(ctx, lease, n, keyRun, math.MaxInt64, d, now)
+// ClaimRequest is what one claim asks for.
+type ClaimRequest struct {
+	// Lease is the claim's token; every later statement on its rows is fenced by it.
+	Lease Lease
+	// Rows is the most rows to lease (the batch size, n below).
+	Rows int
+	// KeyRun is the caller's number of batches in flight (see Claim).
+	KeyRun int
+	// MaxBytes is the payload budget of the batch (see Claim); 0 or less: none.
+	MaxBytes int64
+	// For is how long the lease lasts.
+	For time.Duration
+	// Now overrides the database clock (tests); nil in production.
+	Now *time.Time
 }
 
-// ClaimWithin leases up to n ready rows for d, and no more rows than fit in maxBytes of
-// payload (at least one, so an event larger than the budget still moves). now nil means
-// the database clock. Rows are eligible under the per-key FIFO rule documented on qClaim.
-// keyRun is the caller's number of batches in flight: a key gets up to keyRun of its
+// Claim leases up to r.Rows ready rows for r.For, and no more rows than fit in r.MaxBytes
+// of payload (at least one, so an event larger than the budget still moves). Rows are
+// eligible under the per-key FIFO rule documented on qClaim. r.KeyRun is the caller's
+// number of batches in flight: a key gets up to KeyRun of its
 // events in this batch even when the batch has room for one from every key (qClaim's
 // lim), so the next claims find keys that are not held. A row is decoded on its own:
 // one that cannot be decoded is returned in Undecodable, never as an error, because the
@@ -132,10 +143,15 @@ func (s *Store) Claim(ctx context.Context, lease Lease, n, keyRun int, d time.Du
 // with it; the first claim of a process assumes one to one. A batch the budget cut says
 // More, and the next claim chooses only twice the rows the budget let through (not n
 // that it would lock and leave), until a claim is not cut.
-func (s *Store) ClaimWithin(ctx context.Context, lease Lease, n, keyRun int, maxBytes int64, d time.Duration, now *time.Time) (Claimed, error) {
+func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
+	lease, n, keyRun, d, now := r.Lease, r.Rows, r.KeyRun, r.For, r.Now
+	maxBytes := r.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = math.MaxInt64
+	}
 	limit := n
-	if r := int(s.rows.Load()); r > 0 && r < n {
-		limit = r
+	if rows := int(s.rows.Load()); rows > 0 && rows < n {
+		limit = rows
 	}
 	window := limit
 	if w := int(s.window.Load()); w > 0 && w < limit {

@@ -33,7 +33,7 @@ func claimOnce(t *testing.T, s *outboxstore.Store, n, keyRun int) outboxstore.Cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(context.Background(), lease, n, keyRun, time.Minute, nil)
+	c, err := s.Claim(context.Background(), outboxstore.ClaimRequest{Lease: lease, Rows: n, KeyRun: keyRun, For: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func (r *walkRig) claim() (Lease, []outbox.ID) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	c, err := r.s.Claim(context.Background(), lease, 1000, 4, time.Minute, &r.clock)
+	c, err := r.s.Claim(context.Background(), ClaimRequest{Lease: lease, Rows: 1000, KeyRun: 4, For: time.Minute, Now: &r.clock})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestRelayAndCallbackDeadLetterSameRowConcurrently(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := store.Claim(ctx, lease, 1, 1, time.Minute, nil)
+		claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute})
 		msgs := claimed.Messages
 		if err != nil || len(msgs) != 1 || int64(msgs[0].ID) != id {
 			t.Fatalf("round %d: claim %v %v", i, msgs, err)
@@ -79,7 +79,7 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 	store := outboxstore.NewStore(db.Pool)
 	id := enqueue(t, db, "order.created", "k", `{"n":1}`)
 	lease, _ := outboxstore.NewLease()
-	if _, err := store.Claim(ctx, lease, 1, 1, time.Minute, nil); err != nil {
+	if _, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	f := failure(id, "msg-first")

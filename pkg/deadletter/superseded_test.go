@@ -23,7 +23,7 @@ func publishOnce(t *testing.T, db *pgtest.DB, id int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := store.Claim(ctx, lease, 1, 1, time.Minute, nil)
+	claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute})
 	if err != nil || len(claimed.Messages) != 1 || int64(claimed.Messages[0].ID) != id {
 		t.Fatalf("claim: %+v %v", claimed.Messages, err)
 	}

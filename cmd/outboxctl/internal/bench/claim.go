@@ -198,7 +198,7 @@ func claimCase(ctx context.Context, pool *pgxpool.Pool, cfg ClaimConfig, history
 			return c, err
 		}
 		start := time.Now()
-		claimed, err := store.Claim(ctx, lease, cfg.Batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
+		claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: cfg.Batch, KeyRun: relay.DefaultPublishConcurrency, For: relay.DefaultLease})
 		msgs := claimed.Messages
 		lats = append(lats, time.Since(start))
 		if err != nil {
@@ -340,7 +340,7 @@ func medianClaim(ctx context.Context, pool *pgxpool.Pool, batch, n int) (float64
 		lease, err := outboxstore.NewLease()
 		if err == nil {
 			start := time.Now()
-			_, err = outboxstore.NewStore(rec).Claim(ctx, lease, batch, relay.DefaultPublishConcurrency, relay.DefaultLease, nil)
+			_, err = outboxstore.NewStore(rec).Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: batch, KeyRun: relay.DefaultPublishConcurrency, For: relay.DefaultLease})
 			lats = append(lats, time.Since(start))
 		}
 		_ = tx.Rollback(ctx)

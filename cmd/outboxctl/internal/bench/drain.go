@@ -535,7 +535,7 @@ func (d *floorDrainer) drain(ctx context.Context) (drained, error) {
 			return out, err
 		}
 		t0 := time.Now()
-		claimed, err := d.store.Claim(ctx, lease, d.batch, d.keyRun, relay.DefaultLease, nil)
+		claimed, err := d.store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: d.batch, KeyRun: d.keyRun, For: relay.DefaultLease})
 		msgs, more := claimed.Messages, claimed.More
 		out.claim = append(out.claim, time.Since(t0))
 		if err != nil {

@@ -38,7 +38,7 @@ func TestSeriesRebuildsPendingHistory(t *testing.T) {
 	// the rest (still pending).
 	step := func(done []outbox.ID, at time.Time, dead bool) {
 		lease, _ := outboxstore.NewLease()
-		claimed, err := store.Claim(ctx, lease, 100, 1, time.Hour, &at)
+		claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 100, KeyRun: 1, For: time.Hour, Now: &at})
 		msgs := claimed.Messages
 		if err != nil {
 			t.Fatalf("claim at %s: %v", at, err)

@@ -146,7 +146,7 @@ func settle(t testing.TB, db *pgtest.DB, dead bool, errMsg string, at *time.Time
 		if err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := store.Claim(ctx, lease, 500, 1, time.Minute, at)
+		claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 500, KeyRun: 1, For: time.Minute, Now: at})
 		msgs := claimed.Messages
 		if err != nil {
 			t.Fatalf("claim: %v", err)
