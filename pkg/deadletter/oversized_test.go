@@ -60,9 +60,9 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 	big := enqueue(t, db, "order.created", "order:big", payload)
 	other := enqueue(t, db, "order.created", "order:other", payload)
 	cfg := qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: base, FailureCallbackURL: base + "/failure", Retries: 3}
-	publish(t, db, cfg, []int64{big})
+	publishRows(t, db, cfg, []int64{big})
 	cfg.DestinationBaseURL, cfg.FailureCallbackURL = control.URL, ""
-	publish(t, db, cfg, []int64{other})
+	publishRows(t, db, cfg, []int64{other})
 	waitIdle(t, qs)
 
 	var deliveries, callbacks []int

@@ -11,6 +11,26 @@ import (
 	"time"
 )
 
+// Ordering is what order the queue keeps between the messages of one partition key. The
+// QStash publisher sends accordingly, and the relay hands it batches accordingly; a relay
+// whose Config.Ordering is empty takes its publisher's (an Ordering() Ordering method), so
+// the two cannot disagree.
+type Ordering string
+
+const (
+	// OrderingPublish: the queue keeps no order between messages (QStash /v2/publish, with
+	// optional flow control). The relay hands it a batch in one call, a key's events in id
+	// order inside it. The default (DefaultOrdering): highest throughput, and consumers
+	// must tolerate reordering.
+	OrderingPublish Ordering = "publish"
+	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so the
+	// relay sends a key's events one after the other: each call carries at most one event
+	// per key ("waves"), and a failed event holds its key's later events back.
+	OrderingFIFO Ordering = "fifo"
+	// DefaultOrdering is the ordering of an empty Ordering field, in every configuration.
+	DefaultOrdering = OrderingPublish
+)
+
 // Result is the outcome of publishing one message.
 type Result struct {
 	// MessageID is the queue's id for the message, when it was accepted.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Defaults for Config.
@@ -68,20 +70,6 @@ const (
 	DefaultMaxInFlightBytes = 32 << 20
 )
 
-// Ordering is what order the queue keeps between the messages of one partition key, and
-// so how a batch is handed to the Publisher.
-type Ordering string
-
-const (
-	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so a
-	// key's events go out one after the other: each Publish call carries at most one event
-	// per key ("waves"), and a failed event holds its key's later events back.
-	OrderingFIFO Ordering = "fifo"
-	// OrderingPublish: the queue keeps no order between messages (QStash publish with flow
-	// control), so a batch is one Publish call, a key's events in id order inside it.
-	OrderingPublish Ordering = "publish"
-)
-
 // Config tunes a Relay. Zero fields take the Default* values.
 type Config struct {
 	// BatchSize is how many rows one claim takes. Default DefaultBatchSize. Lower it for
@@ -124,10 +112,12 @@ type Config struct {
 	Rand func() float64
 	// Now overrides the database clock in every statement (tests). Nil means now().
 	Now func() time.Time
-	// Ordering decides how a batch is handed to the Publisher. Default OrderingFIFO (the
-	// safe choice: waves keep order even if the queue does); set OrderingPublish when the
-	// queue keeps no order anyway.
-	Ordering Ordering
+	// Ordering decides how a batch is handed to the Publisher: publish.OrderingFIFO sends
+	// waves (at most one event per key per call), publish.OrderingPublish one call per
+	// batch. Default the Publisher's, when it has an Ordering() publish.Ordering method
+	// (*qstash.Publisher does), else publish.DefaultOrdering. Set OrderingFIFO for a
+	// Publisher of your own whose queue keeps order.
+	Ordering publish.Ordering
 	// PublishConcurrency is how many batches may be in flight (published or being marked)
 	// at once; the next claim overlaps the publishes of earlier ones. Default
 	// DefaultPublishConcurrency; 1 is the strictly serial relay. Per-key FIFO holds for any
@@ -173,7 +163,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
-	c.Ordering = cmp.Or(c.Ordering, OrderingFIFO)
+	c.Ordering = cmp.Or(c.Ordering, publish.DefaultOrdering)
 	c.PublishConcurrency = cmp.Or(c.PublishConcurrency, DefaultPublishConcurrency)
 	c.DeferPause = cmp.Or(c.DeferPause, DefaultDeferPause)
 	if c.Rand == nil {
@@ -225,8 +215,8 @@ func (c Config) Validate() error {
 	if c.BackoffMax < c.BackoffBase {
 		bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
-	if c.Ordering != OrderingFIFO && c.Ordering != OrderingPublish {
-		bad("Ordering", "%q must be %q or %q", c.Ordering, OrderingFIFO, OrderingPublish)
+	if c.Ordering != publish.OrderingFIFO && c.Ordering != publish.OrderingPublish {
+		bad("Ordering", "%q must be %q or %q", c.Ordering, publish.OrderingFIFO, publish.OrderingPublish)
 	}
 	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {
 		bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Relay drains one outbox table through one Publisher. It is safe to run many relays, in
@@ -41,6 +42,9 @@ type Relay struct {
 
 // New returns a Relay over db (a *pgxpool.Pool) and pub, or the config's errors.
 func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
+	if o, ok := pub.(interface{ Ordering() publish.Ordering }); ok && cfg.Ordering == "" {
+		cfg.Ordering = o.Ordering()
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -493,7 +497,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 	out.dead = append(out.dead, c.Undecodable...)
 	out.released = released
 	unblocked = len(released) > 0
-	fifo := r.cfg.Ordering == OrderingFIFO
+	fifo := r.cfg.Ordering == publish.OrderingFIFO
 	runs := keyRuns(pending, fifo)
 	policy := retryPolicy{maxAttempts: r.cfg.MaxAttempts, base: r.cfg.BackoffBase, max: r.cfg.BackoffMax, rand: r.rand}
 	for len(runs) > 0 {

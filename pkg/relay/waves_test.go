@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // The batch logic's pure steps, and publishBatch over a scripted publisher: no database.
@@ -235,7 +236,7 @@ func TestPublishBatch(t *testing.T) {
 	transient := errors.New("503")
 	cases := []struct {
 		name      string
-		ordering  Ordering
+		ordering  publish.Ordering
 		claimed   outboxstore.Claimed
 		fail      map[outbox.ID]error
 		expired   bool // the publish deadline has passed before the batch starts
@@ -243,35 +244,35 @@ func TestPublishBatch(t *testing.T) {
 		want      outcome // retries and dead compared by id only
 		unblocked bool
 	}{
-		{name: "fifo: one wave per position of each key", ordering: OrderingFIFO,
+		{name: "fifo: one wave per position of each key", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3", "a:4", "b:5")},
 			calls:   [][]outbox.ID{{1, 2}, {3, 5}, {4}},
 			want:    outcome{published: []outbox.ID{1, 2, 3, 5, 4}}},
-		{name: "fifo: a retry holds the key's later events", ordering: OrderingFIFO,
+		{name: "fifo: a retry holds the key's later events", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3", "b:4")},
 			fail:    map[outbox.ID]error{1: transient},
 			calls:   [][]outbox.ID{{1, 2}, {4}},
 			want:    outcome{published: []outbox.ID{2, 4}, retries: []outboxstore.Retry{{ID: 1}}, released: []outbox.ID{3}}},
-		{name: "fifo: a dead letter unblocks its key", ordering: OrderingFIFO,
+		{name: "fifo: a dead letter unblocks its key", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:2")},
 			fail:    map[outbox.ID]error{1: Permanent(errors.New("400"))},
 			calls:   [][]outbox.ID{{1}},
 			want:    outcome{dead: []outboxstore.Failure{{ID: 1}}, released: []outbox.ID{2}}, unblocked: true},
-		{name: "undecodable row holds its key before any call", ordering: OrderingPublish,
+		{name: "undecodable row holds its key before any call", ordering: publish.OrderingPublish,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:3", "b:4"), Undecodable: []outboxstore.Failure{{ID: 2, PartitionKey: "a"}}},
 			calls:   [][]outbox.ID{{1, 4}},
 			want:    outcome{published: []outbox.ID{1, 4}, dead: []outboxstore.Failure{{ID: 2}}, released: []outbox.ID{3}}, unblocked: true},
-		{name: "publish: one call, failures do not hold within it", ordering: OrderingPublish,
+		{name: "publish: one call, failures do not hold within it", ordering: publish.OrderingPublish,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:2")},
 			fail:    map[outbox.ID]error{1: transient},
 			calls:   [][]outbox.ID{{1, 2}},
 			want:    outcome{published: []outbox.ID{2}, retries: []outboxstore.Retry{{ID: 1}}}},
-		{name: "a deferral stops the batch", ordering: OrderingFIFO,
+		{name: "a deferral stops the batch", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3")},
 			fail:    map[outbox.ID]error{2: &DeferError{Reason: DeferQuota}},
 			calls:   [][]outbox.ID{{1, 2}},
 			want:    outcome{published: []outbox.ID{1}, released: []outbox.ID{2, 3}}, unblocked: true},
-		{name: "out of time: everything released unsent", ordering: OrderingFIFO, expired: true,
+		{name: "out of time: everything released unsent", ordering: publish.OrderingFIFO, expired: true,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2")},
 			want:    outcome{released: []outbox.ID{1, 2}}},
 	}
