@@ -20,11 +20,16 @@ const (
 // went into the URL).
 var ErrNoIdentity = errors.New("delivery url carries no outbox identity")
 
-// Identity is an outbox message's identity as its delivery URL states it.
+// Identity is an outbox message's identity as its delivery URL states it: the outbox row a
+// delivery is about, and which redrive of it.
 type Identity struct {
 	OutboxID   int64
 	Generation int
 }
+
+// MessageID is the dedupe key of every consumer: the outbox id in decimal, the same for
+// every retry and every redrive.
+func (id Identity) MessageID() string { return strconv.FormatInt(id.OutboxID, 10) }
 
 // ParseIdentity reads outbox_id and generation from a delivery URL (or a failure
 // callback's url field). It returns ErrNoIdentity when neither is present, and an error
