@@ -90,7 +90,12 @@ func StatusCode(err error) int {
 	return 0
 }
 
-// Permanent marks err as permanent: the relay dead-letters the event without retrying.
+// Permanent marks err as permanent, a failure no retry can fix; Permanent(nil) is nil. It
+// is the project's one marker (webhook.Permanent and relay.Permanent call it): returned by
+// a Publisher in a Result, the relay dead-letters the event without retrying; returned by
+// a webhook handler, the delivery is answered 489 with Upstash-NonRetryable-Error, so
+// QStash stops retrying and the failure callback records a dead letter. Any error with a
+// Permanent() bool method returning true counts the same (IsPermanent).
 func Permanent(err error) error {
 	if err == nil {
 		return nil

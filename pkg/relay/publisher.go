@@ -60,5 +60,5 @@ func IsDeferred(err error) bool { return publish.IsDeferred(err) }
 // StatusCode is publish.StatusCode.
 func StatusCode(err error) int { return publish.StatusCode(err) }
 
-// Permanent is publish.Permanent.
+// Permanent is publish.Permanent, the one marker of a failure no retry can fix.
 func Permanent(err error) error { return publish.Permanent(err) }
