@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -74,7 +75,7 @@ func FromHeaders(get func(name string) string) (qstash.Identity, error) {
 func Contradicts(id qstash.Identity, get func(name string) string) bool {
 	if v := headerValue(get, HeaderOutboxID); v != "" {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n != id.OutboxID {
+		if err != nil || outbox.ID(n) != id.OutboxID {
 			return true
 		}
 	}
@@ -116,5 +117,5 @@ func parse(id, gen string) (qstash.Identity, error) {
 	if err != nil || g < 0 {
 		return qstash.Identity{}, fmt.Errorf("%w: generation %.40q is not a non-negative decimal number", ErrInvalidIdentity, gen)
 	}
-	return qstash.Identity{OutboxID: n, Generation: int(g)}, nil
+	return qstash.Identity{OutboxID: outbox.ID(n), Generation: int(g)}, nil
 }

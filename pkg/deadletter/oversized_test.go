@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -84,7 +85,7 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 		t.Fatalf("the 413 destination got %d attempts, want 4 (1 + 3 retries: QStash retries a 413)", n)
 	}
 	ls, err := deadletter.List(ctx, db.Pool, deadletter.Filter{})
-	if err != nil || len(ls) != 1 || ls[0].OutboxID != big || ls[0].StatusCode != receive.StatusNonRetryable || ls[0].Attempts != 0 {
+	if err != nil || len(ls) != 1 || ls[0].OutboxID != outbox.ID(big) || ls[0].StatusCode != receive.StatusNonRetryable || ls[0].Attempts != 0 {
 		t.Fatalf("letters %+v %v; want one for row %d, status 489, after 0 retries", ls, err, big)
 	}
 	if !readOutbox(t, db, big).dead {

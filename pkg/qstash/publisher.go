@@ -432,7 +432,7 @@ func (n *encodeNames) labelOf(topic string) string {
 // refuse it.
 func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Message) ([]byte, error) {
 	if n := int64(len(m.Payload)); n > p.cfg.MaxMessageBytes {
-		return dst, &MessageTooLargeError{Index: i, OutboxID: int64(m.ID), Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
+		return dst, &MessageTooLargeError{Index: i, OutboxID: m.ID, Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
 	}
 	for k, v := range m.Headers {
 		if !validHeaderName(k) || !validHeaderValue(v) {

@@ -324,7 +324,7 @@ func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string,
 	case err == nil:
 		if receive.Contradicts(id, r.Header.Get) {
 			a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: forwarded X-Outbox-* headers contradict the signed URL",
-				slog.Int64("signed_outbox_id", id.OutboxID), slog.Int("signed_generation", id.Generation))
+				slog.Int64("signed_outbox_id", int64(id.OutboxID)), slog.Int("signed_generation", id.Generation))
 			return id, false, false
 		}
 		return id, false, true
@@ -346,7 +346,7 @@ func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string,
 		return id, true, false
 	case !accepted:
 		a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: its unsigned X-Outbox-Id is not accepted (legacy window closed, or no outbox row with this topic and payload)",
-			slog.Int64("claimed_outbox_id", id.OutboxID))
+			slog.Int64("claimed_outbox_id", int64(id.OutboxID)))
 		return id, true, false
 	}
 	return id, true, true
