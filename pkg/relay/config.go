@@ -123,7 +123,7 @@ type Config struct {
 	// DefaultPublishConcurrency; 1 is the strictly serial relay. Per-key FIFO holds for any
 	// value: a key whose head is in flight is not claimed again. Each batch in flight uses
 	// a connection while it is marked, and the claim another, so the drain runs at most
-	// (pool MaxConns - 1) batches at once on a *pgxpool.Pool.
+	// (pool MaxConns - 1) batches at once.
 	PublishConcurrency int
 	// DeferPause is the pause after a deferred publish whose DeferError names no Until;
 	// it doubles with each consecutive deferral, up to MaxDeferPause. Default

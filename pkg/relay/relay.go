@@ -21,7 +21,7 @@ import (
 type Relay struct {
 	store *outboxstore.Store
 	pub   Publisher
-	db    outbox.Querier
+	db    *pgxpool.Pool
 	cfg   Config
 	log   *slog.Logger
 	// destination names the batch spans (traceDestination).
@@ -40,8 +40,10 @@ type Relay struct {
 	randMu sync.Mutex
 }
 
-// New returns a Relay over db (a *pgxpool.Pool) and pub, or the config's errors.
-func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
+// New returns a Relay over db and pub, or the config's errors. The relay needs a pool, not
+// one connection: each batch in flight is marked on a connection of its own, and Linger
+// holds one more in LISTEN.
+func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if o, ok := pub.(interface{ Ordering() publish.Ordering }); ok && cfg.Ordering == "" {
 		cfg.Ordering = o.Ordering()
 	}
@@ -54,12 +56,10 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
 		destination: traceDestination(pub)}
-	if p, ok := db.(*pgxpool.Pool); ok {
-		// One connection claims while each batch in flight may hold one to be marked: a
-		// batch waiting for a connection would eat into its mark budget.
-		if n := int(p.Config().MaxConns) - 1; n < r.inFlight {
-			r.inFlight = max(n, 1)
-		}
+	// One connection claims while each batch in flight may hold one to be marked: a batch
+	// waiting for a connection would eat into its mark budget.
+	if n := int(db.Config().MaxConns) - 1; n < r.inFlight {
+		r.inFlight = max(n, 1)
 	}
 	return r, nil
 }
