@@ -492,7 +492,7 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 // once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
 // The decisions are the pure steps in waves.go; this loop adds time, the pause and the
 // publisher.
-func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
+func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out marks, unblocked bool) {
 	pending, released := holdUndecodable(c.Undecodable, c.Messages)
 	out.dead = append(out.dead, c.Undecodable...)
 	out.released = released
@@ -514,7 +514,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 		var wave []outbox.Message
 		wave, runs = nextWave(runs, fifo)
 		w := classify(wave, r.publish(ctx, wave, deadline, st), policy)
-		out.add(w.outcome)
+		out.add(w.marks)
 		st.countDeferred(w.deferred)
 		if len(w.deferred) > 0 {
 			// One pause per call, however many messages it refused; the queue refused for
@@ -567,7 +567,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 }
 
 // record runs one statement per outcome kind and counts what the lease still held.
-func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome, st *Stats) error {
+func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out marks, st *Stats) error {
 	now := r.now()
 	var errs []error
 	step := func(kind string, want int, n int64, err error, counter *int) {
