@@ -14,20 +14,21 @@ import (
 // Ordering is what order the queue keeps between the messages of one partition key. The
 // QStash publisher sends accordingly, and the relay hands it batches accordingly; a relay
 // whose Config.Ordering is empty takes its publisher's (an Ordering() Ordering method), so
-// the two cannot disagree.
+// the two cannot disagree and only the publisher has a default.
 type Ordering string
 
 const (
 	// OrderingPublish: the queue keeps no order between messages (QStash /v2/publish, with
 	// optional flow control). The relay hands it a batch in one call, a key's events in id
-	// order inside it. The default (DefaultOrdering): highest throughput, and consumers
-	// must tolerate reordering.
+	// order inside it. The QStash publisher's default (DefaultOrdering): highest
+	// throughput, and consumers must tolerate reordering.
 	OrderingPublish Ordering = "publish"
 	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so the
 	// relay sends a key's events one after the other: each call carries at most one event
 	// per key ("waves"), and a failed event holds its key's later events back.
 	OrderingFIFO Ordering = "fifo"
-	// DefaultOrdering is the ordering of an empty Ordering field, in every configuration.
+	// DefaultOrdering is the ordering of a QStash publisher whose Ordering is empty (and so
+	// of a relay publishing through it).
 	DefaultOrdering = OrderingPublish
 )
 

@@ -114,9 +114,9 @@ type Config struct {
 	Now func() time.Time
 	// Ordering decides how a batch is handed to the Publisher: publish.OrderingFIFO sends
 	// waves (at most one event per key per call), publish.OrderingPublish one call per
-	// batch. Default the Publisher's, when it has an Ordering() publish.Ordering method
-	// (*qstash.Publisher does), else publish.DefaultOrdering. Set OrderingFIFO for a
-	// Publisher of your own whose queue keeps order.
+	// batch. Empty means the Publisher's own, so the two cannot disagree: New asks its
+	// Ordering() publish.Ordering method (*qstash.Publisher has one), and a Publisher
+	// without one gets waves, which keep per-key order whatever its queue does.
 	Ordering publish.Ordering
 	// PublishConcurrency is how many batches may be in flight (published or being marked)
 	// at once; the next claim overlaps the publishes of earlier ones. Default
@@ -163,7 +163,6 @@ func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
-	c.Ordering = cmp.Or(c.Ordering, publish.DefaultOrdering)
 	c.PublishConcurrency = cmp.Or(c.PublishConcurrency, DefaultPublishConcurrency)
 	c.DeferPause = cmp.Or(c.DeferPause, DefaultDeferPause)
 	if c.Rand == nil {
@@ -215,7 +214,7 @@ func (c Config) Validate() error {
 	if c.BackoffMax < c.BackoffBase {
 		bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
-	if c.Ordering != publish.OrderingFIFO && c.Ordering != publish.OrderingPublish {
+	if c.Ordering != "" && c.Ordering != publish.OrderingFIFO && c.Ordering != publish.OrderingPublish {
 		bad("Ordering", "%q must be %q or %q", c.Ordering, publish.OrderingFIFO, publish.OrderingPublish)
 	}
 	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {

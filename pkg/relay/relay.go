@@ -44,8 +44,8 @@ type Relay struct {
 // one connection: each batch in flight is marked on a connection of its own, and Linger
 // holds one more in LISTEN.
 func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
-	if o, ok := pub.(interface{ Ordering() publish.Ordering }); ok && cfg.Ordering == "" {
-		cfg.Ordering = o.Ordering()
+	if cfg.Ordering == "" {
+		cfg.Ordering = orderingOf(pub)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -62,6 +62,17 @@ func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 		r.inFlight = max(n, 1)
 	}
 	return r, nil
+}
+
+// orderingOf is the ordering pub states (an Ordering method, as *qstash.Publisher has).
+// A publisher that does not say may feed a queue that keeps order, so it gets waves: they
+// keep per-key order whatever the queue does, where one call per batch would let a key's
+// later event overtake an earlier one that failed.
+func orderingOf(pub Publisher) publish.Ordering {
+	if o, ok := pub.(interface{ Ordering() publish.Ordering }); ok {
+		return o.Ordering()
+	}
+	return publish.OrderingFIFO
 }
 
 // Config returns the effective configuration (defaults applied).
