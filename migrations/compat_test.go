@@ -230,7 +230,7 @@ func TestCurrentCodeAcrossTheFillfactorMigrations(t *testing.T) {
 			}
 			failure := func(id outbox.ID) deadletter.DeliveryFailure {
 				return deadletter.DeliveryFailure{QStashMessageID: fmt.Sprintf("msg_%d", id), Status: 500, URL: "https://h/events/order.created",
-					OutboxID: int64(id), SourceBody: []byte(`{}`)}
+					OutboxID: id, SourceBody: []byte(`{}`)}
 			}
 			if _, err := store.DeadLetter(ctx, lease, []outboxstore.Failure{{ID: ids[0], Error: "HTTP 400"}}, nil); err != nil {
 				t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {
@@ -62,7 +62,7 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	if *rate < 0 {
 		bad = append(bad, "--rate must not be negative")
 	}
-	if *ordering != string(qstash.OrderingFIFO) && *ordering != string(qstash.OrderingPublish) {
+	if *ordering != string(publish.OrderingFIFO) && *ordering != string(publish.OrderingPublish) {
 		bad = append(bad, "--ordering must be fifo or publish")
 	}
 	if *ui && console.CheckListen(*uiListen, "") != nil {
@@ -92,7 +92,7 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 		CurrentSigningKey:   e.getenv("QSTASH_CURRENT_SIGNING_KEY"),
 		NextSigningKey:      e.getenv("QSTASH_NEXT_SIGNING_KEY"),
 		Producer:            pc,
-		Ordering:            qstash.Ordering(*ordering),
+		Ordering:            publish.Ordering(*ordering),
 		QStashLatency:       *latency,
 		QStashLatencyJitter: *jitter,
 		QStashMaxInFlight:   *inFlight,

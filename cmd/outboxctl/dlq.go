@@ -166,7 +166,7 @@ func dlqList(ctx context.Context, e env, args []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSOURCE\tOUTBOX\tTOPIC\tKEY\tSTATUS\tATTEMPTS\tCREATED\tRESOLVED\tERROR")
 	for _, l := range letters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, l.Source, orDash(l.OutboxID), dash(l.Topic),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, l.Source, orDash(int64(l.OutboxID)), dash(l.Topic),
 			dash(l.PartitionKey), orDash(int64(l.StatusCode)), l.Attempts, l.CreatedAt.UTC().Format(time.RFC3339),
 			resolvedText(l), clip(l.Error, 60))
 	}
@@ -223,7 +223,7 @@ func dlqShow(ctx context.Context, e env, args []string) error {
 	w := e.stdout
 	fmt.Fprintf(w, "id:              %d\n", l.ID)
 	fmt.Fprintf(w, "source:          %s\n", l.Source)
-	fmt.Fprintf(w, "outbox id:       %s\n", orDash(l.OutboxID))
+	fmt.Fprintf(w, "outbox id:       %s\n", orDash(int64(l.OutboxID)))
 	fmt.Fprintf(w, "topic:           %s\n", dash(l.Topic))
 	fmt.Fprintf(w, "partition key:   %s\n", dash(l.PartitionKey))
 	fmt.Fprintf(w, "created:         %s\n", l.CreatedAt.UTC().Format(time.RFC3339))

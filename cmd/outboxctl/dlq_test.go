@@ -46,7 +46,7 @@ func seedLetter(t *testing.T, db *pgtest.DB, topic, key, msgID string) (letterID
 	}
 	r, err := deadletter.Record(ctx, db.Pool, deadletter.DeliveryFailure{
 		QStashMessageID: msgID, Status: 489, MaxRetries: 3, ResponseBody: []byte(`{"error":"rejected"}`),
-		OutboxID: int64(id), SourceBody: []byte(`{"order_id":"o-1"}`),
+		OutboxID: id, SourceBody: []byte(`{"order_id":"o-1"}`),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestDLQGroups(t *testing.T) {
 		t.Fatalf("redrive --group: %d %s", code, out)
 	}
 	for _, r := range res.Redriven {
-		if !slices.Contains(outboxIDs, r.OutboxID) || r.Generation != 1 {
+		if !slices.Contains(outboxIDs, int64(r.OutboxID)) || r.Generation != 1 {
 			t.Fatalf("redrove %+v, want only rows %v", r, outboxIDs)
 		}
 	}

@@ -101,7 +101,7 @@ func printGroup(w io.Writer, g deadletter.Group, letters []deadletter.Letter) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tOUTBOX\tKEY\tATTEMPTS\tCREATED\tRESOLVED\tERROR")
 	for _, l := range letters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, orDash(l.OutboxID), dash(l.PartitionKey), l.Attempts,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, orDash(int64(l.OutboxID)), dash(l.PartitionKey), l.Attempts,
 			l.CreatedAt.UTC().Format(time.RFC3339), resolvedText(l), clip(l.Error, 60))
 	}
 	_ = tw.Flush()

@@ -207,7 +207,7 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 	}
 	l := letters[0]
 	var p map[string]any
-	if json.Unmarshal(l.Payload, &p) != nil || p["order_id"] != "o-poison" || l.OutboxID != int64(id) ||
+	if json.Unmarshal(l.Payload, &p) != nil || p["order_id"] != "o-poison" || l.OutboxID != id ||
 		l.Source != deadletter.SourceDelivery || l.StatusCode != webhook.StatusNonRetryable ||
 		l.QStashMessageID != deliveries[0].MessageID || l.QStashDLQID == "" || l.Topic != "order.created" || l.PartitionKey != "order:o-poison" {
 		t.Fatalf("letter %+v", l)
@@ -302,7 +302,7 @@ func TestRetriesExhaustedDeadLetter(t *testing.T) {
 		t.Fatalf("letters %+v %v", letters, err)
 	}
 	l := letters[0]
-	if l.OutboxID != int64(id) || l.Attempts != 2 || l.StatusCode != http.StatusInternalServerError ||
+	if l.OutboxID != id || l.Attempts != 2 || l.StatusCode != http.StatusInternalServerError ||
 		l.ResponseBody == "" || bytes.Contains([]byte(l.ResponseBody), []byte("downstream")) {
 		t.Fatalf("letter %+v", l)
 	}

@@ -192,17 +192,10 @@ func (p *Pipeline) serveReceivers(cfg PipelineConfig) error {
 }
 
 // NewRelay returns a relay over db publishing through the pipeline's publisher. A cfg
-// without Ordering takes the publisher's: waves for FIFO queues, one call per batch in
-// publish mode.
+// without Ordering takes the publisher's (relay.New asks it).
 func (p *Pipeline) NewRelay(db *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
 	if cfg.Tracer == nil {
 		cfg.Tracer = p.tracer
-	}
-	if cfg.Ordering == "" {
-		cfg.Ordering = relay.OrderingFIFO
-		if p.Publisher.Config().Ordering == qstash.OrderingPublish {
-			cfg.Ordering = relay.OrderingPublish
-		}
 	}
 	return relay.New(db, p.Publisher, cfg)
 }

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -46,7 +47,7 @@ type Options struct {
 	// Producer shapes the demo load.
 	Producer ProducerConfig
 	// Ordering is "fifo" (default: per-key order end to end) or "publish".
-	Ordering qstash.Ordering
+	Ordering publish.Ordering
 	// Forever keeps the stack up after the demo until ctx is cancelled.
 	Forever bool
 	// Keep leaves the schema in place for inspection.
@@ -145,7 +146,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 }
 
 func (opts Options) withDefaults() Options {
-	opts.Ordering = cmp.Or(opts.Ordering, qstash.OrderingFIFO)
+	opts.Ordering = cmp.Or(opts.Ordering, publish.OrderingFIFO)
 	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

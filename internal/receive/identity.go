@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -28,37 +29,27 @@ var ErrNoIdentity = qstash.ErrNoIdentity
 // (generation: non-negative) decimal number.
 var ErrInvalidIdentity = errors.New("invalid message identity")
 
-// Identity is the outbox row a delivery is about, and which redrive of it.
-type Identity struct {
-	OutboxID   int64
-	Generation int
-}
-
-// MessageID is the dedupe key of every consumer: the outbox id in decimal, the same for
-// every retry and every redrive.
-func (id Identity) MessageID() string { return strconv.FormatInt(id.OutboxID, 10) }
-
 // FromURL reads the identity from u's query with the publisher's own parser
 // (qstash.ParseIdentity). Both parameters must appear once; outbox_id alone is
 // ErrInvalidIdentity, neither is ErrNoIdentity.
-func FromURL(u *url.URL) (Identity, error) {
+func FromURL(u *url.URL) (qstash.Identity, error) {
 	id, err := qstash.ParseIdentity(u.String())
 	switch {
 	case errors.Is(err, qstash.ErrNoIdentity):
-		return Identity{}, ErrNoIdentity
+		return qstash.Identity{}, ErrNoIdentity
 	case err != nil:
-		return Identity{}, fmt.Errorf("%w: %v", ErrInvalidIdentity, err)
+		return qstash.Identity{}, fmt.Errorf("%w: %v", ErrInvalidIdentity, err)
 	case id.Generation > math.MaxInt32: // outbox.generation is an integer column
-		return Identity{}, fmt.Errorf("%w: generation %d is out of range", ErrInvalidIdentity, id.Generation)
+		return qstash.Identity{}, fmt.Errorf("%w: generation %d is out of range", ErrInvalidIdentity, id.Generation)
 	}
-	return Identity{OutboxID: id.OutboxID, Generation: id.Generation}, nil
+	return id, nil
 }
 
 // FromRawURL is FromURL for a URL in text form (the url field of a failure callback).
-func FromRawURL(raw string) (Identity, error) {
+func FromRawURL(raw string) (qstash.Identity, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return Identity{}, fmt.Errorf("%w: URL does not parse", ErrInvalidIdentity)
+		return qstash.Identity{}, fmt.Errorf("%w: URL does not parse", ErrInvalidIdentity)
 	}
 	return FromURL(u)
 }
@@ -68,10 +59,10 @@ func FromRawURL(raw string) (Identity, error) {
 // reports the publish request). get returns a header's first value by canonical name.
 // These headers are not covered by a delivery's signature: only the legacy fallbacks of
 // the receivers use this, under their own checks. A missing generation reads as 0.
-func FromHeaders(get func(name string) string) (Identity, error) {
+func FromHeaders(get func(name string) string) (qstash.Identity, error) {
 	id, gen := headerValue(get, HeaderOutboxID), headerValue(get, HeaderOutboxGeneration)
 	if id == "" {
-		return Identity{}, ErrNoIdentity
+		return qstash.Identity{}, ErrNoIdentity
 	}
 	if gen == "" {
 		gen = "0"
@@ -81,10 +72,10 @@ func FromHeaders(get func(name string) string) (Identity, error) {
 
 // Contradicts reports whether headers (get as for FromHeaders) forward an outbox id or
 // generation other than id's. Absent headers contradict nothing.
-func (id Identity) Contradicts(get func(name string) string) bool {
+func Contradicts(id qstash.Identity, get func(name string) string) bool {
 	if v := headerValue(get, HeaderOutboxID); v != "" {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n != id.OutboxID {
+		if err != nil || outbox.ID(n) != id.OutboxID {
 			return true
 		}
 	}
@@ -117,14 +108,14 @@ func HeaderMap(m map[string][]string) func(string) string {
 	}
 }
 
-func parse(id, gen string) (Identity, error) {
+func parse(id, gen string) (qstash.Identity, error) {
 	n, err := strconv.ParseInt(strings.TrimSpace(id), 10, 64)
 	if err != nil || n <= 0 {
-		return Identity{}, fmt.Errorf("%w: outbox id %.40q is not a positive decimal number", ErrInvalidIdentity, id)
+		return qstash.Identity{}, fmt.Errorf("%w: outbox id %.40q is not a positive decimal number", ErrInvalidIdentity, id)
 	}
 	g, err := strconv.ParseInt(strings.TrimSpace(gen), 10, 32)
 	if err != nil || g < 0 {
-		return Identity{}, fmt.Errorf("%w: generation %.40q is not a non-negative decimal number", ErrInvalidIdentity, gen)
+		return qstash.Identity{}, fmt.Errorf("%w: generation %.40q is not a non-negative decimal number", ErrInvalidIdentity, gen)
 	}
-	return Identity{OutboxID: n, Generation: int(g)}, nil
+	return qstash.Identity{OutboxID: outbox.ID(n), Generation: int(g)}, nil
 }

@@ -8,28 +8,29 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/receive"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 func TestFromURL(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		query string
-		want  receive.Identity
+		want  qstash.Identity
 		err   error
 	}{
-		{"outbox_id=42&generation=0", receive.Identity{OutboxID: 42}, nil},
-		{"generation=3&x=1&outbox_id=0042", receive.Identity{OutboxID: 42, Generation: 3}, nil},
-		{"", receive.Identity{}, receive.ErrNoIdentity},
-		{"src=relay", receive.Identity{}, receive.ErrNoIdentity},
-		{"outbox_id=42", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"generation=1", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=42&outbox_id=43&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=0&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=-1&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=x&generation=0", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=1&generation=-1", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=1&generation=99999999999", receive.Identity{}, receive.ErrInvalidIdentity},
-		{"outbox_id=1&generation=0;x", receive.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=42&generation=0", qstash.Identity{OutboxID: 42}, nil},
+		{"generation=3&x=1&outbox_id=0042", qstash.Identity{OutboxID: 42, Generation: 3}, nil},
+		{"", qstash.Identity{}, receive.ErrNoIdentity},
+		{"src=relay", qstash.Identity{}, receive.ErrNoIdentity},
+		{"outbox_id=42", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"generation=1", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=42&outbox_id=43&generation=0", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=0&generation=0", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=-1&generation=0", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=x&generation=0", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=-1", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=99999999999", qstash.Identity{}, receive.ErrInvalidIdentity},
+		{"outbox_id=1&generation=0;x", qstash.Identity{}, receive.ErrInvalidIdentity},
 	}
 	for _, c := range cases {
 		got, err := receive.FromURL(&url.URL{RawQuery: c.query})
@@ -44,29 +45,29 @@ func TestFromURL(t *testing.T) {
 
 func TestHeaders(t *testing.T) {
 	t.Parallel()
-	id := receive.Identity{OutboxID: 5, Generation: 1}
+	id := qstash.Identity{OutboxID: 5, Generation: 1}
 	h := http.Header{}
-	if id.Contradicts(h.Get) {
+	if receive.Contradicts(id, h.Get) {
 		t.Error("absent headers contradict")
 	}
 	h.Set("X-Outbox-Id", "5")
 	h.Set("X-Outbox-Generation", "1")
-	if id.Contradicts(h.Get) {
+	if receive.Contradicts(id, h.Get) {
 		t.Error("agreeing headers contradict")
 	}
 	for name, v := range map[string]string{"X-Outbox-Id": "6", "X-Outbox-Generation": "0"} {
 		bad := h.Clone()
 		bad.Set(name, v)
-		if !id.Contradicts(bad.Get) {
+		if !receive.Contradicts(id, bad.Get) {
 			t.Errorf("%s: %s does not contradict", name, v)
 		}
 	}
 	fwd := http.Header{"Upstash-Forward-X-Outbox-Id": {"6"}}
-	if !id.Contradicts(fwd.Get) {
+	if !receive.Contradicts(id, fwd.Get) {
 		t.Error("Upstash-Forward-X-Outbox-Id: 6 does not contradict")
 	}
 	m := receive.HeaderMap(map[string][]string{"upstash-forward-x-outbox-id": {" 9 "}, "X-OUTBOX-GENERATION": {"2"}})
-	if got, err := receive.FromHeaders(m); err != nil || got != (receive.Identity{OutboxID: 9, Generation: 2}) {
+	if got, err := receive.FromHeaders(m); err != nil || got != (qstash.Identity{OutboxID: 9, Generation: 2}) {
 		t.Errorf("FromHeaders: %+v %v", got, err)
 	}
 	if _, err := receive.FromHeaders(http.Header{}.Get); !errors.Is(err, receive.ErrNoIdentity) {

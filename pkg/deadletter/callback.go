@@ -161,7 +161,7 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	a.Log = a.Log.With(slog.String("qstash_message_id", f.QStashMessageID), slog.Int64("outbox_id", f.OutboxID), slog.Bool("legacy_identity", legacy))
+	a.Log = a.Log.With(slog.String("qstash_message_id", f.QStashMessageID), slog.Int64("outbox_id", int64(f.OutboxID)), slog.Bool("legacy_identity", legacy))
 	ctx := r.Context()
 	if h.cfg.Tracer != nil {
 		var span trace.Span
@@ -210,7 +210,7 @@ func (h *CallbackHandler) startSpan(ctx context.Context, f DeliveryFailure) (con
 			semconv.MessagingSystemKey.String(tracing.MessagingSystem),
 			semconv.MessagingOperationName("dead_letter"),
 			semconv.MessagingDestinationName(topic),
-			attribute.Int64("outbox.id", f.OutboxID),
+			attribute.Int64("outbox.id", int64(f.OutboxID)),
 			attribute.String("messaging.qstash.source_message_id", f.QStashMessageID),
 			attribute.Int("messaging.qstash.retried", f.Retried),
 			attribute.Int("outbox.destination_status", f.Status),
@@ -255,7 +255,7 @@ func (h *CallbackHandler) legacyIdentity(ctx context.Context, cb qstash.FailureC
 	if err != nil || !open {
 		if err == nil {
 			h.cfg.Logger.WarnContext(ctx, "failure callback without outbox_id in its url after the legacy window: recorded unlinked",
-				slog.Int64("claimed_outbox_id", id.OutboxID))
+				slog.Int64("claimed_outbox_id", int64(id.OutboxID)))
 		}
 		return false, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -130,7 +131,7 @@ func TestCallbackRecordsOnceAndRejectsForgeries(t *testing.T) {
 	}
 	l := letters[0]
 	var p map[string]any
-	if json.Unmarshal(l.Payload, &p) != nil || p["order_id"] != "o-1" || l.OutboxID != id || l.QStashDLQID != "1725323658779-0" || l.StatusCode != 489 {
+	if json.Unmarshal(l.Payload, &p) != nil || p["order_id"] != "o-1" || l.OutboxID != outbox.ID(id) || l.QStashDLQID != "1725323658779-0" || l.StatusCode != 489 {
 		t.Fatalf("letter %+v", l)
 	}
 	if !readOutbox(t, db, id).dead {
@@ -224,7 +225,7 @@ func TestCallbackDocumentedStringForm(t *testing.T) {
 		t.Fatalf("status %d %s", w.Code, w.Body)
 	}
 	ls, err := deadletter.List(context.Background(), db.Pool, deadletter.Filter{})
-	if err != nil || len(ls) != 1 || ls[0].OutboxID != id || ls[0].PartitionKey != "order:9" || string(ls[0].Payload) != `{"n": 9}` {
+	if err != nil || len(ls) != 1 || ls[0].OutboxID != outbox.ID(id) || ls[0].PartitionKey != "order:9" || string(ls[0].Payload) != `{"n": 9}` {
 		t.Fatalf("letters %+v %v", ls, err)
 	}
 }

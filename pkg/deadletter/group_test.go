@@ -192,7 +192,7 @@ func TestGroupsThreeCausesAndRedriveOneGroup(t *testing.T) {
 func outboxIDs(rs []deadletter.Redriven) []int64 {
 	ids := make([]int64, 0, len(rs))
 	for _, r := range rs {
-		ids = append(ids, r.OutboxID)
+		ids = append(ids, int64(r.OutboxID))
 	}
 	return sorted(ids)
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
@@ -42,9 +43,9 @@ type Letter struct {
 	ID     int64  `json:"id"`
 	Source string `json:"source"`
 	// OutboxID is the event's outbox row, 0 when unknown.
-	OutboxID     int64  `json:"outbox_id,omitempty"`
-	Topic        string `json:"topic,omitempty"`
-	PartitionKey string `json:"partition_key,omitempty"`
+	OutboxID     outbox.ID `json:"outbox_id,omitempty"`
+	Topic        string    `json:"topic,omitempty"`
+	PartitionKey string    `json:"partition_key,omitempty"`
 	// Payload is the event's JSON (nil when unknown).
 	Payload json.RawMessage `json:"payload"`
 	// Headers are the event's forwarded headers.
@@ -161,7 +162,7 @@ func Get(ctx context.Context, db Querier, id int64) (Letter, error) {
 func scanLetter(row pgx.CollectableRow) (Letter, error) {
 	var (
 		l                Letter
-		outboxID         *int64
+		outboxID         *outbox.ID
 		payload, headers *string
 		attempts, status *int32
 	)
@@ -216,8 +217,8 @@ type RedriveResult struct {
 
 // Redriven pairs a letter with its outbox row.
 type Redriven struct {
-	LetterID int64 `json:"letter_id"`
-	OutboxID int64 `json:"outbox_id"`
+	LetterID int64     `json:"letter_id"`
+	OutboxID outbox.ID `json:"outbox_id"`
 	// Generation is the outbox row's generation after the redrive (unchanged for
 	// AlreadyPending and in a Plan).
 	Generation int `json:"generation"`
@@ -323,7 +324,7 @@ func redrive(ctx context.Context, db Beginner, f Filter, span trace.Span) (Redri
 		// already pending; two letters of one row both report the row's new generation.
 		var redriven, pending []Redriven
 		for _, r := range append(res.Redriven, res.AlreadyPending...) {
-			if g, ok := gens[r.OutboxID]; ok {
+			if g, ok := gens[int64(r.OutboxID)]; ok {
 				r.Generation = g
 				redriven = append(redriven, r)
 			} else {
@@ -394,10 +395,10 @@ func classify(rows pgx.Rows, requested []int64) (RedriveResult, resets, error) {
 	var (
 		res                  RedriveResult
 		finished             resets
-		queued               = map[int64]bool{}
+		queued               = map[outbox.ID]bool{}
 		seen                 = map[int64]bool{}
 		id                   int64
-		outboxID             *int64
+		outboxID             *outbox.ID
 		resolved, exists     bool
 		superseded, pending  bool
 		letterGen, outboxGen int32
@@ -417,7 +418,7 @@ func classify(rows pgx.Rows, requested []int64) (RedriveResult, resets, error) {
 			res.Redriven = append(res.Redriven, Redriven{LetterID: id, OutboxID: *outboxID})
 			if !queued[*outboxID] {
 				queued[*outboxID] = true
-				finished.outboxIDs = append(finished.outboxIDs, *outboxID)
+				finished.outboxIDs = append(finished.outboxIDs, int64(*outboxID))
 				finished.generations = append(finished.generations, letterGen)
 			}
 		}

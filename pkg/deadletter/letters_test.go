@@ -45,7 +45,7 @@ func failure(outboxID int64, msgID string) deadletter.DeliveryFailure {
 		Retried:         0,
 		MaxRetries:      3,
 		URL:             destination(outboxID, 0),
-		OutboxID:        outboxID,
+		OutboxID:        outbox.ID(outboxID),
 		Generation:      &gen,
 		SourceHeader:    map[string][]string{"upstash-forward-x-outbox-id": {itoa(outboxID)}, "Authorization": {"Bearer secret"}},
 		SourceBody:      []byte(`{"order_id": "o-1"}`),
@@ -89,7 +89,7 @@ func TestRecordIsIdempotentAndMarksOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Created || r.OutboxID != id || !r.OutboxMarked || r.LetterID == 0 {
+	if !r.Created || r.OutboxID != outbox.ID(id) || !r.OutboxMarked || r.LetterID == 0 {
 		t.Fatalf("first record %+v", r)
 	}
 	again, err := deadletter.Record(ctx, db.Pool, failure(id, "msg-1"))
@@ -107,7 +107,7 @@ func TestRecordIsIdempotentAndMarksOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Source != deadletter.SourceDelivery || l.OutboxID != id || l.Topic != "order.created" || l.PartitionKey != "order:1" ||
+	if l.Source != deadletter.SourceDelivery || l.OutboxID != outbox.ID(id) || l.Topic != "order.created" || l.PartitionKey != "order:1" ||
 		l.StatusCode != 489 || l.Attempts != 0 || l.QStashMessageID != "msg-1" || l.QStashDLQID != "dlq-msg-1" ||
 		l.ResponseBody != `{"error":"rejected"}` || l.Resolved() {
 		t.Fatalf("letter %+v", l)
@@ -337,7 +337,7 @@ func TestRedrive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []deadletter.Redriven{{LetterID: ra.LetterID, OutboxID: a, Generation: 1}, {LetterID: lb, OutboxID: b, Generation: 1}}
+	want := []deadletter.Redriven{{LetterID: ra.LetterID, OutboxID: outbox.ID(a), Generation: 1}, {LetterID: lb, OutboxID: outbox.ID(b), Generation: 1}}
 	if !slices.Equal(res.Redriven, want) || !slices.Equal(res.OutboxMissing, []int64{rc.LetterID}) ||
 		!slices.Equal(res.NotFound, []int64{987654}) || len(res.AlreadyResolved) != 0 || res.DryRun {
 		t.Fatalf("redrive %+v", res)

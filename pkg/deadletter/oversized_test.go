@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -60,9 +61,9 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 	big := enqueue(t, db, "order.created", "order:big", payload)
 	other := enqueue(t, db, "order.created", "order:other", payload)
 	cfg := qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: base, FailureCallbackURL: base + "/failure", Retries: 3}
-	publish(t, db, cfg, []int64{big})
+	publishRows(t, db, cfg, []int64{big})
 	cfg.DestinationBaseURL, cfg.FailureCallbackURL = control.URL, ""
-	publish(t, db, cfg, []int64{other})
+	publishRows(t, db, cfg, []int64{other})
 	waitIdle(t, qs)
 
 	var deliveries, callbacks []int
@@ -84,7 +85,7 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 		t.Fatalf("the 413 destination got %d attempts, want 4 (1 + 3 retries: QStash retries a 413)", n)
 	}
 	ls, err := deadletter.List(ctx, db.Pool, deadletter.Filter{})
-	if err != nil || len(ls) != 1 || ls[0].OutboxID != big || ls[0].StatusCode != receive.StatusNonRetryable || ls[0].Attempts != 0 {
+	if err != nil || len(ls) != 1 || ls[0].OutboxID != outbox.ID(big) || ls[0].StatusCode != receive.StatusNonRetryable || ls[0].Attempts != 0 {
 		t.Fatalf("letters %+v %v; want one for row %d, status 489, after 0 retries", ls, err, big)
 	}
 	if !readOutbox(t, db, big).dead {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
 
@@ -38,7 +39,7 @@ type DeliveryFailure struct {
 	URL string
 	// OutboxID is the event's outbox row, 0 when unknown. fromCallback reads it from URL's
 	// outbox_id query parameter (signed with the callback body).
-	OutboxID int64
+	OutboxID outbox.ID
 	// Generation is the outbox generation the delivery was about (URL's generation); nil
 	// when unknown, and the letter is then about the row's current generation.
 	Generation *int
@@ -77,7 +78,7 @@ type Recorded struct {
 	// Created is false for a repeated callback: nothing was written.
 	Created bool
 	// OutboxID is the event's outbox row (0 when the callback names none).
-	OutboxID int64
+	OutboxID outbox.ID
 	// OutboxMarked is true when the outbox row's dead_lettered_at was set now.
 	OutboxMarked bool
 	// Superseded is true when the new letter is about a generation its outbox row has left
@@ -106,13 +107,13 @@ func Record(ctx context.Context, db Querier, f DeliveryFailure) (Recorded, error
 		s := string(f.SourceBody)
 		payload = &s
 	}
-	var outboxID *int64
+	var outboxID *outbox.ID
 	if f.OutboxID > 0 {
 		outboxID = &f.OutboxID
 	}
 	errText := f.errorText()
 	var r Recorded
-	var gotOutbox *int64
+	var gotOutbox *outbox.ID
 	err := db.QueryRow(ctx, qRecordDelivery,
 		outboxID, postgres.NullIfZero(topicFromURL(f.URL)), payload, errText, f.Retried, postgres.NullIfZero(f.Status),
 		f.QStashMessageID, f.DLQID, textColumn(f.ResponseBody, maxResponseBodyBytes), f.Generation,

@@ -114,7 +114,7 @@ func TestRedriveSkipsSupersededOpenLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	delivered := readOutbox(t, db, id)
-	want := []deadletter.Redriven{{LetterID: letter, OutboxID: id, Generation: 1}}
+	want := []deadletter.Redriven{{LetterID: letter, OutboxID: outbox.ID(id), Generation: 1}}
 
 	plan, err := deadletter.Plan(ctx, db.Pool, deadletter.Filter{All: true})
 	if err != nil || len(plan.Redriven)+len(plan.AlreadyPending) != 0 || !slices.Equal(plan.Superseded, want) {

@@ -224,7 +224,7 @@ func validRedriveSuffix(s string, gen *int) bool {
 func identity(e DLQEntry) (entryIdentity, bool) {
 	id, err := qstash.ParseIdentity(e.URL)
 	if err == nil {
-		return entryIdentity{outboxID: id.OutboxID, generation: &id.Generation}, true
+		return entryIdentity{outboxID: int64(id.OutboxID), generation: &id.Generation}, true
 	}
 	if !errors.Is(err, qstash.ErrNoIdentity) {
 		return entryIdentity{}, false

@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -37,9 +38,9 @@ func answering(t *testing.T, status int) (*httptest.Server, *atomic.Int64) {
 	return srv, &hits
 }
 
-// publish publishes the outbox rows ids through a real Publisher with cfg, as the relay
+// publishRows publishes the outbox rows ids through a real Publisher with cfg, as the relay
 // does, and marks them dispatched.
-func publish(t *testing.T, db *pgtest.DB, cfg qstash.PublisherConfig, ids []int64) {
+func publishRows(t *testing.T, db *pgtest.DB, cfg qstash.PublisherConfig, ids []int64) {
 	t.Helper()
 	ctx := context.Background()
 	p, err := qstash.NewPublisher(cfg)
@@ -170,16 +171,16 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 		}
 	}
 	base := qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: 1}
-	publish(t, db, base, noCallback)
+	publishRows(t, db, base, noCallback)
 	withBad := base
 	withBad.FailureCallbackURL = brokenCallback.URL + "/failure"
-	publish(t, db, withBad, badCallback)
+	publishRows(t, db, withBad, badCallback)
 	withGood := base
 	withGood.FailureCallbackURL = callbackURL
-	publish(t, db, withGood, goodCallback)
+	publishRows(t, db, withGood, goodCallback)
 	ordered := base
-	ordered.Ordering, ordered.FIFOQueues = qstash.OrderingFIFO, 1
-	publish(t, db, ordered, fifo)
+	ordered.Ordering, ordered.FIFOQueues = publish.OrderingFIFO, 1
+	publishRows(t, db, ordered, fifo)
 
 	// Entries that are not this outbox's, with the same outbox ids: another deployment
 	// (staging) on the same webhook, in its own FIFO queue; another webhook; a message with
@@ -296,7 +297,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 	for i := range 230 { // three pages of at most 100
 		ids = append(ids, enqueue(t, db, "invoice.paid", "k"+strconv.Itoa(i), `{"n":1}`))
 	}
-	publish(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: qstash.NoRetries}, ids)
+	publishRows(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: qstash.NoRetries}, ids)
 	waitIdle(t, qs)
 	// The first event was redriven meanwhile (generation 1) and is being relayed again.
 	if _, err := db.Pool.Exec(ctx, `UPDATE outbox SET generation = 1, dispatched_at = NULL WHERE id = $1`, ids[0]); err != nil {

@@ -11,6 +11,27 @@ import (
 	"time"
 )
 
+// Ordering is what order the queue keeps between the messages of one partition key. The
+// QStash publisher sends accordingly, and the relay hands it batches accordingly; a relay
+// whose Config.Ordering is empty takes its publisher's (an Ordering() Ordering method), so
+// the two cannot disagree and only the publisher has a default.
+type Ordering string
+
+const (
+	// OrderingPublish: the queue keeps no order between messages (QStash /v2/publish, with
+	// optional flow control). The relay hands it a batch in one call, a key's events in id
+	// order inside it. The QStash publisher's default (DefaultOrdering): highest
+	// throughput, and consumers must tolerate reordering.
+	OrderingPublish Ordering = "publish"
+	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so the
+	// relay sends a key's events one after the other: each call carries at most one event
+	// per key ("waves"), and a failed event holds its key's later events back.
+	OrderingFIFO Ordering = "fifo"
+	// DefaultOrdering is the ordering of a QStash publisher whose Ordering is empty (and so
+	// of a relay publishing through it).
+	DefaultOrdering = OrderingPublish
+)
+
 // Result is the outcome of publishing one message.
 type Result struct {
 	// MessageID is the queue's id for the message, when it was accepted.
@@ -70,7 +91,12 @@ func StatusCode(err error) int {
 	return 0
 }
 
-// Permanent marks err as permanent: the relay dead-letters the event without retrying.
+// Permanent marks err as permanent, a failure no retry can fix; Permanent(nil) is nil. It
+// is the project's one marker (webhook.Permanent and relay.Permanent call it): returned by
+// a Publisher in a Result, the relay dead-letters the event without retrying; returned by
+// a webhook handler, the delivery is answered 489 with Upstash-NonRetryable-Error, so
+// QStash stops retrying and the failure callback records a dead letter. Any error with a
+// Permanent() bool method returning true counts the same (IsPermanent).
 func Permanent(err error) error {
 	if err == nil {
 		return nil

@@ -12,22 +12,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
-// Ordering chooses how the Publisher hands messages to QStash.
-type Ordering string
-
-const (
-	// OrderingPublish publishes every message independently (/v2/publish semantics), with
-	// optional flow control keyed by partition key. QStash delivers in parallel and does NOT
-	// keep per-key order, not even with flow control, and not across retries.
-	OrderingPublish Ordering = "publish"
-	// OrderingFIFO enqueues each message into one of FIFOQueues QStash queues chosen by a
-	// stable hash of its partition key. A queue delivers one message at a time and the next
-	// waits for the current one's retries and failure callback, so each key keeps strict
-	// order end to end, at a total parallelism of FIFOQueues. A message that exhausts its
-	// retries stops blocking its queue: order then continues past a dead letter.
-	OrderingFIFO Ordering = "fifo"
-)
-
 // Defaults for PublisherConfig.
 const (
 	DefaultBaseURL        = "https://qstash.upstash.io"
@@ -69,8 +53,13 @@ type PublisherConfig struct {
 	// Retries is QStash's delivery retry budget per message (Upstash-Retries). 0 means
 	// DefaultRetries (3); NoRetries means a single attempt.
 	Retries int
-	// Ordering is OrderingPublish (default) or OrderingFIFO.
-	Ordering Ordering
+	// Ordering is publish.OrderingPublish (default: each message on its own, QStash keeps no
+	// per-key order, not even with flow control, not across retries) or
+	// publish.OrderingFIFO (each message enqueued into one of FIFOQueues queues chosen by a
+	// stable hash of its partition key; a queue delivers one at a time, the next waiting for
+	// the current one's retries and failure callback, so each key keeps strict order end to
+	// end; a message that exhausts its retries stops blocking its queue).
+	Ordering publish.Ordering
 	// FIFOQueues is the number of QStash queues in FIFO mode, and so its delivery
 	// parallelism. Default DefaultFIFOQueues. Changing it while events are in flight moves
 	// keys between queues, and per-key order holds only within one queue.
@@ -117,7 +106,7 @@ type PublisherConfig struct {
 func (c PublisherConfig) WithDefaults() PublisherConfig {
 	c.BaseURL = cmp.Or(c.BaseURL, DefaultBaseURL)
 	c.Retries = cmp.Or(c.Retries, DefaultRetries)
-	c.Ordering = cmp.Or(c.Ordering, OrderingPublish)
+	c.Ordering = cmp.Or(c.Ordering, publish.DefaultOrdering)
 	c.FIFOQueues = cmp.Or(c.FIFOQueues, DefaultFIFOQueues)
 	c.Name = cmp.Or(c.Name, DefaultName)
 	c.QueuePrefix = cmp.Or(c.QueuePrefix, c.Name)
@@ -167,13 +156,13 @@ func (c PublisherConfig) Validate() error {
 		bad("Retries", "%d is negative (use NoRetries for a single attempt)", c.Retries)
 	}
 	switch c.Ordering {
-	case OrderingPublish:
-	case OrderingFIFO:
+	case publish.OrderingPublish:
+	case publish.OrderingFIFO:
 		if c.FlowControlParallelism != 0 || c.FlowControlRate != 0 || c.FlowControlPeriod != 0 {
 			bad("FlowControlParallelism", "flow control is for publish ordering; FIFO queues already deliver one message per queue at a time")
 		}
 	default:
-		bad("Ordering", "%q is neither %q nor %q", c.Ordering, OrderingPublish, OrderingFIFO)
+		bad("Ordering", "%q is neither %q nor %q", c.Ordering, publish.OrderingPublish, publish.OrderingFIFO)
 	}
 	limits, err := c.Plan.Limits()
 	if err != nil {
@@ -181,7 +170,7 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.FIFOQueues < 1 {
 		bad("FIFOQueues", "%d must be at least 1", c.FIFOQueues)
-	} else if err == nil && c.Ordering == OrderingFIFO && c.FIFOQueues > limits.MaxQueues {
+	} else if err == nil && c.Ordering == publish.OrderingFIFO && c.FIFOQueues > limits.MaxQueues {
 		bad("FIFOQueues", "%d is more than the %d queues QStash's %s plan allows (set the plan, or fewer queues)", c.FIFOQueues, limits.MaxQueues, c.Plan)
 	}
 	if !validQueueName(c.QueuePrefix) {

@@ -208,7 +208,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanFree})
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Plan: qstash.PlanFree, Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Plan: qstash.PlanFree, Ordering: publish.OrderingFIFO, FIFOQueues: 2})
 	msgs := messages(1, 5, 5)
 	msgs[2].Payload = []byte(`"` + strings.Repeat("y", 1_000_000) + `"`)
 	res := p.Publish(context.Background(), msgs)
@@ -365,7 +365,7 @@ func TestDeliveryURLCarriesIdentity(t *testing.T) {
 func TestEnsureQueues(t *testing.T) {
 	t.Parallel()
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Plan: qstash.PlanPayg})
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: qstash.OrderingFIFO, FIFOQueues: 6})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: publish.OrderingFIFO, FIFOQueues: 6})
 	ctx := context.Background()
 	if err := p.EnsureQueues(ctx); err != nil {
 		t.Fatal(err)
@@ -396,7 +396,7 @@ func TestEnsureQueues(t *testing.T) {
 // EnsureQueues reports naming FIFO_QUEUES.
 func TestQueueCountCap(t *testing.T) {
 	t.Parallel()
-	_, err := qstash.NewPublisher(qstash.PublisherConfig{Token: "t", DestinationBaseURL: "https://x", Plan: qstash.PlanFree, Ordering: qstash.OrderingFIFO, FIFOQueues: 11})
+	_, err := qstash.NewPublisher(qstash.PublisherConfig{Token: "t", DestinationBaseURL: "https://x", Plan: qstash.PlanFree, Ordering: publish.OrderingFIFO, FIFOQueues: 11})
 	if err == nil || !strings.Contains(err.Error(), "FIFOQueues") || !strings.Contains(err.Error(), "10 queues") {
 		t.Fatalf("config: %v", err)
 	}
@@ -408,7 +408,7 @@ func TestQueueCountCap(t *testing.T) {
 		t.Fatalf("11th queue: %d %s, want 412 {\"error\"}", status, body)
 	}
 	// A publisher configured for a bigger plan than the account has.
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: publish.OrderingFIFO, FIFOQueues: 2})
 	if err := p.EnsureQueues(context.Background()); err == nil || !strings.Contains(err.Error(), "FIFO_QUEUES") {
 		t.Fatalf("EnsureQueues over the account's cap: %v", err)
 	}
@@ -578,7 +578,7 @@ func TestFIFOInvalidMessageHoldsOnlyLaterOnes(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, nil)
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 2})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: publish.OrderingFIFO, FIFOQueues: 2})
 	msgs := messages(1, 6, 1) // one key
 	msgs[3].Headers = map[string]string{"Bad Header": "x"}
 	res := p.Publish(context.Background(), msgs)
@@ -612,7 +612,7 @@ func TestDeferralWinsOverHoldBack(t *testing.T) {
 		io.WriteString(w, `{"error":"daily quota exceeded"}`)
 	}))
 	t.Cleanup(fake.Close)
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: fake.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", Ordering: qstash.OrderingFIFO, MaxBatchItems: 1})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: fake.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", Ordering: publish.OrderingFIFO, MaxBatchItems: 1})
 	msgs := messages(1, 3, 2) // keys 0, 1, 0
 	res := p.Publish(context.Background(), msgs)
 	if res[0].Outcome() != publish.Retryable || res[1].Outcome() != publish.Deferred || res[2].Outcome() != publish.Deferred {

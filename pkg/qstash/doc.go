@@ -28,12 +28,12 @@
 //
 // # Ordering
 //
-// OrderingPublish (default) publishes each message on its own with optional flow control
+// publish.OrderingPublish (default) publishes each message on its own with optional flow control
 // keyed by partition key (parallelism, rate per period). Deliveries run in parallel and
 // QStash does not keep per-key order: not with flow control, not across retries. Consumers
 // must be order-tolerant. Throughput is highest.
 //
-// OrderingFIFO enqueues into FIFOQueues queues, queue = fnv1a(partition key) mod N, which
+// publish.OrderingFIFO enqueues into FIFOQueues queues, queue = fnv1a(partition key) mod N, which
 // EnsureQueues creates with parallelism 1 and checks once per cold start. A queue
 // delivers one message at a time, and the next waits until the current one is delivered or
 // has exhausted its retries and its failure callback has run, so every key keeps strict

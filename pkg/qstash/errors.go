@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
@@ -269,7 +270,7 @@ type MessageTooLargeError struct {
 	// Index is the message's position in the Publish call.
 	Index int
 	// OutboxID is the message's outbox row.
-	OutboxID int64
+	OutboxID outbox.ID
 	// Size is the payload's size in bytes.
 	Size int64
 	// Limit is the configured maximum in bytes (PublisherConfig.MaxMessageBytes).

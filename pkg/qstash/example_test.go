@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -50,7 +51,7 @@ func ExampleNewPublisher() {
 		BaseURL:            srv.URL,
 		Token:              srv.Token,
 		DestinationBaseURL: consumer.URL, // the webhook's public URL
-		Ordering:           qstash.OrderingFIFO,
+		Ordering:           publish.OrderingFIFO,
 	})
 	if err != nil {
 		log.Fatal(err)

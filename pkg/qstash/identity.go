@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+
+	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
 
 // Query parameters of a delivery URL that carry the message's identity
@@ -20,11 +22,16 @@ const (
 // went into the URL).
 var ErrNoIdentity = errors.New("delivery url carries no outbox identity")
 
-// Identity is an outbox message's identity as its delivery URL states it.
+// Identity is an outbox message's identity as its delivery URL states it: the outbox row a
+// delivery is about, and which redrive of it.
 type Identity struct {
-	OutboxID   int64
+	OutboxID   outbox.ID
 	Generation int
 }
+
+// MessageID is the dedupe key of every consumer: the outbox id in decimal, the same for
+// every retry and every redrive.
+func (id Identity) MessageID() string { return strconv.FormatInt(int64(id.OutboxID), 10) }
 
 // ParseIdentity reads outbox_id and generation from a delivery URL (or a failure
 // callback's url field). It returns ErrNoIdentity when neither is present, and an error
@@ -54,7 +61,7 @@ func ParseIdentity(rawURL string) (Identity, error) {
 	if err != nil || gen < 0 {
 		return Identity{}, fmt.Errorf("parse delivery url: %s %q is not a non-negative integer", IdentityGenerationParam, gens[0])
 	}
-	return Identity{OutboxID: id, Generation: gen}, nil
+	return Identity{OutboxID: outbox.ID(id), Generation: gen}, nil
 }
 
 // Identity is the outbox identity in the failed message's URL (see ParseIdentity). The

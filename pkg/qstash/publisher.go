@@ -95,6 +95,10 @@ func (p *Publisher) DestinationBase() string { return strings.TrimSuffix(p.destB
 // Config returns the effective configuration (defaults applied).
 func (p *Publisher) Config() PublisherConfig { return p.cfg }
 
+// Ordering returns the configured ordering; a relay whose Config.Ordering is empty takes it,
+// so it sends waves to FIFO queues and whole batches otherwise.
+func (p *Publisher) Ordering() publish.Ordering { return p.cfg.Ordering }
+
 // destination is the base URL of topic's deliveries: DestinationBaseURL (trailing "/"
 // dropped) + "/events/" + topic. appendMessageDestination adds the message's identity.
 func (p *Publisher) destination(topic string) string {
@@ -150,7 +154,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []publis
 	a := p.bufs.arena()
 	defer a.release()
 	s := &publishCall{p: p, arena: a, results: make([]publish.Result, len(msgs)), splitsLeft: splitBudget(len(msgs))}
-	if p.cfg.Ordering == OrderingFIFO {
+	if p.cfg.Ordering == publish.OrderingFIFO {
 		s.failedKeys = map[string]bool{}
 	}
 	items := make([]encoded, 0, len(msgs))
@@ -424,7 +428,7 @@ func (n *encodeNames) labelOf(topic string) string {
 // refuse it.
 func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Message) ([]byte, error) {
 	if n := int64(len(m.Payload)); n > p.cfg.MaxMessageBytes {
-		return dst, &MessageTooLargeError{Index: i, OutboxID: int64(m.ID), Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
+		return dst, &MessageTooLargeError{Index: i, OutboxID: m.ID, Size: n, Limit: p.cfg.MaxMessageBytes, Plan: p.cfg.Plan}
 	}
 	for k, v := range m.Headers {
 		if !validHeaderName(k) || !validHeaderValue(v) {
@@ -449,7 +453,7 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 	}
 	queue := ""
 	switch p.cfg.Ordering {
-	case OrderingFIFO:
+	case publish.OrderingFIFO:
 		queue = p.queueName(m.PartitionKey)
 	default:
 		if p.flow != "" && m.PartitionKey != "" {

@@ -165,7 +165,7 @@ func TestPublisherConfig(t *testing.T) {
 		"FailureCallbackURL":     {Token: "t", DestinationBaseURL: "https://x", FailureCallbackURL: "/relative"},
 		"Ordering":               {Token: "t", DestinationBaseURL: "https://x", Ordering: "lifo"},
 		"FIFOQueues":             {Token: "t", DestinationBaseURL: "https://x", FIFOQueues: -1},
-		"FlowControlParallelism": {Token: "t", DestinationBaseURL: "https://x", Ordering: qstash.OrderingFIFO, FlowControlParallelism: 2},
+		"FlowControlParallelism": {Token: "t", DestinationBaseURL: "https://x", Ordering: publish.OrderingFIFO, FlowControlParallelism: 2},
 		"FlowControlPeriod":      {Token: "t", DestinationBaseURL: "https://x", FlowControlPeriod: time.Minute},
 		"Retries":                {Token: "t", DestinationBaseURL: "https://x", Retries: -2},
 		"MaxBatchItems":          {Token: "t", DestinationBaseURL: "https://x", MaxBatchItems: -1},
@@ -283,7 +283,7 @@ func TestPublishDedup(t *testing.T) {
 // QStash keeps no order there and holding it back would only delay it.
 func TestPublishItemFailureIsolation(t *testing.T) {
 	t.Parallel()
-	for _, ordering := range []qstash.Ordering{qstash.OrderingFIFO, qstash.OrderingPublish} {
+	for _, ordering := range []publish.Ordering{publish.OrderingFIFO, publish.OrderingPublish} {
 		for _, mode := range []qstashtest.BatchErrorMode{qstashtest.BatchErrorsPerItem, qstashtest.BatchErrorsWholeRequest} {
 			t.Run(string(ordering)+"/"+string(mode), func(t *testing.T) {
 				t.Parallel()
@@ -293,7 +293,7 @@ func TestPublishItemFailureIsolation(t *testing.T) {
 	}
 }
 
-func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstashtest.BatchErrorMode) {
+func testItemFailureIsolation(t *testing.T, ordering publish.Ordering, mode qstashtest.BatchErrorMode) {
 	cons := newConsumer(t, nil)
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{BatchErrors: mode})
 	proxy := badItemProxy(t, srv, "4")
@@ -317,7 +317,7 @@ func testItemFailureIsolation(t *testing.T, ordering qstash.Ordering, mode qstas
 		t.Fatalf("refused item: %v, want an ItemError at index 3", res[3].Err)
 	}
 	failed := map[int]bool{0: true, 3: true}
-	if ordering == qstash.OrderingFIFO {
+	if ordering == publish.OrderingFIFO {
 		for _, i := range []int{5, 9} {
 			if !errors.Is(res[i].Err, qstash.ErrHeldBack) || publish.IsPermanent(res[i].Err) {
 				t.Fatalf("message %d, same key as a failed one: %v", i, res[i].Err)
@@ -614,7 +614,7 @@ func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	cons := newConsumer(t, failFirst30(11))
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.3, MaxDelay: 2 * time.Millisecond}})
-	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: qstash.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
+	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: publish.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
 	msgs := messages(1, 1000, 20)
 	publishAll(t, p, msgs)
 	idle(t, srv)

@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // queue is a QStash queue as GET /v2/queues/{name} describes it.
@@ -56,7 +58,7 @@ const maxEnsureRetries = 5
 // changed it, and order may already be broken. All problems are reported at once. In
 // publish ordering it does nothing.
 func (p *Publisher) EnsureQueues(ctx context.Context) error {
-	if p.cfg.Ordering != OrderingFIFO {
+	if p.cfg.Ordering != publish.OrderingFIFO {
 		return nil
 	}
 	names := make(chan string)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -22,7 +23,7 @@ import (
 // key's events arrive in id order.
 func TestRelayDrainsThroughQStash(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []qstash.Ordering{qstash.OrderingFIFO, qstash.OrderingPublish} {
+	for _, mode := range []publish.Ordering{publish.OrderingFIFO, publish.OrderingPublish} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
@@ -44,7 +45,7 @@ func TestRelayDrainsThroughQStash(t *testing.T) {
 			cfg := qstash.PublisherConfig{
 				BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL + "/", Ordering: mode, FIFOQueues: 4,
 			}
-			if mode == qstash.OrderingPublish {
+			if mode == publish.OrderingPublish {
 				cfg.FlowControlParallelism = 4
 			}
 			pub := newPublisher(t, cfg)
@@ -72,7 +73,7 @@ func TestRelayDrainsThroughQStash(t *testing.T) {
 			for i, id := range ids {
 				msgs[i] = outbox.Message{ID: id}
 			}
-			if mode == qstash.OrderingFIFO {
+			if mode == publish.OrderingFIFO {
 				checkPerKeyOrder(t, got, msgs)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // refItem is a /v2/batch element as encoding/json writes it: the reference that
@@ -42,7 +43,7 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
 	}
 	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
-	if p.cfg.Ordering == OrderingFIFO {
+	if p.cfg.Ordering == publish.OrderingFIFO {
 		it.Queue = p.queueName(m.PartitionKey)
 	} else if p.flow != "" && m.PartitionKey != "" {
 		h["Upstash-Flow-Control-Key"] = flowControlKey(p.cfg.Name, m.PartitionKey)
@@ -74,7 +75,7 @@ func TestBatchItemEncoding(t *testing.T) {
 	names := []string{"Traceparent", "X-Tenant", "X-Outbox-Id", "X-Outbox-Generation", "A", "zz-Last"}
 	pubs := []PublisherConfig{
 		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\""},
-		{Ordering: OrderingFIFO, Name: "blue"},
+		{Ordering: publish.OrderingFIFO, Name: "blue"},
 	}
 	for _, cfg := range pubs {
 		cfg.BaseURL, cfg.Token, cfg.DestinationBaseURL = "http://127.0.0.1:1", "t", "https://hooks.example.com/base"

@@ -70,20 +70,6 @@ const (
 	DefaultMaxInFlightBytes = 32 << 20
 )
 
-// Ordering is what order the queue keeps between the messages of one partition key, and
-// so how a batch is handed to the Publisher.
-type Ordering string
-
-const (
-	// OrderingFIFO: the queue delivers in the order it accepted (QStash FIFO queues), so a
-	// key's events go out one after the other: each Publish call carries at most one event
-	// per key ("waves"), and a failed event holds its key's later events back.
-	OrderingFIFO Ordering = "fifo"
-	// OrderingPublish: the queue keeps no order between messages (QStash publish with flow
-	// control), so a batch is one Publish call, a key's events in id order inside it.
-	OrderingPublish Ordering = "publish"
-)
-
 // Config tunes a Relay. Zero fields take the Default* values.
 type Config struct {
 	// BatchSize is how many rows one claim takes. Default DefaultBatchSize. Lower it for
@@ -126,16 +112,18 @@ type Config struct {
 	Rand func() float64
 	// Now overrides the database clock in every statement (tests). Nil means now().
 	Now func() time.Time
-	// Ordering decides how a batch is handed to the Publisher. Default OrderingFIFO (the
-	// safe choice: waves keep order even if the queue does); set OrderingPublish when the
-	// queue keeps no order anyway.
-	Ordering Ordering
+	// Ordering decides how a batch is handed to the Publisher: publish.OrderingFIFO sends
+	// waves (at most one event per key per call), publish.OrderingPublish one call per
+	// batch. Empty means the Publisher's own, so the two cannot disagree: New asks its
+	// Ordering() publish.Ordering method (*qstash.Publisher has one), and a Publisher
+	// without one gets waves, which keep per-key order whatever its queue does.
+	Ordering publish.Ordering
 	// PublishConcurrency is how many batches may be in flight (published or being marked)
 	// at once; the next claim overlaps the publishes of earlier ones. Default
 	// DefaultPublishConcurrency; 1 is the strictly serial relay. Per-key FIFO holds for any
 	// value: a key whose head is in flight is not claimed again. Each batch in flight uses
 	// a connection while it is marked, and the claim another, so the drain runs at most
-	// (pool MaxConns - 1) batches at once on a *pgxpool.Pool.
+	// (pool MaxConns - 1) batches at once.
 	PublishConcurrency int
 	// DeferPause is the pause after a deferred publish whose DeferError names no Until;
 	// it doubles with each consecutive deferral, up to 24 hours. Default
@@ -175,7 +163,6 @@ func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
-	c.Ordering = cmp.Or(c.Ordering, OrderingFIFO)
 	c.PublishConcurrency = cmp.Or(c.PublishConcurrency, DefaultPublishConcurrency)
 	c.DeferPause = cmp.Or(c.DeferPause, DefaultDeferPause)
 	if c.Rand == nil {
@@ -227,8 +214,8 @@ func (c Config) Validate() error {
 	if c.BackoffMax < c.BackoffBase {
 		bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
-	if c.Ordering != OrderingFIFO && c.Ordering != OrderingPublish {
-		bad("Ordering", "%q must be %q or %q", c.Ordering, OrderingFIFO, OrderingPublish)
+	if c.Ordering != "" && c.Ordering != publish.OrderingFIFO && c.Ordering != publish.OrderingPublish {
+		bad("Ordering", "%q must be %q or %q", c.Ordering, publish.OrderingFIFO, publish.OrderingPublish)
 	}
 	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {
 		bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)

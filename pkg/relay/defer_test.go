@@ -259,7 +259,7 @@ func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
 			srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
 			pub := qstashPublisher(t, srv.URL, srv.Token, dest)
 			cfg := relay.Config{BatchSize: 50, MaxAttempts: 2, PublishTimeout: 300 * time.Millisecond, MarkTimeout: time.Second,
-				DeferPause: 20 * time.Millisecond, Ordering: relay.OrderingPublish, Logger: quiet()}
+				DeferPause: 20 * time.Millisecond, Ordering: publish.OrderingPublish, Logger: quiet()}
 			for drain := range 3 { // each a cold start, as Lambda invocations may be
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				st, err := newRelay(t, db, pub, cfg).Drain(ctx)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -72,7 +73,7 @@ func ExampleRelay_Run() {
 	}
 
 	pub, err := qstash.NewPublisher(qstash.PublisherConfig{
-		BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: consumer.URL, Ordering: qstash.OrderingFIFO,
+		BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: consumer.URL, Ordering: publish.OrderingFIFO,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -153,20 +153,13 @@ type listener struct {
 }
 
 func newListener(r *Relay) *listener {
-	l := &listener{r: r}
-	if p, ok := r.db.(*pgxpool.Pool); ok {
-		l.pool = p
-	}
-	return l
+	return &listener{r: r, pool: r.db}
 }
 
 // listen makes sure the connection is listening; false means poll.
 func (l *listener) listen(ctx context.Context) bool {
 	if l.conn != nil {
 		return true
-	}
-	if l.pool == nil {
-		return false
 	}
 	c, err := l.pool.Acquire(ctx)
 	if err == nil {

@@ -43,9 +43,9 @@ func (c *callLog) get() [][]outbox.Message {
 func TestPublishModeOneCallPerBatch(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		ordering relay.Ordering
+		ordering publish.Ordering
 		calls    int
-	}{{relay.OrderingPublish, 1}, {relay.OrderingFIFO, 50}} {
+	}{{publish.OrderingPublish, 1}, {publish.OrderingFIFO, 50}} {
 		t.Run(string(tc.ordering), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
@@ -63,7 +63,7 @@ func TestPublishModeOneCallPerBatch(t *testing.T) {
 			for _, call := range calls {
 				keys := map[string]bool{}
 				for _, m := range call {
-					if tc.ordering == relay.OrderingFIFO && keys[m.PartitionKey] {
+					if tc.ordering == publish.OrderingFIFO && keys[m.PartitionKey] {
 						t.Fatalf("fifo call carries two events of key %s", m.PartitionKey)
 					}
 					keys[m.PartitionKey] = true
@@ -121,7 +121,7 @@ func TestFIFOPermanentFailureHoldsKey(t *testing.T) {
 				}
 				calls = append(calls, c)
 			}
-			cfg := relay.Config{BatchSize: 100, Ordering: relay.OrderingFIFO, Logger: quiet()}
+			cfg := relay.Config{BatchSize: 100, Ordering: publish.OrderingFIFO, Logger: quiet()}
 			if fail.max > 0 {
 				cfg.MaxAttempts = fail.max
 			}

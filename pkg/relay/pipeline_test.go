@@ -95,7 +95,7 @@ func (g *keyGuard) maxInFlight() int {
 // earlier event of its key is published.
 func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 	t.Parallel()
-	for _, ordering := range []relay.Ordering{relay.OrderingFIFO, relay.OrderingPublish} {
+	for _, ordering := range []publish.Ordering{publish.OrderingFIFO, publish.OrderingPublish} {
 		t.Run(string(ordering), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 12})
@@ -147,7 +147,7 @@ func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 			for _, r := range fake.records() {
 				// In publish mode a key's run shares one call, so a later event may
 				// succeed while an earlier one is retried: only fifo promises this.
-				if prev, ok := published[r.key]; ok && r.id < prev && ordering == relay.OrderingFIFO {
+				if prev, ok := published[r.key]; ok && r.id < prev && ordering == publish.OrderingFIFO {
 					t.Fatalf("key %s: event %d attempted after %d was published", r.key, r.id, prev)
 				}
 				if r.ok {

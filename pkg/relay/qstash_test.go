@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -47,7 +48,7 @@ func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: relay.OrderingPublish, Logger: quiet()}).Drain(ctx)
+	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: publish.OrderingPublish, Logger: quiet()}).Drain(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestLocalQStashQuotaPastDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: relay.OrderingPublish, Logger: quiet()}).Drain(ctx)
+	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: publish.OrderingPublish, Logger: quiet()}).Drain(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

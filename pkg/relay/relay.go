@@ -22,7 +22,7 @@ import (
 type Relay struct {
 	store *outboxstore.Store
 	pub   Publisher
-	db    outbox.Querier
+	db    *pgxpool.Pool
 	cfg   Config
 	log   *slog.Logger
 	// destination names the batch spans (traceDestination).
@@ -41,8 +41,13 @@ type Relay struct {
 	randMu sync.Mutex
 }
 
-// New returns a Relay over db (a *pgxpool.Pool) and pub, or the config's errors.
-func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
+// New returns a Relay over db and pub, or the config's errors. The relay needs a pool, not
+// one connection: each batch in flight is marked on a connection of its own, and Linger
+// holds one more in LISTEN.
+func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
+	if cfg.Ordering == "" {
+		cfg.Ordering = orderingOf(pub)
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -52,14 +57,23 @@ func New(db outbox.Querier, pub Publisher, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
 		destination: traceDestination(pub)}
-	if p, ok := db.(*pgxpool.Pool); ok {
-		// One connection claims while each batch in flight may hold one to be marked: a
-		// batch waiting for a connection would eat into its mark budget.
-		if n := int(p.Config().MaxConns) - 1; n < r.inFlight {
-			r.inFlight = max(n, 1)
-		}
+	// One connection claims while each batch in flight may hold one to be marked: a batch
+	// waiting for a connection would eat into its mark budget.
+	if n := int(db.Config().MaxConns) - 1; n < r.inFlight {
+		r.inFlight = max(n, 1)
 	}
 	return r, nil
+}
+
+// orderingOf is the ordering pub states (an Ordering method, as *qstash.Publisher has).
+// A publisher that does not say may feed a queue that keeps order, so it gets waves: they
+// keep per-key order whatever the queue does, where one call per batch would let a key's
+// later event overtake an earlier one that failed.
+func orderingOf(pub Publisher) publish.Ordering {
+	if o, ok := pub.(interface{ Ordering() publish.Ordering }); ok {
+		return o.Ordering()
+	}
+	return publish.OrderingFIFO
 }
 
 // Stats counts what a drain did.
@@ -496,12 +510,12 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 // once the batch is marked (a dead letter frees their key, or a deferral's pause ends).
 // The decisions are the pure steps in waves.go; this loop adds time, the pause and the
 // publisher.
-func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out outcome, unblocked bool) {
+func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadline time.Time, st *Stats) (out marks, unblocked bool) {
 	pending, released := holdUndecodable(c.Undecodable, c.Messages)
 	out.dead = append(out.dead, c.Undecodable...)
 	out.released = released
 	unblocked = len(released) > 0
-	fifo := r.cfg.Ordering == OrderingFIFO
+	fifo := r.cfg.Ordering == publish.OrderingFIFO
 	runs := keyRuns(pending, fifo)
 	policy := retryPolicy{maxAttempts: r.cfg.MaxAttempts, base: r.cfg.BackoffBase, max: r.cfg.BackoffMax, rand: r.rand}
 	for len(runs) > 0 {
@@ -518,7 +532,7 @@ func (r *Relay) publishBatch(ctx context.Context, c outboxstore.Claimed, deadlin
 		var wave []outbox.Message
 		wave, runs = nextWave(runs, fifo)
 		w := classify(wave, r.publish(ctx, wave, deadline, st), policy)
-		out.add(w.outcome)
+		out.add(w.marks)
 		st.countDeferred(w.deferred)
 		if len(w.deferred) > 0 {
 			// One pause per call, however many messages it refused; the queue refused for
@@ -571,7 +585,7 @@ func (r *Relay) publish(ctx context.Context, batch []outbox.Message, deadline ti
 }
 
 // record runs one statement per outcome kind and counts what the lease still held.
-func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out outcome, st *Stats) error {
+func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out marks, st *Stats) error {
 	now := r.now()
 	var errs []error
 	step := func(kind string, want int, n int64, err error, counter *int) {

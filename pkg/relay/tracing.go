@@ -78,7 +78,7 @@ func (r *Relay) processTraced(ctx context.Context, lease outboxstore.Lease, c ou
 }
 
 // recordTraced is record inside a "mark" child span of the batch span.
-func (r *Relay) recordTraced(ctx context.Context, lease outboxstore.Lease, out outcome, st *Stats) error {
+func (r *Relay) recordTraced(ctx context.Context, lease outboxstore.Lease, out marks, st *Stats) error {
 	ctx, span := r.cfg.Tracer.Start(ctx, "mark", trace.WithAttributes(
 		attrDispatched.Int(len(out.published)), attrRetried.Int(len(out.retries)),
 		attrDeadLettered.Int(len(out.dead)), attrReleased.Int(len(out.released))))

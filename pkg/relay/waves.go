@@ -14,15 +14,16 @@ import (
 // each takes and returns plain values, so a table test covers the batch logic without a
 // database.
 
-// outcome collects a batch's results for the outcome statements.
-type outcome struct {
+// marks collects a batch's results for the statements that mark its rows: what the
+// relay did with each message (published, retried, dead-lettered, released).
+type marks struct {
 	published []outbox.ID
 	retries   []outboxstore.Retry
 	dead      []outboxstore.Failure
 	released  []outbox.ID
 }
 
-func (o *outcome) add(p outcome) {
+func (o *marks) add(p marks) {
 	o.published = append(o.published, p.published...)
 	o.retries = append(o.retries, p.retries...)
 	o.dead = append(o.dead, p.dead...)
@@ -100,9 +101,9 @@ type retryPolicy struct {
 	rand func() float64
 }
 
-// waveOutcome is what one publish call's results decide.
-type waveOutcome struct {
-	outcome
+// waveDecision is what one publish call's results decide.
+type waveDecision struct {
+	marks
 	// deferred holds each deferral in wave order: those messages were released with no
 	// attempt spent, and nothing more of the batch may be sent.
 	deferred []*publish.DeferError
@@ -114,8 +115,8 @@ type waveOutcome struct {
 
 // classify turns a wave's results (one per message, in order) into outcomes. A retryable
 // failure at policy.maxAttempts is dead-lettered instead of rescheduled.
-func classify(wave []outbox.Message, results []publish.Result, policy retryPolicy) waveOutcome {
-	w := waveOutcome{held: map[string]bool{}, freed: map[string]bool{}}
+func classify(wave []outbox.Message, results []publish.Result, policy retryPolicy) waveDecision {
+	w := waveDecision{held: map[string]bool{}, freed: map[string]bool{}}
 	for i, m := range wave {
 		res := results[i]
 		switch res.Outcome() {

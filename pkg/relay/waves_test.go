@@ -138,27 +138,27 @@ func TestClassify(t *testing.T) {
 		name    string
 		wave    []outbox.Message
 		errs    []error
-		want    outcome
+		want    marks
 		defers  []*publish.DeferError
 		held    map[string]bool
 		freed   map[string]bool
 		retryIn []time.Duration
 	}{
 		{name: "all published", wave: msgs("a:1", "b:2"), errs: []error{nil, nil},
-			want: outcome{published: []outbox.ID{1, 2}}, held: map[string]bool{}, freed: map[string]bool{}},
+			want: marks{published: []outbox.ID{1, 2}}, held: map[string]bool{}, freed: map[string]bool{}},
 		{name: "retryable holds its key", wave: msgs("a:1", "b:2:2"), errs: []error{nil, transient},
-			want: outcome{published: []outbox.ID{1}, retries: []outboxstore.Retry{{ID: 2, Error: transient.Error()}}},
+			want: marks{published: []outbox.ID{1}, retries: []outboxstore.Retry{{ID: 2, Error: transient.Error()}}},
 			held: map[string]bool{"b": true}, freed: map[string]bool{},
 			retryIn: []time.Duration{backoff(2, time.Minute, time.Hour, 0.5)}},
 		{name: "retry budget spent: dead letter frees the key", wave: msgs("a:1:3"), errs: []error{transient},
-			want: outcome{dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a",
+			want: marks{dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a",
 				Error: "retry budget exhausted after 3 attempts: " + transient.Error()}}},
 			held: map[string]bool{"a": true}, freed: map[string]bool{"a": true}},
 		{name: "permanent: dead letter", wave: msgs("a:1", "b:2"), errs: []error{permanent, nil},
-			want: outcome{published: []outbox.ID{2}, dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a", Error: permanent.Error()}}},
+			want: marks{published: []outbox.ID{2}, dead: []outboxstore.Failure{{ID: 1, PartitionKey: "a", Error: permanent.Error()}}},
 			held: map[string]bool{"a": true}, freed: map[string]bool{"a": true}},
 		{name: "deferrals are released, each kept", wave: msgs("a:1", "b:2", "c:3"), errs: []error{quota, nil, outage},
-			want:   outcome{published: []outbox.ID{2}, released: []outbox.ID{1, 3}},
+			want:   marks{published: []outbox.ID{2}, released: []outbox.ID{1, 3}},
 			defers: []*publish.DeferError{quota, outage}, held: map[string]bool{}, freed: map[string]bool{}},
 	}
 	for _, tc := range cases {
@@ -174,8 +174,8 @@ func TestClassify(t *testing.T) {
 				delays = append(delays, w.retries[i].Delay)
 				w.retries[i].Delay = 0
 			}
-			if !reflect.DeepEqual(w.outcome, tc.want) {
-				t.Errorf("outcome = %+v, want %+v", w.outcome, tc.want)
+			if !reflect.DeepEqual(w.marks, tc.want) {
+				t.Errorf("outcome = %+v, want %+v", w.marks, tc.want)
 			}
 			if !reflect.DeepEqual(delays, tc.retryIn) {
 				t.Errorf("retry delays = %v, want %v", delays, tc.retryIn)
@@ -236,45 +236,45 @@ func TestPublishBatch(t *testing.T) {
 	transient := errors.New("503")
 	cases := []struct {
 		name      string
-		ordering  Ordering
+		ordering  publish.Ordering
 		claimed   outboxstore.Claimed
 		fail      map[outbox.ID]error
 		expired   bool // the publish deadline has passed before the batch starts
 		calls     [][]outbox.ID
-		want      outcome // retries and dead compared by id only
+		want      marks // retries and dead compared by id only
 		unblocked bool
 	}{
-		{name: "fifo: one wave per position of each key", ordering: OrderingFIFO,
+		{name: "fifo: one wave per position of each key", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3", "a:4", "b:5")},
 			calls:   [][]outbox.ID{{1, 2}, {3, 5}, {4}},
-			want:    outcome{published: []outbox.ID{1, 2, 3, 5, 4}}},
-		{name: "fifo: a retry holds the key's later events", ordering: OrderingFIFO,
+			want:    marks{published: []outbox.ID{1, 2, 3, 5, 4}}},
+		{name: "fifo: a retry holds the key's later events", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3", "b:4")},
 			fail:    map[outbox.ID]error{1: transient},
 			calls:   [][]outbox.ID{{1, 2}, {4}},
-			want:    outcome{published: []outbox.ID{2, 4}, retries: []outboxstore.Retry{{ID: 1}}, released: []outbox.ID{3}}},
-		{name: "fifo: a dead letter unblocks its key", ordering: OrderingFIFO,
+			want:    marks{published: []outbox.ID{2, 4}, retries: []outboxstore.Retry{{ID: 1}}, released: []outbox.ID{3}}},
+		{name: "fifo: a dead letter unblocks its key", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:2")},
 			fail:    map[outbox.ID]error{1: publish.Permanent(errors.New("400"))},
 			calls:   [][]outbox.ID{{1}},
-			want:    outcome{dead: []outboxstore.Failure{{ID: 1}}, released: []outbox.ID{2}}, unblocked: true},
-		{name: "undecodable row holds its key before any call", ordering: OrderingPublish,
+			want:    marks{dead: []outboxstore.Failure{{ID: 1}}, released: []outbox.ID{2}}, unblocked: true},
+		{name: "undecodable row holds its key before any call", ordering: publish.OrderingPublish,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:3", "b:4"), Undecodable: []outboxstore.Failure{{ID: 2, PartitionKey: "a"}}},
 			calls:   [][]outbox.ID{{1, 4}},
-			want:    outcome{published: []outbox.ID{1, 4}, dead: []outboxstore.Failure{{ID: 2}}, released: []outbox.ID{3}}, unblocked: true},
-		{name: "publish: one call, failures do not hold within it", ordering: OrderingPublish,
+			want:    marks{published: []outbox.ID{1, 4}, dead: []outboxstore.Failure{{ID: 2}}, released: []outbox.ID{3}}, unblocked: true},
+		{name: "publish: one call, failures do not hold within it", ordering: publish.OrderingPublish,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "a:2")},
 			fail:    map[outbox.ID]error{1: transient},
 			calls:   [][]outbox.ID{{1, 2}},
-			want:    outcome{published: []outbox.ID{2}, retries: []outboxstore.Retry{{ID: 1}}}},
-		{name: "a deferral stops the batch", ordering: OrderingFIFO,
+			want:    marks{published: []outbox.ID{2}, retries: []outboxstore.Retry{{ID: 1}}}},
+		{name: "a deferral stops the batch", ordering: publish.OrderingFIFO,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2", "a:3")},
 			fail:    map[outbox.ID]error{2: &publish.DeferError{Reason: publish.DeferQuota}},
 			calls:   [][]outbox.ID{{1, 2}},
-			want:    outcome{published: []outbox.ID{1}, released: []outbox.ID{2, 3}}, unblocked: true},
-		{name: "out of time: everything released unsent", ordering: OrderingFIFO, expired: true,
+			want:    marks{published: []outbox.ID{1}, released: []outbox.ID{2, 3}}, unblocked: true},
+		{name: "out of time: everything released unsent", ordering: publish.OrderingFIFO, expired: true,
 			claimed: outboxstore.Claimed{Messages: msgs("a:1", "b:2")},
-			want:    outcome{released: []outbox.ID{1, 2}}},
+			want:    marks{released: []outbox.ID{1, 2}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -313,4 +313,29 @@ func TestPublishBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A relay without its own Ordering takes its publisher's, and one whose publisher does
+// not say gets fifo waves (they keep per-key order whatever the queue does).
+func TestOrderingOfThePublisher(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		pub  Publisher
+		want publish.Ordering
+	}{
+		{orderedPublisher{publish.OrderingPublish}, publish.OrderingPublish},
+		{orderedPublisher{publish.OrderingFIFO}, publish.OrderingFIFO},
+		{PublisherFunc(func(context.Context, []outbox.Message) []publish.Result { return nil }), publish.OrderingFIFO},
+	} {
+		if got := orderingOf(tc.pub); got != tc.want {
+			t.Errorf("orderingOf(%T) = %q, want %q", tc.pub, got, tc.want)
+		}
+	}
+}
+
+type orderedPublisher struct{ o publish.Ordering }
+
+func (p orderedPublisher) Ordering() publish.Ordering { return p.o }
+func (orderedPublisher) Publish(context.Context, []outbox.Message) []publish.Result {
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -19,5 +20,9 @@ func TestPermanentMarker(t *testing.T) {
 	}
 	if !webhook.IsPermanent(errors.Join(errors.New("y"), p)) {
 		t.Fatal("wrapped permanent error not detected")
+	}
+	// One marker: what a handler marks, the relay reads as permanent, and the reverse.
+	if !publish.IsPermanent(p) || !webhook.IsPermanent(publish.Permanent(base)) {
+		t.Fatal("webhook and publish disagree on what is permanent")
 	}
 }

@@ -317,14 +317,14 @@ func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, su
 // X-Outbox-Generation headers that contradict it are a replay with altered headers: 401,
 // nothing written. A URL without one is a delivery published before the identity moved
 // into the URL: the Legacy check decides. When it returns false it has answered.
-func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string, known bool) (receive.Identity, bool, bool) {
+func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string, known bool) (qstash.Identity, bool, bool) {
 	r := a.R
 	id, err := receive.FromURL(req.URL)
 	switch {
 	case err == nil:
-		if id.Contradicts(r.Header.Get) {
+		if receive.Contradicts(id, r.Header.Get) {
 			a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: forwarded X-Outbox-* headers contradict the signed URL",
-				slog.Int64("signed_outbox_id", id.OutboxID), slog.Int("signed_generation", id.Generation))
+				slog.Int64("signed_outbox_id", int64(id.OutboxID)), slog.Int("signed_generation", id.Generation))
 			return id, false, false
 		}
 		return id, false, true
@@ -339,14 +339,14 @@ func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string,
 			slog.Bool("legacy_header", err == nil), slog.Bool("legacy_enabled", h.cfg.Legacy != nil))
 		return id, true, false
 	}
-	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: qstash.Identity(id), Topic: topic, Payload: req.Body})
+	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: id, Topic: topic, Payload: req.Body})
 	switch {
 	case err != nil:
 		a.Reply(replyTransient, slog.LevelError, "webhook legacy identity check failed; QStash will retry", slog.Any("error", err))
 		return id, true, false
 	case !accepted:
 		a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: its unsigned X-Outbox-Id is not accepted (legacy window closed, or no outbox row with this topic and payload)",
-			slog.Int64("claimed_outbox_id", id.OutboxID))
+			slog.Int64("claimed_outbox_id", int64(id.OutboxID)))
 		return id, true, false
 	}
 	return id, true, true

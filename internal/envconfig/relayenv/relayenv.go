@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -47,12 +48,9 @@ func Read(getenv func(string) string) (Config, error) {
 	c.Relay = rc.WithDefaults()
 	pub.RequestTimeout = c.Relay.PublishTimeout
 	c.Publisher = pub.WithDefaults()
-	// The relay hands batches to the publisher as the queue orders them: waves for FIFO
-	// queues, one call per batch when QStash keeps no order.
-	c.Relay.Ordering = relay.OrderingFIFO
-	if c.Publisher.Ordering == qstash.OrderingPublish {
-		c.Relay.Ordering = relay.OrderingPublish
-	}
+	// ORDERING is one setting of both: the relay hands batches to the publisher as its
+	// queue orders them (also when a test injects another publisher).
+	c.Relay.Ordering = c.Publisher.Ordering
 
 	c.Linger, _ = r.Duration("LINGER")
 	ret := retention.Config{}
@@ -75,10 +73,10 @@ func readPublisher(r *envconfig.Reader) qstash.PublisherConfig {
 		Name:               r.Str("OUTBOX_NAME", "Name", "QueuePrefix"),
 		Plan:               qstash.Plan(strings.ToLower(r.Str("QSTASH_PLAN", "Plan"))),
 	}
-	switch v := r.Str("ORDERING", "Ordering"); qstash.Ordering(strings.ToLower(v)) {
+	switch v := r.Str("ORDERING", "Ordering"); publish.Ordering(strings.ToLower(v)) {
 	case "":
-	case qstash.OrderingPublish, qstash.OrderingFIFO:
-		pub.Ordering = qstash.Ordering(strings.ToLower(v))
+	case publish.OrderingPublish, publish.OrderingFIFO:
+		pub.Ordering = publish.Ordering(strings.ToLower(v))
 	default:
 		r.Fail("ORDERING", "%q must be publish or fifo", v)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -26,11 +27,11 @@ func TestReadDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Relay.BatchSize != relay.DefaultBatchSize || c.Relay.Lease != relay.DefaultLease || c.Relay.MaxAttempts != relay.DefaultMaxAttempts ||
-		c.Relay.PublishConcurrency != relay.DefaultPublishConcurrency || c.Relay.Ordering != relay.OrderingPublish {
+		c.Relay.PublishConcurrency != relay.DefaultPublishConcurrency || c.Relay.Ordering != publish.OrderingPublish {
 		t.Fatalf("relay defaults: %+v", c.Relay)
 	}
 	p := c.Publisher
-	if p.BaseURL != qstash.DefaultBaseURL || p.Retries != qstash.DefaultRetries || p.Ordering != qstash.OrderingPublish ||
+	if p.BaseURL != qstash.DefaultBaseURL || p.Retries != qstash.DefaultRetries || p.Ordering != publish.OrderingPublish ||
 		p.RequestTimeout != relay.DefaultPublishTimeout || p.DestinationBaseURL != "https://abc.lambda-url.eu-west-1.on.aws/" {
 		t.Fatalf("publisher defaults: %+v", p)
 	}
@@ -61,7 +62,7 @@ func TestReadEverySetting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Publisher.Retries != qstash.NoRetries || c.Publisher.Ordering != qstash.OrderingFIFO || c.Publisher.FIFOQueues != 4 ||
+	if c.Publisher.Retries != qstash.NoRetries || c.Publisher.Ordering != publish.OrderingFIFO || c.Publisher.FIFOQueues != 4 ||
 		c.Publisher.BaseURL != "http://127.0.0.1:8080" || c.Publisher.FailureCallbackURL != "https://fail.example.com/" ||
 		c.Publisher.RequestTimeout != 5*time.Second || c.Publisher.Name != "shop-prod" || c.Publisher.QueuePrefix != "shop-prod" ||
 		c.Publisher.Plan != qstash.PlanFree || c.Publisher.MaxMessageBytes != 500_000 || c.Publisher.MaxRequestBytes != 1<<20 {
@@ -69,7 +70,7 @@ func TestReadEverySetting(t *testing.T) {
 	}
 	if c.Relay.BatchSize != 250 || c.Relay.Lease != 45*time.Second || c.Relay.PublishTimeout != 5*time.Second ||
 		c.Relay.MaxAttempts != 6 || c.Relay.BackoffBase != 10*time.Second || c.Relay.BackoffMax != 10*time.Minute ||
-		c.Relay.PublishConcurrency != 8 || c.Relay.Ordering != relay.OrderingFIFO {
+		c.Relay.PublishConcurrency != 8 || c.Relay.Ordering != publish.OrderingFIFO {
 		t.Fatalf("relay: %+v", c.Relay)
 	}
 	if c.Linger != 40*time.Second || c.Retention.OutboxRetention != 72*time.Hour || c.Retention.DedupeTTL != 30*24*time.Hour ||
@@ -78,7 +79,7 @@ func TestReadEverySetting(t *testing.T) {
 	}
 	m["ORDERING"], m["FLOW_CONTROL_PARALLELISM"], m["FLOW_CONTROL_RATE"], m["FLOW_CONTROL_PERIOD"] = "publish", "2", "50", "60s"
 	c, err = Read(env(m))
-	if err != nil || c.Relay.Ordering != relay.OrderingPublish || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
+	if err != nil || c.Relay.Ordering != publish.OrderingPublish || c.Publisher.FlowControlParallelism != 2 || c.Publisher.FlowControlRate != 50 || c.Publisher.FlowControlPeriod != time.Minute {
 		t.Fatalf("flow control: %+v %v", c.Publisher, err)
 	}
 }

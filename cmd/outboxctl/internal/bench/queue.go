@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -22,9 +23,9 @@ func newPublisher(qstashURL, token, destBase string, fifo bool) (relay.Publisher
 // relayConfig is the relay's configuration for a publisher built by newPublisher: the
 // ordering matches the publisher's (waves only for FIFO queues), the rest the defaults.
 func relayConfig(batch int, fifo bool) relay.Config {
-	c := relay.Config{BatchSize: batch, Ordering: relay.OrderingPublish, Logger: discardLogger()}
+	c := relay.Config{BatchSize: batch, Ordering: publish.OrderingPublish, Logger: discardLogger()}
 	if fifo {
-		c.Ordering = relay.OrderingFIFO
+		c.Ordering = publish.OrderingFIFO
 	}
 	return c
 }
@@ -35,7 +36,7 @@ func relayConfig(batch int, fifo bool) relay.Config {
 func articlePublisher(fifo bool) qstash.PublisherConfig {
 	cfg := qstash.PublisherConfig{Retries: 5}
 	if fifo {
-		cfg.Ordering = qstash.OrderingFIFO
+		cfg.Ordering = publish.OrderingFIFO
 	} else {
 		cfg.FlowControlParallelism = 1
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -215,7 +216,7 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 	rep.RolledBack = h.rolled.Load()
 	rep.DeliveryAttempts = h.attempts.Load()
 	rep.DurationSeconds = time.Since(start).Seconds()
-	rep.Violations = rep.Counts.Violations(int64(o.Events), h.poison.Load(), o.Ordering == qstash.OrderingFIFO)
+	rep.Violations = rep.Counts.Violations(int64(o.Events), h.poison.Load(), o.Ordering == publish.OrderingFIFO)
 	if !rep.Settled {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("not settled within %v", o.Timeout))
 	}
@@ -301,12 +302,8 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 		gen := uint64(run)
 		pub := &faultyPublisher{inner: h.pub, rng: newRand(o.Seed, streamRelay+uint64(i)<<20+gen), f: o.Faults, in: h.in,
 			hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
-		ordering := relay.OrderingFIFO
-		if o.Ordering == qstash.OrderingPublish {
-			ordering = relay.OrderingPublish
-		}
 		return relay.New(pool, pub, relay.Config{
-			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: ordering,
+			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: o.Ordering,
 			Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
 			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
 			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,

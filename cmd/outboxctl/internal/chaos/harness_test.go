@@ -13,7 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // chaosEvents is the bounded CI size; CHAOS_EVENTS overrides it.
@@ -92,7 +92,7 @@ func TestChaosFIFO(t *testing.T) {
 func TestChaosPublishOrdering(t *testing.T) {
 	t.Parallel()
 	seed := chaosSeed(t)
-	runChaos(t, chaos.Options{Events: chaosEvents(t, 2000), Seed: seed, Relays: 2, Ordering: qstash.OrderingPublish, Faults: chaos.DefaultFaults()})
+	runChaos(t, chaos.Options{Events: chaosEvents(t, 2000), Seed: seed, Relays: 2, Ordering: publish.OrderingPublish, Faults: chaos.DefaultFaults()})
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

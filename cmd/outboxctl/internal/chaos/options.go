@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // Defaults for Options.
@@ -157,9 +157,9 @@ type Options struct {
 	// Relays draining concurrently, 1..16. Default DefaultRelays.
 	Relays    int
 	BatchSize int
-	// Ordering is qstash.OrderingFIFO (default; per-key order is checked) or
-	// qstash.OrderingPublish (order is not promised and not checked).
-	Ordering   qstash.Ordering
+	// Ordering is publish.OrderingFIFO (default; per-key order is checked) or
+	// publish.OrderingPublish (order is not promised and not checked).
+	Ordering   publish.Ordering
 	FIFOQueues int
 	// ClockSpeed makes the relays' clock (relay.Config.Now) run this many times faster
 	// than real time, so backoffs (1 s floor) and leases pass quickly. Default
@@ -224,7 +224,7 @@ func (o Options) WithDefaults() Options {
 	} else if o.RollbackRate < 0 {
 		o.RollbackRate = 0
 	}
-	o.Ordering = cmp.Or(o.Ordering, qstash.OrderingFIFO)
+	o.Ordering = cmp.Or(o.Ordering, publish.OrderingFIFO)
 	o.ClockSpeed = cmp.Or(o.ClockSpeed, DefaultClockSpeed)
 	o.LeaseReal = cmp.Or(o.LeaseReal, DefaultLeaseReal)
 	o.QStashTimeScale = cmp.Or(o.QStashTimeScale, DefaultQStashTimeScale)
@@ -264,7 +264,7 @@ func (o Options) Validate() error {
 	if o.RollbackRate > 1 {
 		bad("RollbackRate", "%v is above 1", o.RollbackRate)
 	}
-	if o.Ordering != qstash.OrderingFIFO && o.Ordering != qstash.OrderingPublish {
+	if o.Ordering != publish.OrderingFIFO && o.Ordering != publish.OrderingPublish {
 		bad("Ordering", "%q is neither fifo nor publish", o.Ordering)
 	}
 	if o.ClockSpeed < 1 {

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
 // BindFlags registers the run's flags on fs, with o's values (after WithDefaults and
@@ -66,7 +66,7 @@ type Flags struct {
 // Apply finishes the options after fs.Parse: ordering, --no-faults, then the rate flags
 // in the order given.
 func (fl *Flags) Apply() {
-	fl.o.Ordering = qstash.Ordering(fl.ordering)
+	fl.o.Ordering = publish.Ordering(fl.ordering)
 	if fl.noFaults {
 		fl.o.Faults = Faults{MaxDeliveryDelay: fl.o.Faults.MaxDeliveryDelay}
 	}
