@@ -296,7 +296,7 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 		if terr != nil {
 			return terr
 		}
-		res, err = deadletter.Redrive(ctx, pool, f, deadletter.Traced(tr))
+		res, err = deadletter.Redrive(ctx, pool, f, tr)
 		stop()
 	}
 	if err != nil {

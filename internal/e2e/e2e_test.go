@@ -243,7 +243,7 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 	}
 
 	fixed.Store(true)
-	res, err := deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{IDs: []int64{l.ID}})
+	res, err := deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{IDs: []int64{l.ID}}, nil)
 	if err != nil || len(res.Redriven) != 1 || res.Redriven[0].Generation != 1 {
 		t.Fatalf("redrive %+v %v", res, err)
 	}
@@ -264,7 +264,7 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 	}
 
 	// Redriving again is a no-op that says so; nothing is published.
-	res, err = deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{IDs: []int64{l.ID}})
+	res, err = deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{IDs: []int64{l.ID}}, nil)
 	if err != nil || len(res.AlreadyResolved) != 1 || len(res.Redriven) != 0 {
 		t.Fatalf("second redrive %+v %v", res, err)
 	}
@@ -331,7 +331,7 @@ func TestRedriveOfProcessedEventIsNotAppliedTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{Topic: "order.created"}); err != nil || len(res.Redriven) != 1 {
+	if res, err := deadletter.Redrive(ctx, s.db.Pool, deadletter.Filter{Topic: "order.created"}, nil); err != nil || len(res.Redriven) != 1 {
 		t.Fatalf("redrive %+v %v", res, err)
 	}
 	s.deliver(t)

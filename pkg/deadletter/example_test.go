@@ -63,7 +63,7 @@ func ExampleRedrive() {
 	}
 
 	// The cause is fixed (the default limit is the plan's); put the letters back.
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Topic: "report.ready"})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Topic: "report.ready"}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -151,7 +151,7 @@ func TestGroupsThreeCausesAndRedriveOneGroup(t *testing.T) {
 		t.Fatalf("dry run changed %d rows", n)
 	}
 
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Fingerprint: target})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Fingerprint: target}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -224,7 +224,7 @@ type Redriven struct {
 	Generation int `json:"generation"`
 }
 
-// Plan reports what Redrive(ctx, db, f) would do, without changing anything.
+// Plan reports what Redrive(ctx, db, f, nil) would do, without changing anything.
 func Plan(ctx context.Context, db Querier, f Filter) (RedriveResult, error) {
 	if f.empty() && !f.All {
 		return RedriveResult{}, ErrEmptyFilter
@@ -248,19 +248,17 @@ func Plan(ctx context.Context, db Querier, f Filter) (RedriveResult, error) {
 // unknown ids are reported in the result, not treated as errors. A letter about a
 // generation its row has left behind never resets the row: it is resolved as superseded. The consumer still
 // dedupes on the outbox id, so an event that was in fact processed is not applied twice.
-// With Traced, the redrive is a span linked to every redriven event's producer span.
-func Redrive(ctx context.Context, db Beginner, f Filter, opts ...RedriveOption) (RedriveResult, error) {
+// With a tracer (nil: none), the redrive is a span of tr linked to the producer span of
+// every redriven event (the traceparent in its letter's headers), so an event's trace leads
+// to the redrive that sent it again.
+func Redrive(ctx context.Context, db Beginner, f Filter, tr trace.Tracer) (RedriveResult, error) {
 	if f.empty() && !f.All {
 		return RedriveResult{}, ErrEmptyFilter
 	}
-	var o redriveOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.tracer == nil {
+	if tr == nil {
 		return redrive(ctx, db, f, nil)
 	}
-	ctx, span := o.tracer.Start(ctx, "redrive dead letters", trace.WithAttributes(
+	ctx, span := tr.Start(ctx, "redrive dead letters", trace.WithAttributes(
 		attribute.String("outbox.dead_letter.filter.topic", f.Topic),
 		attribute.Int("outbox.dead_letter.filter.ids", len(f.IDs)),
 		attribute.Bool("outbox.dead_letter.filter.all", f.All)))
@@ -278,20 +276,6 @@ func Redrive(ctx context.Context, db Beginner, f Filter, opts ...RedriveOption) 
 		attribute.Int("outbox.dead_letter.outbox_missing", len(res.OutboxMissing)),
 		attribute.Int("outbox.dead_letter.not_found", len(res.NotFound)))
 	return res, nil
-}
-
-// RedriveOption adds to what Redrive does.
-type RedriveOption func(*redriveOptions)
-
-type redriveOptions struct {
-	tracer trace.Tracer
-}
-
-// Traced records the redrive in a span of tr, linked to the producer span of every
-// redriven event (the traceparent in its letter's headers), so an event's trace leads to
-// the redrive that sent it again. A nil tr leaves tracing off.
-func Traced(tr trace.Tracer) RedriveOption {
-	return func(o *redriveOptions) { o.tracer = tr }
 }
 
 // redrive is Redrive; span, when set, gets a link per redriven event's producer span.

@@ -318,7 +318,7 @@ func TestRedrive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{}); !errors.Is(err, deadletter.ErrEmptyFilter) {
+	if _, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{}, nil); !errors.Is(err, deadletter.ErrEmptyFilter) {
 		t.Fatalf("empty filter: %v", err)
 	}
 
@@ -333,7 +333,7 @@ func TestRedrive(t *testing.T) {
 		t.Fatalf("plan changed the outbox row: %+v", o)
 	}
 
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{ra.LetterID, lb, rc.LetterID, 987654}})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{ra.LetterID, lb, rc.LetterID, 987654}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +363,7 @@ func TestRedrive(t *testing.T) {
 	}
 
 	// Again: a no-op that says so, and nothing changes.
-	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{ra.LetterID, lb}})
+	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{ra.LetterID, lb}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestRedrive(t *testing.T) {
 		t.Fatalf("second redrive bumped the generation: %+v", o)
 	}
 	// A filter redrive does not touch resolved letters at all.
-	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Topic: "order.created"})
+	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{Topic: "order.created"}, nil)
 	if err != nil || len(res.Redriven) != 0 || len(res.AlreadyResolved) != 0 || !slices.Equal(res.OutboxMissing, []int64{rc.LetterID}) {
 		t.Fatalf("topic redrive %+v %v", res, err)
 	}
@@ -395,13 +395,13 @@ func TestRedriveRowAlreadyPending(t *testing.T) {
 	gen := 7
 	f.Generation = &gen
 	r2, _ := deadletter.Record(ctx, db.Pool, f)
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{r1.LetterID}})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{r1.LetterID}}, nil)
 	if err != nil || len(res.Redriven) != 1 {
 		t.Fatalf("first %+v %v", res, err)
 	}
 	// The row is pending again (the event is on its way): the other letter resolves
 	// without resetting the row a second time.
-	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{r2.LetterID}})
+	res, err = deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{r2.LetterID}}, nil)
 	if err != nil || len(res.Redriven) != 0 || len(res.AlreadyPending) != 1 || res.AlreadyPending[0].LetterID != r2.LetterID {
 		t.Fatalf("second %+v %v", res, err)
 	}

@@ -54,7 +54,7 @@ func TestLateCallbackOfRedrivenEventIsSuperseded(t *testing.T) {
 	if err != nil || len(open) != 1 || open[0].Resolved() || !readOutbox(t, db, id).dead {
 		t.Fatalf("current-generation callback: open letters %+v %v, row %+v; want one open letter, row dead-lettered", open, err, readOutbox(t, db, id))
 	}
-	if res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{open[0].ID}}); err != nil || len(res.Redriven) != 1 {
+	if res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{open[0].ID}}, nil); err != nil || len(res.Redriven) != 1 {
 		t.Fatalf("redrive: %+v %v", res, err)
 	}
 	publishOnce(t, db, id) // generation 1 delivered
@@ -84,7 +84,7 @@ func TestLateCallbackOfRedrivenEventIsSuperseded(t *testing.T) {
 		t.Fatalf("late callback changed the delivered row: %+v, was %+v", o, delivered)
 	}
 
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{late.ID}})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{late.ID}}, nil)
 	if err != nil || len(res.Redriven)+len(res.AlreadyPending)+len(res.Superseded) != 0 || !slices.Equal(res.AlreadyResolved, []int64{late.ID}) {
 		t.Fatalf("redrive of the late letter: %+v %v; want already resolved", res, err)
 	}
@@ -120,7 +120,7 @@ func TestRedriveSkipsSupersededOpenLetter(t *testing.T) {
 	if err != nil || len(plan.Redriven)+len(plan.AlreadyPending) != 0 || !slices.Equal(plan.Superseded, want) {
 		t.Fatalf("plan %+v %v; want superseded %+v", plan, err, want)
 	}
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{All: true})
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{All: true}, nil)
 	if err != nil || len(res.Redriven)+len(res.AlreadyPending) != 0 || !slices.Equal(res.Superseded, want) {
 		t.Fatalf("redrive %+v %v; want superseded %+v", res, err, want)
 	}

@@ -121,14 +121,14 @@ func TestRedriveSpanLinksProducers(t *testing.T) {
 	// Untraced redrive of the third: no span, and it is resolved, so the traced redrive of
 	// all three below redrives two.
 	before := len(rec.Ended())
-	if res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: letters[2:]}); err != nil || len(res.Redriven) != 1 {
+	if res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: letters[2:]}, nil); err != nil || len(res.Redriven) != 1 {
 		t.Fatalf("untraced redrive: %+v, %v", res, err)
 	}
 	if len(rec.Ended()) != before {
 		t.Fatal("an untraced redrive recorded a span")
 	}
 
-	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: letters}, deadletter.Traced(tr))
+	res, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: letters}, tr)
 	if err != nil || len(res.Redriven) != 2 || len(res.AlreadyResolved) != 1 {
 		t.Fatalf("traced redrive: %+v, %v", res, err)
 	}

@@ -269,7 +269,7 @@ func TestEventPageShowsRowDedupeLettersAndTrace(t *testing.T) {
 	ids := enqueue(t, db, events("order.created", "k", 1, map[string]string{"traceparent": tp}))
 	settle(t, db, true, "first try failed", nil)
 	letter := letterIDsOf(t, db, ids)[0]
-	if _, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{letter}}); err != nil {
+	if _, err := deadletter.Redrive(ctx, db.Pool, deadletter.Filter{IDs: []int64{letter}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	settle(t, db, false, "", nil)

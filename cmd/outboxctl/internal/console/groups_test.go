@@ -132,7 +132,7 @@ func TestLetterDetailAndOverviewShowTheGroup(t *testing.T) {
 		"schema mismatch (event &lt;n&gt;)")
 
 	// Once the group has no open letter, the letter still names it, linking to resolved ones.
-	if _, err := deadletter.Redrive(context.Background(), fx.db.Pool, deadletter.Filter{Fingerprint: fp}); err != nil {
+	if _, err := deadletter.Redrive(context.Background(), fx.db.Pool, deadletter.Filter{Fingerprint: fp}, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, body = get(t, http.DefaultClient, ts.URL, fmt.Sprintf("/dead-letters/%d", letter))

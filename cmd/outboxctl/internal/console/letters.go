@@ -373,7 +373,7 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 	if d.DryRun {
 		d.Result, err = deadletter.Plan(ctx, s.cfg.DB, df)
 	} else {
-		d.Result, err = deadletter.Redrive(ctx, s.cfg.DB, df, deadletter.Traced(s.cfg.Tracer))
+		d.Result, err = deadletter.Redrive(ctx, s.cfg.DB, df, s.cfg.Tracer)
 	}
 	if err != nil {
 		s.fail(w, r, err)
