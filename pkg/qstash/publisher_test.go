@@ -483,7 +483,14 @@ func TestPublishErrorClasses(t *testing.T) {
 				io.WriteString(w, tt.answer.body)
 			}))
 			defer srv.Close()
-			p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", RequestTimeout: 100 * time.Millisecond})
+			// Only the hanging answer needs a short timeout; the others get one that a
+			// loaded CI machine under -race cannot exceed (100 ms for every case timed out
+			// a 400's bisection there and read as an outage).
+			timeout := 10 * time.Second
+			if tt.answer.hang {
+				timeout = 100 * time.Millisecond
+			}
+			p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: "t", DestinationBaseURL: "http://127.0.0.1:1", RequestTimeout: timeout})
 			res := p.Publish(context.Background(), messages(1, tt.n, tt.n))
 			if len(res) != tt.n {
 				t.Fatalf("%d results for %d messages", len(res), tt.n)
