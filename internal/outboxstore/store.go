@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 )
@@ -160,12 +161,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 	budget := storedBudget(maxBytes, math.Float64frombits(s.textPerStored.Load()))
 	wp, claimNo := s.walks.next(time.Now(), now)
 	if !wp.probeBelow.IsZero() {
-		var clock *time.Time // the caller's, copied: the probe outlives this call
-		if now != nil {
-			c := *now
-			clock = &c
-		}
-		go s.probeBelow(wp.probeBelow, clock)
+		s.startProbe(wp.probeBelow, now)
 	}
 	rows, err := s.query(ctx, qClaimPlanner, qClaim, claimArgs(limit, lease.Token, now, d, window, max(keyRun, 1), budget, wp))
 	if err != nil {
@@ -228,6 +224,20 @@ func claimArgs(n int, token pgtype.UUID, now *time.Time, lease any, window, keyR
 		"batch": n, "token": token, "now": now, "lease": lease, "window": window, "key_run": keyRun, "budget": budget,
 		"ready_from": p.readyFrom, "id_from": p.idFrom, "pending_from": p.pendingFrom, "reopened": p.reopened,
 	}
+}
+
+// startProbe runs probeBelow beside the claims on a pool; a transaction or a single
+// connection serves one statement at a time, so there it runs before the claim instead.
+func (s *Store) startProbe(bound time.Time, now *time.Time) {
+	if now != nil {
+		c := *now // the caller's, copied: the probe outlives the claim
+		now = &c
+	}
+	if _, pool := s.db.(*pgxpool.Pool); pool {
+		go s.probeBelow(bound, now)
+		return
+	}
+	s.probeBelow(bound, now)
 }
 
 // probeBelow looks for the oldest ready row below the claims' ready bound (walk.go), on
