@@ -65,8 +65,11 @@ const (
 	// counter is looked up by name (to_regclass), not referenced: binaries deployed before
 	// `migrate up` ran 0016 claim as before, with no id bound (reopened -1), instead of
 	// failing every claim until the migration (the day-two chaos run starts its relays on
-	// an older schema). A counter never used reads 0 (pg_sequence_last_value is NULL until
-	// the first nextval).
+	// an older schema). A counter never used reads 0 on both sides (pg_sequence_last_value
+	// is NULL until the first nextval; compared as -1, it once turned every key's probe
+	// into a walk from its start: 15,000 buffers per claim after two minutes of a pin).
+	// The check is a scalar subquery, evaluated once, because pg_sequence_last_value is
+	// volatile: inside the probe's condition it kept the bound out of the index condition.
 	//
 	// The last five columns feed the next claim's bounds, read in this statement's
 	// snapshot: db_now, ready_from (the oldest ready row at or after @ready_from), pending_from, a
@@ -108,8 +111,9 @@ WITH win AS MATERIALIZED (
         FROM outbox h
         WHERE h.partition_key = o.partition_key
           AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL
-          AND h.id >= least(CASE WHEN coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), -1) = @reopened::bigint AND @reopened::bigint >= 0
-                                 THEN @id_from::bigint ELSE 0 END, o.id)
+          AND h.id >= least((SELECT CASE WHEN @reopened::bigint >= 0 AND to_regclass('outbox_reopened_seq') IS NOT NULL
+                                              AND coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) = @reopened::bigint
+                                         THEN @id_from::bigint ELSE 0 END), o.id)
         ORDER BY h.id
         LIMIT 1) hd
     WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
