@@ -245,7 +245,8 @@ func (s *Store) startProbe(bound time.Time, now *time.Time) {
 // next claims. It gives up after probeTimeout; the next probe tries again.
 func (s *Store) probeBelow(bound time.Time, now *time.Time) {
 	var at pgtype.Timestamptz
-	defer func() { s.walks.probed(at) }()
+	began := time.Now()
+	defer func() { s.walks.probed(at, time.Since(began)) }()
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
 	if err := s.db.QueryRow(ctx, qBelowBound, bound, now).Scan(&at); err != nil {

@@ -30,17 +30,32 @@ import (
 //     and once it is still again pendingFrom is found afresh, so a redriven event blocks
 //     its key's later ones as before.
 //
-// What the bounds cannot see (a row whose producer transaction ran for longer than
-// walkLag and whose key had no other event in the window, an available_at written in the
-// past by hand) a probe finds: every fullWalkEvery, one statement looks for the oldest
-// ready row below the ready bound, beside the claims rather than in one, and lowers the
-// bound to it. Its cost under a pin is the old walk's, but no claim waits for it: run
-// inside a claim every 30 s, it held the claims behind it for up to 3 s after four
+// A claim's cost under a pin is the dead entries of walkLag: at 800 events/s and a lag
+// of 5 s, 8,000 claim buffers (pg_stat_statements, pinned bench), ten times an unpinned
+// claim's. The lag is what a row may take from its available_at to its commit and still
+// be in range; since migration 0017 available_at defaults to the INSERT statement's time,
+// not the transaction's start, so that is the time from the insert to the commit.
+//
+// What the bounds cannot see (a row committed more than walkLag after its INSERT whose
+// key had no other event in the window, an available_at written in the past by hand) a
+// probe finds: one statement looks for the oldest ready row below the ready bound, beside
+// the claims rather than in one, and lowers the bound to it. Unpinned it costs a few
+// buffers (dead index entries are killed as they are passed); under a pin its cost is the
+// unbounded walk's and grows with the pin, so it runs at most every probeDuty times its
+// own last duration (within probeEveryMin and probeEveryMax): no more than 2% of a core.
+// Run inside a claim every 30 s it held the claims behind it for up to 3 s after four
 // minutes of a pin at 800 events/s (p99 3.2 s, p50 85 ms; measured, pinned bench).
 const (
-	walkLag       = 5 * time.Second
-	fullWalkEvery = 30 * time.Second
+	walkLag       = time.Second
+	probeEveryMin = 5 * time.Second
+	probeEveryMax = time.Minute
+	probeDuty     = 50
 )
+
+// probeEvery is how long to wait for the next probe after one that took took.
+func probeEvery(took time.Duration) time.Duration {
+	return min(max(probeDuty*took, probeEveryMin), probeEveryMax)
+}
 
 // walks holds one Store's bounds. Claims run concurrently (batches in flight); each
 // takes the bounds as they are and offers what it saw, and the view of the latest claim
@@ -50,8 +65,10 @@ type walks struct {
 	// started counts claims; applied is the number of the claim whose view is held.
 	started, applied uint64
 	// fullAt is when the last unbounded walk started, a claim's or a probe's (the relay's
-	// clock); fullEvery is fullWalkEvery but for tests; probing is set while a probe runs.
+	// clock); probeTook is how long the last probe took; fullEvery, when set (tests),
+	// replaces probeEvery's interval; probing is set while a probe runs.
 	fullAt    time.Time
+	probeTook time.Duration
 	fullEvery time.Duration
 	probing   bool
 	// readyFrom bounds the ready-index walk (invalid: unbounded).
@@ -101,7 +118,7 @@ func (w *walks) next(now time.Time, dbNow *time.Time) (walkParams, uint64) {
 	w.started++
 	every := w.fullEvery
 	if every == 0 {
-		every = fullWalkEvery
+		every = probeEvery(w.probeTook)
 	}
 	if dbNow != nil && len(w.samples) > 0 && dbNow.Before(w.samples[len(w.samples)-1].at) {
 		// A test's clock went back: what was learnt at a later instant bounds nothing.
@@ -202,12 +219,12 @@ func (w *walks) offer(n uint64, p walkParams, v walkView) {
 	w.samples = w.samples[keep:]
 }
 
-// probed ends a probe: at, when valid, is the oldest ready row below the bound it was
-// given, which the next claims' ready walk now starts from.
-func (w *walks) probed(at pgtype.Timestamptz) {
+// probed ends a probe that took took: at, when valid, is the oldest ready row below the
+// bound it was given, which the next claims' ready walk now starts from.
+func (w *walks) probed(at pgtype.Timestamptz, took time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.probing = false
+	w.probing, w.probeTook = false, took
 	if at.Valid && (w.readyFrom.IsZero() || at.Time.Before(w.readyFrom)) {
 		w.readyFrom = at.Time
 	}

@@ -288,7 +288,8 @@ func TestClaimRedrivenRowBelowItsBoundHoldsItsKey(t *testing.T) {
 func TestWalkBounds(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	// at counts in fifths of walkLag: view(5, ...) is one walkLag after view(0, ...).
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * walkLag / 5) }
 	view := func(s int, pending, maxID, reopened int64) walkView {
 		return walkView{dbNow: at(s), pendingFrom: pgInt8(pending), maxID: pgInt8(maxID), reopened: reopened}
 	}
@@ -305,8 +306,8 @@ func TestWalkBounds(t *testing.T) {
 		{"no id bound until a view is walkLag old", []step{
 			{view(0, 10, 100, 0), 0, true},
 			{view(3, 50, 200, 0), 0, true},
-			{view(5, 120, 300, 0), 100, true},  // min(pending 120, max id 5 s ago 100)
-			{view(9, 290, 500, 0), 200, true},  // the 3 s view is the newest 5 s old
+			{view(5, 120, 300, 0), 100, true},  // min(pending 120, max id walkLag ago 100)
+			{view(9, 290, 500, 0), 200, true},  // the view at 3 is the newest one walkLag old
 			{view(20, 400, 900, 0), 400, true}, // pending is below the lagged max id
 		}},
 		{"a reopened row drops the id bound, then pendingFrom is found afresh", []step{
@@ -376,5 +377,21 @@ DROP FUNCTION outbox_count_reopened(); DROP SEQUENCE outbox_reopened_seq`); err 
 	r.rounds(8, 50, 50)
 	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom != 0 || !p.readyFrom.Valid {
 		t.Fatalf("bounds without the counter: %+v, want the ready bound and no id bound", p)
+	}
+}
+
+// The probe's interval follows its cost: a cheap probe (unpinned) every probeEveryMin, a
+// slow one (a long pin) at most a fiftieth of the time, never rarer than probeEveryMax.
+func TestProbeEvery(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ took, want time.Duration }{
+		{0, probeEveryMin},
+		{2 * time.Millisecond, probeEveryMin},
+		{400 * time.Millisecond, 20 * time.Second},
+		{5 * time.Second, probeEveryMax},
+	} {
+		if got := probeEvery(c.took); got != c.want {
+			t.Errorf("probeEvery(%v) = %v, want %v", c.took, got, c.want)
+		}
 	}
 }
