@@ -99,16 +99,27 @@ func publishRaw(t *testing.T, qs *qstashtest.Server, queue, dest string, header 
 	}
 }
 
-// barrierDLQ is the real DLQ client, except that the first List of each of n callers
-// returns only when all n have read their first page: n syncs then record the same entries
-// at the same time.
+// serverDLQ is the DLQ of the local QStash server qs, read with token through a
+// Publisher's client, as the relay reads it.
+func serverDLQ(t *testing.T, qs *qstashtest.Server, token string) *qstash.DLQ {
+	t.Helper()
+	p, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: token, DestinationBaseURL: "https://hooks.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.DLQ()
+}
+
+// barrierDLQ is the real DLQ, except that the first List of each of n callers returns only
+// when all n have read their first page: n syncs then record the same entries at the same
+// time.
 type barrierDLQ struct {
-	*deadletter.DLQClient
+	*qstash.DLQ
 	arrived sync.WaitGroup
 }
 
-func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]deadletter.DLQEntry, string, error) {
-	entries, next, err := b.DLQClient.List(ctx, cursor)
+func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]qstash.DLQEntry, string, error) {
+	entries, next, err := b.DLQ.List(ctx, cursor)
 	if cursor == "" {
 		b.arrived.Done()
 		b.arrived.Wait()
@@ -208,8 +219,8 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 		t.Fatalf("%d letters before the sync, want the %d from the failure callback", n, len(goodCallback))
 	}
 
-	client := &deadletter.DLQClient{BaseURL: qs.URL, Token: qs.Token}
-	both := &barrierDLQ{DLQClient: client}
+	client := serverDLQ(t, qs, qs.Token)
+	both := &barrierDLQ{DLQ: client}
 	both.arrived.Add(2)
 	cfg := deadletter.SyncConfig{DLQ: both, DestinationBaseURL: webhook.URL + "/", Logger: quiet()}
 	var (
@@ -309,7 +320,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{
-		DLQ: &deadletter.DLQClient{BaseURL: qs.URL, Token: qs.Token}, DestinationBaseURL: webhook.URL, Logger: quiet()})
+		DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: webhook.URL, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,9 +357,28 @@ func TestSyncAPIErrors(t *testing.T) {
 	qs := qstashtest.NewServer(qstashtest.Options{})
 	t.Cleanup(qs.Close)
 	_, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{
-		DLQ: &deadletter.DLQClient{BaseURL: qs.URL, Token: "wrong"}, DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
-	var apiErr *deadletter.DLQAPIError
+		DLQ: serverDLQ(t, qs, "wrong"), DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
+	var apiErr *qstash.APIError
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || !strings.Contains(err.Error(), "invalid token") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// loopingDLQ injects a DLQ API that hands out the same cursor forever.
+type loopingDLQ struct{ calls int }
+
+func (l *loopingDLQ) List(context.Context, string) ([]qstash.DLQEntry, string, error) {
+	l.calls++
+	return []qstash.DLQEntry{{DLQID: "d", MessageID: "m", URL: "https://elsewhere.example.com/x"}}, "same", nil
+}
+
+func (l *loopingDLQ) Delete(context.Context, []string) (int, error) { return 0, nil }
+
+func TestSyncStopsOnRepeatedCursor(t *testing.T) {
+	t.Parallel()
+	dlq := &loopingDLQ{}
+	res, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{DLQ: dlq, DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
+	if err == nil || !strings.Contains(err.Error(), `cursor "same" again`) || dlq.calls != 2 || res.Foreign != 2 {
+		t.Fatalf("res %+v calls %d err %v", res, dlq.calls, err)
 	}
 }
