@@ -14,8 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -74,27 +74,15 @@ func publishRows(t *testing.T, db *pgtest.DB, cfg qstash.PublisherConfig, ids []
 // API (queue "" means no queue).
 func publishRaw(t *testing.T, qs *qstashtest.Server, queue, dest string, header map[string]string) {
 	t.Helper()
-	u := qs.URL + "/v2/publish/" + dest
+	path := "/v2/publish/" + dest
 	if queue != "" {
-		u = qs.URL + "/v2/enqueue/" + queue + "/" + dest
+		path = "/v2/enqueue/" + queue + "/" + dest
 	}
-	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(`{"order_id":"elsewhere"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+qs.Token)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Upstash-Retries", "0")
+	h := http.Header{"Content-Type": {"application/json"}, "Upstash-Retries": {"0"}}
 	for k, v := range header {
-		req.Header.Set(k, v)
+		h.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
+	if resp, body := localqstash.Call(t, qs, http.MethodPost, path, h, `{"order_id":"elsewhere"}`); resp.StatusCode/100 != 2 {
 		t.Fatalf("publish to %s: %d %s", dest, resp.StatusCode, body)
 	}
 }
@@ -134,16 +122,6 @@ func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) 
 	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	webhook, _ := answering(t, http.StatusInternalServerError)
 	return db, qs, webhook
-}
-
-// waitIdle waits until the server has finished every delivery and callback.
-func waitIdle(t *testing.T, qs *qstashtest.Server) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := qs.WaitIdle(ctx); err != nil {
-		t.Fatalf("deliveries did not finish: %v", err)
-	}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -207,7 +185,7 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	foreign++
 
 	ours := len(noCallback) + len(badCallback) + len(goodCallback) + len(fifo)
-	waitIdle(t, qs)
+	localqstash.WaitIdle(t, qs)
 	if n := len(qs.DLQ()); n != ours+foreign {
 		t.Fatalf("QStash DLQ has %d entries, want %d", n, ours+foreign)
 	}
@@ -309,7 +287,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 		ids = append(ids, enqueue(t, db, "invoice.paid", "k"+strconv.Itoa(i), `{"n":1}`))
 	}
 	publishRows(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: qstash.NoRetries}, ids)
-	waitIdle(t, qs)
+	localqstash.WaitIdle(t, qs)
 	// The first event was redriven meanwhile (generation 1) and is being relayed again.
 	if _, err := db.Pool.Exec(ctx, `UPDATE outbox SET generation = 1, dispatched_at = NULL WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)

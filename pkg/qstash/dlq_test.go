@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -38,7 +39,7 @@ func deadLettered(t *testing.T, srv *qstashtest.Server, n int, tr http.RoundTrip
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL,
 		Retries: qstash.NoRetries, HTTPClient: &http.Client{Transport: tr}})
 	publishAll(t, p, messages(1, n, n))
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	return p
 }
 
