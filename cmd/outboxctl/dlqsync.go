@@ -8,6 +8,7 @@ import (
 	"log/slog"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 const dlqSyncUsage = `usage: outboxctl dlq sync [--delete-synced] [--json]
@@ -62,16 +63,27 @@ func dlqSync(ctx context.Context, e env, args []string) error {
 
 // syncConfigFromEnv reads what dlq sync needs, reporting every missing variable at once.
 func syncConfigFromEnv(getenv func(string) string) (deadletter.SyncConfig, error) {
-	client := &deadletter.DLQClient{BaseURL: getenv("QSTASH_URL"), Token: getenv("QSTASH_TOKEN")}
-	cfg := deadletter.SyncConfig{DLQ: client, DestinationBaseURL: getenv("PUBLIC_BASE_URL"), Name: getenv("OUTBOX_NAME")}
+	cfg := deadletter.SyncConfig{DestinationBaseURL: getenv("PUBLIC_BASE_URL"), Name: getenv("OUTBOX_NAME")}
+	token := getenv("QSTASH_TOKEN")
 	var errs []error
-	if client.Token == "" {
+	if token == "" {
 		errs = append(errs, errors.New("QSTASH_TOKEN is not set (the token the relay publishes with)"))
 	}
 	if cfg.DestinationBaseURL == "" {
 		errs = append(errs, errors.New("PUBLIC_BASE_URL is not set (the webhook's base URL the relay publishes to)"))
-	} else if err := cfg.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("PUBLIC_BASE_URL: %w", err))
 	}
-	return cfg, errors.Join(errs...)
+	if len(errs) > 0 {
+		return cfg, errors.Join(errs...)
+	}
+	// The DLQ is read through the relay's own QStash client, configured as the relay's.
+	pub, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: getenv("QSTASH_URL"), Token: token,
+		DestinationBaseURL: cfg.DestinationBaseURL, Name: cfg.Name})
+	if err != nil {
+		return cfg, fmt.Errorf("QSTASH_URL, QSTASH_TOKEN, PUBLIC_BASE_URL or OUTBOX_NAME: %w", err)
+	}
+	cfg.DLQ = pub.DLQ()
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("PUBLIC_BASE_URL: %w", err)
+	}
+	return cfg, nil
 }

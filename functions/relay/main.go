@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -50,9 +49,6 @@ const (
 	deadlineReserve = 2 * time.Second
 	// gaugeTimeout bounds the backlog query run after the drain, inside the reserve.
 	gaugeTimeout = 1500 * time.Millisecond
-	// dlqTimeout bounds one DLQ API request: DLQClient's own default, kept with the
-	// shared token's transport.
-	dlqTimeout = 30 * time.Second
 )
 
 type config struct {
@@ -183,16 +179,15 @@ type handler struct {
 
 func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.Writer, logger *slog.Logger) (*handler, error) {
 	var ensure func(context.Context) error
-	// One token for every QStash client of the environment: a refusal re-reads it once
-	// (QSTASH_TOKEN_PARAM) and the publisher and the DLQ client both carry on with it.
-	token := qstash.NewToken(cfg.Publisher.Token, cfg.rereadToken)
-	cfg.Publisher.Tokens = token
+	// The token is re-read once when QStash refuses it (QSTASH_TOKEN_PARAM); the publisher
+	// and its DLQ calls share one client, so both carry on with the new one.
+	cfg.Publisher.Tokens = qstash.NewToken(cfg.Publisher.Token, cfg.rereadToken)
+	qp, err := qstash.NewPublisher(cfg.Publisher)
+	if err != nil {
+		return nil, err
+	}
 	if pub == nil {
-		p, err := qstash.NewPublisher(cfg.Publisher)
-		if err != nil {
-			return nil, err
-		}
-		pub, ensure = p, p.EnsureQueues
+		pub, ensure = qp, qp.EnsureQueues
 	}
 	rc := cfg.Relay
 	rc.Logger = logger
@@ -212,8 +207,7 @@ func newHandler(cfg config, pool *pgxpool.Pool, pub relay.Publisher, metricsOut 
 		log:       logger,
 		reserve:   deadlineReserve,
 		dlqSync: deadletter.SyncConfig{
-			DLQ: &deadletter.DLQClient{BaseURL: cfg.Publisher.BaseURL, Token: cfg.Publisher.Token,
-				HTTPClient: &http.Client{Timeout: dlqTimeout, Transport: token.Transport(nil)}},
+			DLQ:                qp.DLQ(),
 			DestinationBaseURL: cfg.Publisher.DestinationBaseURL,
 			Name:               cfg.Publisher.Name,
 			QueuePrefix:        cfg.Publisher.QueuePrefix,

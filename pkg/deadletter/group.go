@@ -59,28 +59,19 @@ func ValidFingerprint(fp string) error {
 // most recently seen), at most f.Limit (default DefaultListLimit). Without IncludeResolved
 // only open letters are grouped. One statement, however many letters match.
 func Groups(ctx context.Context, db Querier, f Filter) ([]Group, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = DefaultListLimit
+	return listLimited(ctx, db, f, qGroups, "group dead letters", scanGroup)
+}
+
+// scanGroup reads one row of qGroups.
+func scanGroup(row pgx.CollectableRow) (Group, error) {
+	var g Group
+	var status *int32
+	err := row.Scan(&g.Fingerprint, &g.Topic, &g.Source, &status, &g.ErrorPattern, &g.Count, &g.Open,
+		&g.FirstSeen, &g.LastSeen, &g.SampleID, &g.SampleError)
+	if status != nil {
+		g.StatusCode = int(*status)
 	}
-	rows, err := db.Query(ctx, qGroups, append(f.args(), limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("group dead letters: %w", err)
-	}
-	groups, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Group, error) {
-		var g Group
-		var status *int32
-		err := row.Scan(&g.Fingerprint, &g.Topic, &g.Source, &status, &g.ErrorPattern, &g.Count, &g.Open,
-			&g.FirstSeen, &g.LastSeen, &g.SampleID, &g.SampleError)
-		if status != nil {
-			g.StatusCode = int(*status)
-		}
-		return g, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("group dead letters: %w", err)
-	}
-	return groups, nil
+	return g, err
 }
 
 // GetGroup returns the group of fingerprint fp over the letters matching f (f.Fingerprint

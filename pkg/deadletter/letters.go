@@ -128,19 +128,25 @@ type Beginner interface {
 // List returns letters matching f, newest first. Without IncludeResolved only open
 // letters are listed (letters named in IDs are listed either way).
 func List(ctx context.Context, db Querier, f Filter) ([]Letter, error) {
+	return listLimited(ctx, db, f, qList, "list dead letters", scanLetter)
+}
+
+// listLimited runs sql, a listing over f's criteria (args) and a limit, with f.Limit
+// (default DefaultListLimit), and reads each row with scan; what names it in errors.
+func listLimited[T any](ctx context.Context, db Querier, f Filter, sql, what string, scan pgx.RowToFunc[T]) ([]T, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = DefaultListLimit
 	}
-	rows, err := db.Query(ctx, qList, append(f.args(), limit)...)
+	rows, err := db.Query(ctx, sql, append(f.args(), limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	letters, err := pgx.CollectRows(rows, scanLetter)
+	out, err := pgx.CollectRows(rows, scan)
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return letters, nil
+	return out, nil
 }
 
 // Get returns one letter, or an error wrapping ErrNotFound.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -64,7 +65,7 @@ func TestOversizedDeliveryNotRetried(t *testing.T) {
 	publishRows(t, db, cfg, []int64{big})
 	cfg.DestinationBaseURL, cfg.FailureCallbackURL = control.URL, ""
 	publishRows(t, db, cfg, []int64{other})
-	waitIdle(t, qs)
+	localqstash.WaitIdle(t, qs)
 
 	var deliveries, callbacks []int
 	for _, a := range qs.Attempts() {

@@ -28,9 +28,21 @@ const (
 	nonRetryableHeader   = "Upstash-NonRetryable-Error"
 )
 
+// DLQ is QStash's dead-letter queue as Sync uses it. (*qstash.Publisher).DLQ returns one
+// (*qstash.DLQ); a test may put its own in front.
+type DLQ interface {
+	// List returns one page of entries, oldest first, and the cursor of the next page
+	// ("" after the last page).
+	List(ctx context.Context, cursor string) (entries []qstash.DLQEntry, next string, err error)
+	// Delete removes entries by DLQ id and returns how many existed.
+	Delete(ctx context.Context, dlqIDs []string) (int, error)
+}
+
+var _ DLQ = (*qstash.DLQ)(nil)
+
 // SyncConfig configures Sync. Zero fields take the defaults.
 type SyncConfig struct {
-	// DLQ is QStash's dead-letter queue (a *DLQClient). Required.
+	// DLQ is QStash's dead-letter queue ((*qstash.Publisher).DLQ). Required.
 	DLQ DLQ
 	// DestinationBaseURL is the webhook base the relay publishes to (PUBLIC_BASE_URL):
 	// only entries whose URL is <DestinationBaseURL>/events/<topic> are this outbox's.
@@ -179,7 +191,7 @@ type matcher struct {
 	base, name, queuePrefix string
 }
 
-func (m matcher) match(e DLQEntry) (entryIdentity, bool) {
+func (m matcher) match(e qstash.DLQEntry) (entryIdentity, bool) {
 	if e.MessageID == "" || e.DLQID == "" {
 		return entryIdentity{}, false
 	}
@@ -221,7 +233,7 @@ func validRedriveSuffix(s string, gen *int) bool {
 
 // identity reads the outbox identity from the URL (qstash.ParseIdentity), else, for a URL
 // without one, from the forwarded headers. A malformed identity is no identity.
-func identity(e DLQEntry) (entryIdentity, bool) {
+func identity(e qstash.DLQEntry) (entryIdentity, bool) {
 	id, err := qstash.ParseIdentity(e.URL)
 	if err == nil {
 		return entryIdentity{outboxID: int64(id.OutboxID), generation: &id.Generation}, true
@@ -261,7 +273,7 @@ type syncPage struct {
 	seen               map[string]bool
 }
 
-func (p *syncPage) add(e DLQEntry, id entryIdentity) {
+func (p *syncPage) add(e qstash.DLQEntry, id entryIdentity) {
 	msgID := textColumn([]byte(e.MessageID), maxIDBytes)
 	if p.seen[msgID] {
 		return // a page repeating an entry records it once

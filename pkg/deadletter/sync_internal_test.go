@@ -3,6 +3,8 @@ package deadletter
 import (
 	"net/http"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
 // TestMatcher pins which QStash DLQ entries are this outbox's.
@@ -22,36 +24,36 @@ func TestMatcher(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		m     matcher
-		e     DLQEntry
+		e     qstash.DLQEntry
 		ok    bool
 		id    int64
 		gen   *int
 		topic string
 	}{
-		{"url identity", ours, DLQEntry{URL: base + "order.created?outbox_id=7&generation=1"}, true, 7, gen(1), "order.created"},
-		{"legacy header", ours, DLQEntry{URL: base + "order.created", Header: hdr("X-Outbox-Id", "7")}, true, 7, nil, "order.created"},
-		{"legacy header with generation", ours, DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7", "X-Outbox-Generation", "2")}, true, 7, gen(2), "t"},
-		{"forward-prefixed header", ours, DLQEntry{URL: base + "t", Header: hdr("Upstash-Forward-X-Outbox-Id", "9")}, true, 9, nil, "t"},
-		{"escaped topic", ours, DLQEntry{URL: base + "a~b?outbox_id=1&generation=0"}, true, 1, gen(0), "a~b"},
-		{"own queue", ours, DLQEntry{URL: base + "t?outbox_id=1&generation=0", QueueName: "outbox-3"}, true, 1, gen(0), "t"},
-		{"own dedup id", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "outbox-7"}, true, 7, gen(0), "t"},
-		{"own redriven dedup id", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=2", DeduplicationID: "outbox-7-r2"}, true, 7, gen(2), "t"},
-		{"staging queue as staging", staging, DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "staging-0"}, true, 7, nil, "t"},
+		{"url identity", ours, qstash.DLQEntry{URL: base + "order.created?outbox_id=7&generation=1"}, true, 7, gen(1), "order.created"},
+		{"legacy header", ours, qstash.DLQEntry{URL: base + "order.created", Header: hdr("X-Outbox-Id", "7")}, true, 7, nil, "order.created"},
+		{"legacy header with generation", ours, qstash.DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7", "X-Outbox-Generation", "2")}, true, 7, gen(2), "t"},
+		{"forward-prefixed header", ours, qstash.DLQEntry{URL: base + "t", Header: hdr("Upstash-Forward-X-Outbox-Id", "9")}, true, 9, nil, "t"},
+		{"escaped topic", ours, qstash.DLQEntry{URL: base + "a~b?outbox_id=1&generation=0"}, true, 1, gen(0), "a~b"},
+		{"own queue", ours, qstash.DLQEntry{URL: base + "t?outbox_id=1&generation=0", QueueName: "outbox-3"}, true, 1, gen(0), "t"},
+		{"own dedup id", ours, qstash.DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "outbox-7"}, true, 7, gen(0), "t"},
+		{"own redriven dedup id", ours, qstash.DLQEntry{URL: base + "t?outbox_id=7&generation=2", DeduplicationID: "outbox-7-r2"}, true, 7, gen(2), "t"},
+		{"staging queue as staging", staging, qstash.DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "staging-0"}, true, 7, nil, "t"},
 
-		{"another webhook", ours, DLQEntry{URL: "https://other.example.com/events/t?outbox_id=1&generation=0"}, false, 0, nil, ""},
-		{"a host that only starts alike", ours, DLQEntry{URL: "https://hooks.example.com.evil.net/events/t?outbox_id=1&generation=0"}, false, 0, nil, ""},
-		{"nested path", ours, DLQEntry{URL: base + "a/b?outbox_id=1&generation=0"}, false, 0, nil, ""},
-		{"no topic", ours, DLQEntry{URL: base + "?outbox_id=1&generation=0"}, false, 0, nil, ""},
-		{"no identity", ours, DLQEntry{URL: base + "t"}, false, 0, nil, ""},
-		{"bad outbox id", ours, DLQEntry{URL: base + "t?outbox_id=x&generation=0"}, false, 0, nil, ""},
-		{"repeated outbox id", ours, DLQEntry{URL: base + "t?outbox_id=1&outbox_id=2&generation=0"}, false, 0, nil, ""},
-		{"generation alone", ours, DLQEntry{URL: base + "t?generation=0", Header: hdr("X-Outbox-Id", "1")}, false, 0, nil, ""},
-		{"zero id header", ours, DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "0")}, false, 0, nil, ""},
-		{"another deployment's queue", ours, DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "staging-0"}, false, 0, nil, ""},
-		{"queue without a number", ours, DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "outbox-x"}, false, 0, nil, ""},
-		{"another deployment's dedup id", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "staging-7"}, false, 0, nil, ""},
-		{"dedup id of another event", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "outbox-70"}, false, 0, nil, ""},
-		{"dedup id of another generation", ours, DLQEntry{URL: base + "t?outbox_id=7&generation=1", DeduplicationID: "outbox-7-r2"}, false, 0, nil, ""},
+		{"another webhook", ours, qstash.DLQEntry{URL: "https://other.example.com/events/t?outbox_id=1&generation=0"}, false, 0, nil, ""},
+		{"a host that only starts alike", ours, qstash.DLQEntry{URL: "https://hooks.example.com.evil.net/events/t?outbox_id=1&generation=0"}, false, 0, nil, ""},
+		{"nested path", ours, qstash.DLQEntry{URL: base + "a/b?outbox_id=1&generation=0"}, false, 0, nil, ""},
+		{"no topic", ours, qstash.DLQEntry{URL: base + "?outbox_id=1&generation=0"}, false, 0, nil, ""},
+		{"no identity", ours, qstash.DLQEntry{URL: base + "t"}, false, 0, nil, ""},
+		{"bad outbox id", ours, qstash.DLQEntry{URL: base + "t?outbox_id=x&generation=0"}, false, 0, nil, ""},
+		{"repeated outbox id", ours, qstash.DLQEntry{URL: base + "t?outbox_id=1&outbox_id=2&generation=0"}, false, 0, nil, ""},
+		{"generation alone", ours, qstash.DLQEntry{URL: base + "t?generation=0", Header: hdr("X-Outbox-Id", "1")}, false, 0, nil, ""},
+		{"zero id header", ours, qstash.DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "0")}, false, 0, nil, ""},
+		{"another deployment's queue", ours, qstash.DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "staging-0"}, false, 0, nil, ""},
+		{"queue without a number", ours, qstash.DLQEntry{URL: base + "t", Header: hdr("X-Outbox-Id", "7"), QueueName: "outbox-x"}, false, 0, nil, ""},
+		{"another deployment's dedup id", ours, qstash.DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "staging-7"}, false, 0, nil, ""},
+		{"dedup id of another event", ours, qstash.DLQEntry{URL: base + "t?outbox_id=7&generation=0", DeduplicationID: "outbox-70"}, false, 0, nil, ""},
+		{"dedup id of another generation", ours, qstash.DLQEntry{URL: base + "t?outbox_id=7&generation=1", DeduplicationID: "outbox-7-r2"}, false, 0, nil, ""},
 	} {
 		e := c.e
 		e.MessageID, e.DLQID = "msg_1", "1725323658779-0"
@@ -68,7 +70,7 @@ func TestMatcher(t *testing.T) {
 		}
 	}
 	// An entry without its ids cannot be recorded once per message: it is not taken.
-	for _, e := range []DLQEntry{
+	for _, e := range []qstash.DLQEntry{
 		{DLQID: "d", URL: base + "t?outbox_id=1&generation=0"},
 		{MessageID: "m", URL: base + "t?outbox_id=1&generation=0"},
 	} {

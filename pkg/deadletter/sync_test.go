@@ -14,8 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -74,41 +74,40 @@ func publishRows(t *testing.T, db *pgtest.DB, cfg qstash.PublisherConfig, ids []
 // API (queue "" means no queue).
 func publishRaw(t *testing.T, qs *qstashtest.Server, queue, dest string, header map[string]string) {
 	t.Helper()
-	u := qs.URL + "/v2/publish/" + dest
+	path := "/v2/publish/" + dest
 	if queue != "" {
-		u = qs.URL + "/v2/enqueue/" + queue + "/" + dest
+		path = "/v2/enqueue/" + queue + "/" + dest
 	}
-	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(`{"order_id":"elsewhere"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+qs.Token)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Upstash-Retries", "0")
+	h := http.Header{"Content-Type": {"application/json"}, "Upstash-Retries": {"0"}}
 	for k, v := range header {
-		req.Header.Set(k, v)
+		h.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
+	if resp, body := localqstash.Call(t, qs, http.MethodPost, path, h, `{"order_id":"elsewhere"}`); resp.StatusCode/100 != 2 {
 		t.Fatalf("publish to %s: %d %s", dest, resp.StatusCode, body)
 	}
 }
 
-// barrierDLQ is the real DLQ client, except that the first List of each of n callers
-// returns only when all n have read their first page: n syncs then record the same entries
-// at the same time.
+// serverDLQ is the DLQ of the local QStash server qs, read with token through a
+// Publisher's client, as the relay reads it.
+func serverDLQ(t *testing.T, qs *qstashtest.Server, token string) *qstash.DLQ {
+	t.Helper()
+	p, err := qstash.NewPublisher(qstash.PublisherConfig{BaseURL: qs.URL, Token: token, DestinationBaseURL: "https://hooks.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.DLQ()
+}
+
+// barrierDLQ is the real DLQ, except that the first List of each of n callers returns only
+// when all n have read their first page: n syncs then record the same entries at the same
+// time.
 type barrierDLQ struct {
-	*deadletter.DLQClient
+	*qstash.DLQ
 	arrived sync.WaitGroup
 }
 
-func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]deadletter.DLQEntry, string, error) {
-	entries, next, err := b.DLQClient.List(ctx, cursor)
+func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]qstash.DLQEntry, string, error) {
+	entries, next, err := b.DLQ.List(ctx, cursor)
 	if cursor == "" {
 		b.arrived.Done()
 		b.arrived.Wait()
@@ -123,16 +122,6 @@ func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) 
 	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
 	webhook, _ := answering(t, http.StatusInternalServerError)
 	return db, qs, webhook
-}
-
-// waitIdle waits until the server has finished every delivery and callback.
-func waitIdle(t *testing.T, qs *qstashtest.Server) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := qs.WaitIdle(ctx); err != nil {
-		t.Fatalf("deliveries did not finish: %v", err)
-	}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -196,7 +185,7 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	foreign++
 
 	ours := len(noCallback) + len(badCallback) + len(goodCallback) + len(fifo)
-	waitIdle(t, qs)
+	localqstash.WaitIdle(t, qs)
 	if n := len(qs.DLQ()); n != ours+foreign {
 		t.Fatalf("QStash DLQ has %d entries, want %d", n, ours+foreign)
 	}
@@ -208,8 +197,8 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 		t.Fatalf("%d letters before the sync, want the %d from the failure callback", n, len(goodCallback))
 	}
 
-	client := &deadletter.DLQClient{BaseURL: qs.URL, Token: qs.Token}
-	both := &barrierDLQ{DLQClient: client}
+	client := serverDLQ(t, qs, qs.Token)
+	both := &barrierDLQ{DLQ: client}
 	both.arrived.Add(2)
 	cfg := deadletter.SyncConfig{DLQ: both, DestinationBaseURL: webhook.URL + "/", Logger: quiet()}
 	var (
@@ -298,7 +287,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 		ids = append(ids, enqueue(t, db, "invoice.paid", "k"+strconv.Itoa(i), `{"n":1}`))
 	}
 	publishRows(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: webhook.URL, Retries: qstash.NoRetries}, ids)
-	waitIdle(t, qs)
+	localqstash.WaitIdle(t, qs)
 	// The first event was redriven meanwhile (generation 1) and is being relayed again.
 	if _, err := db.Pool.Exec(ctx, `UPDATE outbox SET generation = 1, dispatched_at = NULL WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
@@ -309,7 +298,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{
-		DLQ: &deadletter.DLQClient{BaseURL: qs.URL, Token: qs.Token}, DestinationBaseURL: webhook.URL, Logger: quiet()})
+		DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: webhook.URL, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,9 +335,28 @@ func TestSyncAPIErrors(t *testing.T) {
 	qs := qstashtest.NewServer(qstashtest.Options{})
 	t.Cleanup(qs.Close)
 	_, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{
-		DLQ: &deadletter.DLQClient{BaseURL: qs.URL, Token: "wrong"}, DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
-	var apiErr *deadletter.DLQAPIError
+		DLQ: serverDLQ(t, qs, "wrong"), DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
+	var apiErr *qstash.APIError
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || !strings.Contains(err.Error(), "invalid token") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// loopingDLQ injects a DLQ API that hands out the same cursor forever.
+type loopingDLQ struct{ calls int }
+
+func (l *loopingDLQ) List(context.Context, string) ([]qstash.DLQEntry, string, error) {
+	l.calls++
+	return []qstash.DLQEntry{{DLQID: "d", MessageID: "m", URL: "https://elsewhere.example.com/x"}}, "same", nil
+}
+
+func (l *loopingDLQ) Delete(context.Context, []string) (int, error) { return 0, nil }
+
+func TestSyncStopsOnRepeatedCursor(t *testing.T) {
+	t.Parallel()
+	dlq := &loopingDLQ{}
+	res, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{DLQ: dlq, DestinationBaseURL: "https://hooks.example.com", Logger: quiet()})
+	if err == nil || !strings.Contains(err.Error(), `cursor "same" again`) || dlq.calls != 2 || res.Foreign != 2 {
+		t.Fatalf("res %+v calls %d err %v", res, dlq.calls, err)
 	}
 }

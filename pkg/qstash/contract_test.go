@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -281,19 +282,12 @@ func TestFlowControlKeyAccepted(t *testing.T) {
 		msgs[i].PartitionKey = "customer:7/eu west"
 	}
 	publishAll(t, p, msgs)
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	key := qstash.FlowControlKey("shop", "customer:7/eu west")
 	if key != qstash.FlowControlKey("shop", "customer:7/eu west") || !qstash.ValidResourceName(key) || !strings.HasPrefix(key, "shop.customer_7_eu_west-") {
 		t.Fatalf("key %q", key)
 	}
-	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v2/flowControl/"+key, nil)
-	req.Header.Set("Authorization", "Bearer "+srv.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if resp, _ := localqstash.Call(t, srv, http.MethodGet, "/v2/flowControl/"+key, nil, ""); resp.StatusCode != http.StatusOK {
 		t.Fatalf("flow-control key %q unknown to the server: %d", key, resp.StatusCode)
 	}
 	if got, _ := cons.snapshot(); len(got) != 3 {
@@ -338,7 +332,7 @@ func TestDeliveryURLCarriesIdentity(t *testing.T) {
 	if r := p.Publish(context.Background(), []outbox.Message{m})[0]; r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	att := srv.Attempts()
 	if len(att) != 1 || att[0].URL != cons.URL+"/events/order.created?outbox_id=9007199254740993&generation=2" {
 		t.Fatalf("attempts %+v", att)
@@ -404,8 +398,8 @@ func TestQueueCountCap(t *testing.T) {
 	for i := range 10 {
 		queueAPI(t, srv, http.MethodPost, "/v2/queues/", fmt.Sprintf(`{"queueName":"q-%d","parallelism":1}`, i))
 	}
-	if status, body := queueAPIStatus(t, srv, http.MethodPost, "/v2/queues/", `{"queueName":"q-10","parallelism":1}`); status != http.StatusPreconditionFailed || !strings.Contains(body, `"error"`) {
-		t.Fatalf("11th queue: %d %s, want 412 {\"error\"}", status, body)
+	if resp, body := localqstash.Call(t, srv, http.MethodPost, "/v2/queues/", nil, `{"queueName":"q-10","parallelism":1}`); resp.StatusCode != http.StatusPreconditionFailed || !strings.Contains(body, `"error"`) {
+		t.Fatalf("11th queue: %d %s, want 412 {\"error\"}", resp.StatusCode, body)
 	}
 	// A publisher configured for a bigger plan than the account has.
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: "http://127.0.0.1:1", Name: "shop", Ordering: publish.OrderingFIFO, FIFOQueues: 2})
@@ -449,24 +443,11 @@ func TestTwoDeploymentsShareAnAccount(t *testing.T) {
 	}
 }
 
-func queueAPIStatus(t *testing.T, srv *qstashtest.Server, method, path, body string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+srv.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(data)
-}
-
 func queueAPI(t *testing.T, srv *qstashtest.Server, method, path, body string) string {
 	t.Helper()
-	status, data := queueAPIStatus(t, srv, method, path, body)
-	if status != http.StatusOK {
-		t.Fatalf("%s %s: %d %s", method, path, status, data)
+	resp, data := localqstash.Call(t, srv, method, path, nil, body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, data)
 	}
 	return data
 }
@@ -561,7 +542,7 @@ func TestFailureCallbackIdentity(t *testing.T) {
 	if r := p.Publish(context.Background(), []outbox.Message{m})[0]; r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	select {
 	case id := <-got:
 		if id != (qstash.Identity{OutboxID: 314, Generation: 3}) {

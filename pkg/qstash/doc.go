@@ -1,6 +1,7 @@
 // Package qstash connects the relay to Upstash QStash: a batching Publisher (relay.Publisher
-// over /v2/batch), a hardened signature Verifier for receiving functions, typed API errors
-// with their classification, and the FailureCallback body decoder. Its sibling qstashtest is
+// over /v2/batch) whose client also reads and deletes the dead-letter queue (Publisher.DLQ),
+// a hardened signature Verifier for receiving functions, typed API errors with their
+// classification, and the FailureCallback body decoder. Its sibling qstashtest is
 // a QStash-compatible server for tests and the local stack.
 //
 // # Configuration

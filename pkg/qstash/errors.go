@@ -36,6 +36,8 @@ type APIError struct {
 	Method, URL string
 	// at is when the answer arrived, the origin of RetryAfter and of a delta Reset.
 	at time.Time
+	// retryAfterRead tells a Retry-After of 0 (resend at once) from none.
+	retryAfterRead bool
 }
 
 // RateLimit is one family of rate-limit headers. Reset is kept as sent; resetTime reads it.
@@ -105,9 +107,9 @@ func queueCapText(code int, msg string) bool {
 // HTTPStatus returns StatusCode (publish.StatusCode reads it).
 func (e *APIError) HTTPStatus() int { return e.StatusCode }
 
-// newAPIError builds an APIError from a response whose body has been read.
-func newAPIError(resp *http.Response, body []byte, now time.Time) *APIError {
-	e := &APIError{StatusCode: resp.StatusCode, at: now}
+// newAPIError builds the APIError of the answer to method url, whose body has been read.
+func newAPIError(resp *http.Response, body []byte, now time.Time, method, url string) *APIError {
+	e := &APIError{StatusCode: resp.StatusCode, at: now, Method: method, URL: url}
 	// A copy: the caller may reuse body's buffer.
 	e.Body = bytes.Clone(body[:min(len(body), maxErrorBody)])
 	var j struct {
@@ -120,7 +122,7 @@ func newAPIError(resp *http.Response, body []byte, now time.Time) *APIError {
 	}
 	e.RateLimit = rateLimit(resp.Header, "RateLimit-")
 	e.Burst = rateLimit(resp.Header, "Burst-RateLimit-")
-	e.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), now)
+	e.RetryAfter, e.retryAfterRead = parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	return e
 }
 
@@ -132,19 +134,17 @@ func rateLimit(h http.Header, prefix string) RateLimit {
 	return RateLimit{Limit: n("Limit"), Remaining: n("Remaining"), Reset: h.Get(prefix + "Reset")}
 }
 
-// parseRetryAfter reads delta-seconds or an HTTP date.
-func parseRetryAfter(v string, now time.Time) time.Duration {
+// parseRetryAfter reads delta-seconds or an HTTP date (one already past reads as 0); ok
+// is false when v is absent or neither.
+func parseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0
-	}
 	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
+		return time.Duration(s) * time.Second, true
 	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
 	}
-	return 0
+	return 0, false
 }
 
 // snippet is the start of a non-JSON body, printable and on one line, for error text.

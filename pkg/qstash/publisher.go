@@ -521,9 +521,7 @@ func (p *Publisher) post(ctx context.Context, a lease, chunk []encoded) ([]publi
 	}
 	data := buf.Bytes()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := newAPIError(resp, data, p.now())
-		e.Method, e.URL = req.Method, p.batchURL
-		return nil, e
+		return nil, newAPIError(resp, data, p.now(), req.Method, p.batchURL)
 	}
 	idx := make([]int, len(chunk))
 	for j, it := range chunk {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -108,7 +109,7 @@ func newPublisher(t testing.TB, cfg qstash.PublisherConfig) *qstash.Publisher {
 // with valid signatures.
 func wantDelivered(t *testing.T, srv *qstashtest.Server, cons *consumer, n int) []accepted {
 	t.Helper()
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got, bad := cons.snapshot()
 	if len(bad) > 0 || len(got) != n {
 		t.Fatalf("%d delivered (bad signatures %v), want %d", len(got), bad, n)
@@ -123,15 +124,6 @@ func publishAll(t testing.TB, p *qstash.Publisher, msgs []outbox.Message) {
 		if r.Err != nil {
 			t.Fatalf("message %d: %v", i, r.Err)
 		}
-	}
-}
-
-func idle(t testing.TB, srv *qstashtest.Server) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := srv.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -225,7 +217,7 @@ func TestPublishBatchMinimumRequests(t *testing.T) {
 		}
 		ids[r.MessageID] = true
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got, bad := cons.snapshot()
 	if len(bad) > 0 || len(got) != 500 {
 		t.Fatalf("%d accepted, bad signatures %v", len(got), bad)
@@ -263,14 +255,14 @@ func TestPublishDedup(t *testing.T) {
 	if r1[0].Err != nil || r2[0].Err != nil || r1[0].MessageID != r2[0].MessageID {
 		t.Fatalf("twice: %+v %+v", r1, r2)
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	redrive := m[0]
 	redrive.Generation = 1
 	r3 := p.Publish(context.Background(), []outbox.Message{redrive})
 	if r3[0].Err != nil || r3[0].MessageID == r1[0].MessageID {
 		t.Fatalf("redrive: %+v", r3)
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	if got, _ := cons.snapshot(); len(got) != 2 {
 		t.Fatalf("%d deliveries, want 2 (one per generation)", len(got))
 	}
@@ -567,7 +559,7 @@ func TestPublishAgainstInjectedFaults(t *testing.T) {
 		}
 		pending = next
 	}
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got, _ := cons.snapshot()
 	seen := map[string]int{}
 	for _, a := range got {
@@ -624,7 +616,7 @@ func TestFIFOModeKeepsPerKeyOrder(t *testing.T) {
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, Ordering: publish.OrderingFIFO, FIFOQueues: 4, MaxBatchItems: 100})
 	msgs := messages(1, 1000, 20)
 	publishAll(t, p, msgs)
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got, bad := cons.snapshot()
 	if len(bad) > 0 || len(got) != 1000 {
 		t.Fatalf("%d accepted, bad %v", len(got), bad)
@@ -648,7 +640,7 @@ func TestPublishModeDeliversEverything(t *testing.T) {
 	p := newPublisher(t, qstash.PublisherConfig{BaseURL: srv.URL, Token: srv.Token, DestinationBaseURL: cons.URL, FlowControlParallelism: 2, FlowControlRate: 1000, FlowControlPeriod: time.Second})
 	msgs := messages(1, 1000, 20)
 	publishAll(t, p, msgs)
-	idle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got, bad := cons.snapshot()
 	ids := map[string]bool{}
 	for _, a := range got {
@@ -686,5 +678,5 @@ func BenchmarkPublishBatch(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N*500)/b.Elapsed().Seconds(), "msgs/s")
-	idle(b, srv)
+	localqstash.WaitIdle(b, srv)
 }

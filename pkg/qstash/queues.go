@@ -1,16 +1,13 @@
 package qstash
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sync"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
@@ -46,9 +43,6 @@ func (e *QueueMismatchError) Error() string {
 // ensureWorkers bounds the queue requests in flight: QStash's management endpoints have a
 // per-second burst limit (docs api-ratelimiting).
 const ensureWorkers = 4
-
-// maxEnsureRetries bounds how often one queue request is retried after a 429.
-const maxEnsureRetries = 5
 
 // EnsureQueues makes the FIFO queues <QueuePrefix>-0 .. <QueuePrefix>-<FIFOQueues-1> ready,
 // once per cold start, before anything is enqueued: a missing queue is created with
@@ -147,54 +141,8 @@ func (p *Publisher) queueHint(err error) error {
 	return err
 }
 
-// queueRequest sends one queue-management request, waiting out a 429 (management
-// endpoints have a burst limit) up to maxEnsureRetries times. A non-2xx answer is an
-// *APIError.
+// queueRequest sends one queue-management request (api): its answer is small, and it is
+// bounded like a batch request.
 func (p *Publisher) queueRequest(ctx context.Context, method, path string, body []byte) ([]byte, error) {
-	for try := 0; ; try++ {
-		data, err := p.queueRequestOnce(ctx, method, path, body)
-		var ae *APIError
-		if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || try >= maxEnsureRetries {
-			return data, err
-		}
-		t := time.NewTimer(time.Until(quotaUntil(ae)))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, err
-		}
-	}
-}
-
-func (p *Publisher) queueRequestOnce(ctx context.Context, method, path string, body []byte) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, p.baseURL+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := p.cfg.HTTPClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody*16))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := newAPIError(resp, data, p.now())
-		e.Method, e.URL = method, p.baseURL+path
-		return nil, e
-	}
-	return data, nil
+	return p.api(ctx, apiRequest{method: method, path: path, body: body, timeout: p.cfg.RequestTimeout, maxAnswer: maxErrorBody * 16})
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
@@ -64,7 +65,7 @@ func TestRelayDrainsThroughQStash(t *testing.T) {
 			if err := db.Pool.QueryRow(ctx, `select count(*) from outbox where dispatched_at is null`).Scan(&left); err != nil || left != 0 {
 				t.Fatalf("%d rows undispatched (%v)", left, err)
 			}
-			idle(t, srv)
+			localqstash.WaitIdle(t, srv)
 			got, bad := cons.snapshot()
 			if len(bad) > 0 || len(got) != len(ids) {
 				t.Fatalf("%d accepted of %d, bad signatures %v", len(got), len(ids), bad)

@@ -14,8 +14,9 @@ import (
 // QStash refuses it. A token rotated at its source (the SSM parameter QSTASH_TOKEN_PARAM
 // names) would otherwise be refused by a warm relay until its environment is recycled,
 // while the relay's pause after each refusal doubles up to a day. Every client of one
-// deployment (the Publisher, the DLQ client) should share one Token, so one re-read
-// serves them all.
+// deployment should share one Token, so one re-read serves them all: the Publisher's
+// batch, queue and DLQ calls (Publisher.DLQ) go through one client already; another client
+// shares it through Transport.
 //
 // A Token is safe for concurrent use. The zero value is not: use NewToken.
 type Token struct {

@@ -1,18 +1,17 @@
 package qstashtest_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	upstash "github.com/upstash/qstash-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -78,37 +77,18 @@ func (s *sink) deliveries() []delivery {
 	return append([]delivery(nil), s.got...)
 }
 
-func waitIdle(t *testing.T, srv *qstashtest.Server) {
+// settled waits until srv has finished every delivery and returns what s received, failing
+// the test unless that is n deliveries (what says which).
+func (s *sink) settled(t *testing.T, srv *qstashtest.Server, n int, what string) []delivery {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := srv.WaitIdle(ctx); err != nil {
-		t.Fatal(err)
+	localqstash.WaitIdle(t, srv)
+	got := s.deliveries()
+	if len(got) != n {
+		t.Fatalf("%d deliveries, want %d %s", len(got), n, what)
 	}
+	return got
 }
 
 func sdkClient(srv *qstashtest.Server) *upstash.Client {
 	return upstash.NewClientWith(upstash.Options{Url: srv.URL, Token: srv.Token, Client: &http.Client{Timeout: 10 * time.Second}})
-}
-
-// post sends a raw API request.
-func post(t *testing.T, srv *qstashtest.Server, method, path string, h http.Header, body string) (*http.Response, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range h {
-		req.Header[k] = vs
-	}
-	if req.Header.Get("Authorization") == "" {
-		req.Header.Set("Authorization", "Bearer "+srv.Token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
 }

@@ -133,18 +133,29 @@ func dropResponse(w http.ResponseWriter) {
 	panic(http.ErrAbortHandler)
 }
 
-func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, req *Request, queue, rawDest string) {
-	f := s.fault()
-	if preFault(w, f) {
-		return
+// acceptBody draws the request's injected fault and reads its body, up to QStash's 100 MB;
+// ok is false when it has answered the request already: an injected 5xx or 429, a body it
+// could not read (what names the body in the error) or one over the limit.
+func (s *Server) acceptBody(w http.ResponseWriter, r *http.Request, what string) (fault string, body []byte, ok bool) {
+	fault = s.fault()
+	if preFault(w, fault) {
+		return fault, nil, false
 	}
 	body, err := readBody(r, maxBody+1)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
-		return
+		writeError(w, http.StatusBadRequest, "read "+what+": "+err.Error())
+		return fault, nil, false
 	}
 	if len(body) > maxBody {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
+		return fault, nil, false
+	}
+	return fault, body, true
+}
+
+func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request, req *Request, queue, rawDest string) {
+	f, body, ok := s.acceptBody(w, r, "body")
+	if !ok {
 		return
 	}
 	req.Messages = 1
@@ -270,17 +281,8 @@ func (it *batchRequestItem) header() http.Header {
 }
 
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request, req *Request) {
-	f := s.fault()
-	if preFault(w, f) {
-		return
-	}
-	data, err := readBody(r, maxBody+1)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "read batch body: "+err.Error())
-		return
-	}
-	if len(data) > maxBody {
-		writeError(w, http.StatusRequestEntityTooLarge, "request body is over the 100 MB limit")
+	f, data, ok := s.acceptBody(w, r, "batch body")
+	if !ok {
 		return
 	}
 	items, err := decodeBatchItems(data)

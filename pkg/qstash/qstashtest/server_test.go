@@ -15,6 +15,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -56,11 +57,7 @@ func TestSDKContract(t *testing.T) {
 	if pub.Url != dst.URL+"/events/a" {
 		t.Fatalf("publish url = %q", pub.Url)
 	}
-	waitIdle(t, srv)
-	got := dst.deliveries()
-	if len(got) != 4 {
-		t.Fatalf("%d deliveries, want 4", len(got))
-	}
+	got := dst.settled(t, srv, 4, "")
 	seen := map[string]delivery{}
 	for _, d := range got {
 		if d.VerifyErr != nil || d.SDKErr != nil {
@@ -91,7 +88,7 @@ func TestTamperedDeliveriesRejected(t *testing.T) {
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: `{"a":1}`}); err != nil {
 		t.Fatal(err)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	d := dst.deliveries()[0]
 	sig, url := d.Header.Get("Upstash-Signature"), dst.URL+"/x"
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: srv.CurrentSigningKey, NextSigningKey: srv.NextSigningKey})
@@ -148,7 +145,7 @@ func TestSignWithNextKeyAndClockSkew(t *testing.T) {
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	d := dst.deliveries()[0]
 	var ve *qstash.VerifyError
 	if !errors.As(d.VerifyErr, &ve) || ve.Reason != qstash.ReasonExpired {
@@ -187,20 +184,9 @@ func TestAuthAndRawPathRouting(t *testing.T) {
 		default:
 			h.Set("Authorization", tc.auth)
 		}
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader("{}"))
-		if tc.auth == "" {
-			req.Header.Set("Authorization", "Bearer "+srv.Token)
-		} else if tc.auth != "none" {
-			req.Header.Set("Authorization", tc.auth)
-		}
-		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp, text := localqstash.Call(t, srv, http.MethodPost, tc.path, h, "{}")
 		var body map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
+		_ = json.Unmarshal([]byte(text), &body)
 		if resp.StatusCode != tc.status {
 			t.Errorf("%s: status %d %v, want %d", name, resp.StatusCode, body, tc.status)
 		}
@@ -208,7 +194,7 @@ func TestAuthAndRawPathRouting(t *testing.T) {
 			t.Errorf("%s: error body %v has no \"error\"", name, body)
 		}
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	var paths []string
 	for _, d := range dst.deliveries() {
 		paths = append(paths, d.Path+"|"+d.Header.Get("Upstash-Retried"))
@@ -229,7 +215,7 @@ func TestDeduplication(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{DedupWindow: 200 * time.Millisecond})
 	h := http.Header{"Upstash-Deduplication-Id": {"outbox-1"}}
 	publish := func(h http.Header, body string) (int, map[string]any) {
-		resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/x", h, body)
+		resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/x", h, body)
 		var v map[string]any
 		if err := json.Unmarshal([]byte(b), &v); err != nil {
 			t.Fatalf("response %q: %v", b, err)
@@ -257,10 +243,7 @@ func TestDeduplication(t *testing.T) {
 	if s, r := publish(h, "a"); s != 202 || r["deduplicated"] != true {
 		t.Fatalf("publish again within the new window: %d %v", s, r)
 	}
-	waitIdle(t, srv)
-	if n := len(dst.deliveries()); n != 4 {
-		t.Fatalf("%d deliveries, want 4 (id, content x2, id after window)", n)
-	}
+	dst.settled(t, srv, 4, "(id, content x2, id after window)")
 }
 
 // TestRetriesBackoffAndRetryAfter: failures are retried with Upstash-Retried counting up; a
@@ -281,7 +264,7 @@ func TestRetriesBackoffAndRetryAfter(t *testing.T) {
 	if _, err := sdkClient(srv).Publish(upstash.PublishOptions{Url: dst.URL + "/x", Body: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	var got []string
 	for _, a := range srv.Attempts() {
 		got = append(got, fmt.Sprintf("%d:%d", a.Retried, a.Status))
@@ -325,7 +308,7 @@ func TestFailureCallbackBody(t *testing.T) {
 		"Upstash-Retries":             {"2"},
 		"Upstash-Failure-Callback":    {cbs.URL + "/failure"},
 	}
-	resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/events/order.created", h, `{"order_id":"o-1"}`)
+	resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/events/order.created", h, `{"order_id":"o-1"}`)
 	if resp.StatusCode != 201 {
 		t.Fatalf("publish: %d %s", resp.StatusCode, b)
 	}
@@ -333,11 +316,7 @@ func TestFailureCallbackBody(t *testing.T) {
 		MessageID string `json:"messageId"`
 	}
 	_ = json.Unmarshal([]byte(b), &pub)
-	waitIdle(t, srv)
-
-	if n := len(dst.deliveries()); n != 3 {
-		t.Fatalf("%d destination attempts, want 1 + 2 retries", n)
-	}
+	dst.settled(t, srv, 3, "(1 + 2 retries)")
 	calls := cbs.deliveries()
 	if len(calls) != 2 {
 		t.Fatalf("%d failure-callback attempts, want 2 (first one failed)", len(calls))
@@ -381,11 +360,11 @@ func TestNonRetryable489(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for _, p := range []string{"/hard", "/soft"} {
 		h := http.Header{"Upstash-Retries": {"3"}, "Upstash-Failure-Callback": {cbs.URL + "/f"}}
-		if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+p, h, "x"); resp.StatusCode != 201 {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+p, h, "x"); resp.StatusCode != 201 {
 			t.Fatal(b)
 		}
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	count := map[string]int{}
 	for _, d := range dst.deliveries() {
 		count[d.Path]++
@@ -408,7 +387,7 @@ func TestBatchPerItemErrors(t *testing.T) {
 		{"destination":"not a url","body":"2"},
 		{"destination":%q,"body":"3","headers":{"Upstash-Flow-Control-Key":"k","Upstash-Flow-Control-Value":"speed=9"}},
 		{"destination":%q,"body":"4","queue":null}]`, dst.URL+"/1", dst.URL+"/3", dst.URL+"/4")
-	resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, body)
+	resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, body)
 	var out []map[string]any
 	if err := json.Unmarshal([]byte(b), &out); err != nil || resp.StatusCode != 200 || len(out) != 4 {
 		t.Fatalf("batch: %d %s", resp.StatusCode, b)
@@ -419,13 +398,10 @@ func TestBatchPerItemErrors(t *testing.T) {
 	if out[2]["error"] != "Upstash-Flow-Control-Value should be either rate=X or parallelism=Y, or both as comma-separated values" {
 		t.Fatalf("flow control error %v", out[2])
 	}
-	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, `{"destination":"x"}`); resp.StatusCode != 400 || !strings.Contains(b, "error") {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, `{"destination":"x"}`); resp.StatusCode != 400 || !strings.Contains(b, "error") {
 		t.Fatalf("non-array batch: %d %s", resp.StatusCode, b)
 	}
-	waitIdle(t, srv)
-	if n := len(dst.deliveries()); n != 2 {
-		t.Fatalf("%d deliveries, want 2", n)
-	}
+	dst.settled(t, srv, 2, "")
 }
 
 // TestFIFOQueue: a queue delivers one message at a time in enqueue order; a retried message
@@ -458,11 +434,11 @@ func TestFIFOQueue(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Faults: qstashtest.Faults{DelayRate: 0.5, MaxDelay: 3 * time.Millisecond}})
 	for i := 1; i <= 20; i++ {
 		h := http.Header{"Upstash-Forward-X-Seq": {strconv.Itoa(i)}, "Upstash-Retries": {"2"}, "Upstash-Failure-Callback": {cbs.URL + "/f"}}
-		if resp, b := post(t, srv, http.MethodPost, "/v2/enqueue/orders-0/"+dst.URL+"/x", h, "{}"); resp.StatusCode != 201 {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/enqueue/orders-0/"+dst.URL+"/x", h, "{}"); resp.StatusCode != 201 {
 			t.Fatal(b)
 		}
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	mu.Lock()
 	defer mu.Unlock()
 	// Expected: each message's attempts, then (7 only) its callback, before the next starts.
@@ -506,15 +482,15 @@ func TestFlowControlParallelismAndRate(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
 	for i := 0; i < 12; i++ {
 		h := http.Header{"Upstash-Flow-Control-Key": {"customer-1"}, "Upstash-Flow-Control-Value": {"parallelism=2"}}
-		if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/p", h, "{}"); resp.StatusCode != 201 {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/p", h, "{}"); resp.StatusCode != 201 {
 			t.Fatal(b)
 		}
 	}
-	resp, b := post(t, srv, http.MethodGet, "/v2/flowControl/customer-1", nil, "")
+	resp, b := localqstash.Call(t, srv, http.MethodGet, "/v2/flowControl/customer-1", nil, "")
 	if resp.StatusCode != 200 || !strings.Contains(b, `"parallelismMax":2`) {
 		t.Fatalf("flowControl info: %d %s", resp.StatusCode, b)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	if maxInFlight > 2 || len(dst.deliveries()) != 12 {
 		t.Fatalf("max in flight %d (limit 2), %d deliveries of 12", maxInFlight, len(dst.deliveries()))
 	}
@@ -522,11 +498,11 @@ func TestFlowControlParallelismAndRate(t *testing.T) {
 	// rate=3 per 1s: the fourth call cannot start within the first window.
 	for i := 0; i < 4; i++ {
 		h := http.Header{"Upstash-Flow-Control-Key": {"customer-2"}, "Upstash-Flow-Control-Value": {"rate=3, period=1s"}}
-		if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/r", h, "{}"); resp.StatusCode != 201 {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/r", h, "{}"); resp.StatusCode != 201 {
 			t.Fatal(b)
 		}
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	var starts []time.Time
 	for _, a := range srv.Attempts() {
 		if strings.HasSuffix(a.URL, "/r") {
@@ -548,7 +524,7 @@ func TestFaultsSeededAndAdjustable(t *testing.T) {
 		srv := qstashtest.NewTestServer(t, qstashtest.Options{Seed: seed, Faults: qstashtest.Faults{Publish5xxRate: 0.3, Publish429Rate: 0.2}})
 		var codes []int
 		for i := 0; i < 40; i++ {
-			resp, _ := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/s", nil, "{}")
+			resp, _ := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/s", nil, "{}")
 			codes = append(codes, resp.StatusCode)
 			if resp.StatusCode == 429 && (resp.Header.Get("RateLimit-Limit") == "" || resp.Header.Get("Retry-After") == "") {
 				t.Fatalf("429 without rate-limit headers: %v", resp.Header)
@@ -566,12 +542,12 @@ func TestFaultsSeededAndAdjustable(t *testing.T) {
 	if _, err := http.Post(srv.URL+"/v2/publish/"+dup.URL+"/d?qstash_token="+srv.Token, "application/json", strings.NewReader("{}")); err == nil {
 		t.Fatal("dropped response: want a transport error")
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	srv.SetFaults(qstashtest.Faults{DuplicateRate: 1})
-	if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dup.URL+"/e", nil, "{}"); resp.StatusCode != 201 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dup.URL+"/e", nil, "{}"); resp.StatusCode != 201 {
 		t.Fatalf("after SetFaults: %d %s", resp.StatusCode, b)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	ids := map[string]int{}
 	for _, d := range dup.deliveries() {
 		ids[d.Path+" "+d.Header.Get("Upstash-Message-Id")]++
@@ -614,7 +590,7 @@ func TestDLQAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	all, cursor, err := c.Dlq().List(upstash.ListDlqOptions{Count: 2})
 	if err != nil || len(all) != 2 || cursor == "" {
 		t.Fatalf("list page 1: %d entries, cursor %q, %v", len(all), cursor, err)
@@ -643,23 +619,23 @@ func TestDLQAPI(t *testing.T) {
 	if len(left) != 3 {
 		t.Fatalf("%d left, want 3", len(left))
 	}
-	resp, b := post(t, srv, http.MethodPost, "/v2/dlq/retry/"+left[0].DLQID, nil, "")
+	resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/dlq/retry/"+left[0].DLQID, nil, "")
 	if resp.StatusCode != 201 || !strings.Contains(b, "msg_") {
 		t.Fatalf("retry one: %d %s", resp.StatusCode, b)
 	}
-	resp, b = post(t, srv, http.MethodDelete, "/v2/dlq?dlqIds="+left[1].DLQID, nil, "")
+	resp, b = localqstash.Call(t, srv, http.MethodDelete, "/v2/dlq?dlqIds="+left[1].DLQID, nil, "")
 	if resp.StatusCode != 200 || b != `{"deleted":1}` {
 		t.Fatalf("delete by query: %d %s", resp.StatusCode, b)
 	}
-	resp, b = post(t, srv, http.MethodPost, "/v2/dlq/retry", nil, "")
+	resp, b = localqstash.Call(t, srv, http.MethodPost, "/v2/dlq/retry", nil, "")
 	if resp.StatusCode != 201 || strings.Count(b, "msg_") != 1 {
 		t.Fatalf("bulk retry: %d %s", resp.StatusCode, b)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	if len(srv.DLQ()) != 0 {
 		t.Fatalf("DLQ after retries: %v", srv.DLQ())
 	}
-	if resp, _ := post(t, srv, http.MethodGet, "/v2/dlq/nope", nil, ""); resp.StatusCode != 404 {
+	if resp, _ := localqstash.Call(t, srv, http.MethodGet, "/v2/dlq/nope", nil, ""); resp.StatusCode != 404 {
 		t.Fatalf("missing entry: %d", resp.StatusCode)
 	}
 }
@@ -691,7 +667,7 @@ func TestKeysRotateAndMessages(t *testing.T) {
 	if err := c.Messages().Cancel(delayed.MessageId); err != nil {
 		t.Fatal(err)
 	}
-	waitIdle(t, srv)
+	localqstash.WaitIdle(t, srv)
 	got := dst.deliveries()
 	if len(got) != 1 || got[0].Header.Get("Upstash-Message-Id") != res.MessageId || got[0].VerifyErr != nil {
 		t.Fatalf("after rotation the old next key signs: %+v", got)
@@ -711,7 +687,7 @@ func TestCloseStopsHangingDelivery(t *testing.T) {
 	})
 	defer close(release)
 	srv := qstashtest.NewServer(qstashtest.Options{})
-	if resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/hang", nil, "{}"); resp.StatusCode != 201 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL+"/hang", nil, "{}"); resp.StatusCode != 201 {
 		t.Fatal(b)
 	}
 	done := make(chan struct{})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 )
@@ -49,31 +50,31 @@ func TestStrictRejections(t *testing.T) {
 		{"retries over the free plan's 3", http.Header{"Upstash-Retries": {"4"}}, "{}", 400},
 		{"message over the free plan's 1 MB", nil, strings.Repeat("x", 1_000_001), 412},
 	} {
-		resp, b := post(t, srv, http.MethodPost, pub, tc.header, tc.body)
+		resp, b := localqstash.Call(t, srv, http.MethodPost, pub, tc.header, tc.body)
 		wantError(t, tc.what, resp, b, tc.status)
 	}
 	for _, ok := range []http.Header{
 		{"Upstash-Flow-Control-Key": {"shop.customer_7-0a1b"}, "Upstash-Flow-Control-Value": {"parallelism=1"}},
 		{"Upstash-Label": {"order.created"}, "Upstash-Retries": {"3"}},
 	} {
-		if resp, b := post(t, srv, http.MethodPost, pub, ok, strings.Repeat("x", 1_000_000)); resp.StatusCode != http.StatusCreated {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, pub, ok, strings.Repeat("x", 1_000_000)); resp.StatusCode != http.StatusCreated {
 			t.Errorf("%v: %d %s, want 201", ok, resp.StatusCode, b)
 		}
 	}
 	for _, path := range []string{"/v2/v2/batch", "/v3/publish/" + dst.URL, "/batch", "/"} {
-		resp, b := post(t, srv, http.MethodPost, path, nil, "[]")
+		resp, b := localqstash.Call(t, srv, http.MethodPost, path, nil, "[]")
 		wantError(t, path, resp, b, http.StatusNotFound)
 	}
 	// Without a plan (the dev server's default) the plan limits do not apply; the
 	// resource-name rule does.
 	open := qstashtest.NewTestServer(t, qstashtest.Options{})
-	if resp, b := post(t, open, http.MethodPost, "/v2/publish/"+dst.URL+"/x", http.Header{"Upstash-Retries": {"12"}}, strings.Repeat("x", 2_000_000)); resp.StatusCode != http.StatusCreated {
+	if resp, b := localqstash.Call(t, open, http.MethodPost, "/v2/publish/"+dst.URL+"/x", http.Header{"Upstash-Retries": {"12"}}, strings.Repeat("x", 2_000_000)); resp.StatusCode != http.StatusCreated {
 		t.Errorf("no plan: %d %s", resp.StatusCode, b)
 	}
-	resp, b := post(t, open, http.MethodPost, "/v2/publish/"+dst.URL+"/x", http.Header{"Upstash-Flow-Control-Key": {"a:b"}, "Upstash-Flow-Control-Value": {"rate=1"}}, "{}")
+	resp, b := localqstash.Call(t, open, http.MethodPost, "/v2/publish/"+dst.URL+"/x", http.Header{"Upstash-Flow-Control-Key": {"a:b"}, "Upstash-Flow-Control-Value": {"rate=1"}}, "{}")
 	wantError(t, "no plan, bad key", resp, b, 400)
-	waitIdle(t, srv)
-	waitIdle(t, open)
+	localqstash.WaitIdle(t, srv)
+	localqstash.WaitIdle(t, open)
 }
 
 // zeros is a body of n zero bytes that is never held in memory.
@@ -96,14 +97,8 @@ func TestRequestOver100MB(t *testing.T) {
 	n := int64(qstash.MaxRequestBytes + 1)
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v2/batch", &zeros{n: n})
 	req.ContentLength = n
-	req.Header.Set("Authorization", "Bearer "+srv.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	wantError(t, "101 MB batch", resp, string(b), http.StatusRequestEntityTooLarge)
+	resp, b := localqstash.Send(t, srv, req)
+	wantError(t, "101 MB batch", resp, b, http.StatusRequestEntityTooLarge)
 	if reqs := srv.Requests(); len(reqs) != 1 || reqs[0].Bytes != 0 {
 		t.Fatalf("requests %+v: the body must not be read", reqs)
 	}
@@ -120,22 +115,19 @@ func TestBatchErrorShapes(t *testing.T) {
 		{"destination":%q,"body":"2","headers":{"Upstash-Deduplication-Id":"a:b"}},
 		{"destination":%q,"body":"3"}]`, dst.URL+"/1", dst.URL+"/2", dst.URL+"/3")
 	per := qstashtest.NewTestServer(t, qstashtest.Options{})
-	resp, b := post(t, per, http.MethodPost, "/v2/batch", nil, body)
+	resp, b := localqstash.Call(t, per, http.MethodPost, "/v2/batch", nil, body)
 	var out []map[string]any
 	if err := json.Unmarshal([]byte(b), &out); err != nil || resp.StatusCode != 200 || len(out) != 3 ||
 		out[0]["messageId"] == nil || out[1]["error"] != "DeduplicationId cannot contain ':'" || out[2]["messageId"] == nil {
 		t.Fatalf("per-item: %d %s", resp.StatusCode, b)
 	}
 	whole := qstashtest.NewTestServer(t, qstashtest.Options{BatchErrors: qstashtest.BatchErrorsWholeRequest})
-	resp, b = post(t, whole, http.MethodPost, "/v2/batch", nil, body)
+	resp, b = localqstash.Call(t, whole, http.MethodPost, "/v2/batch", nil, body)
 	wantError(t, "whole-request", resp, b, http.StatusBadRequest)
 	if !strings.Contains(b, "cannot contain ':'") {
 		t.Fatalf("whole-request error %s does not say why", b)
 	}
-	waitIdle(t, per)
-	if n := len(dst.deliveries()); n != 2 {
-		t.Fatalf("%d deliveries, want 2 (the per-item server's good messages; the whole-request server's none)", n)
-	}
+	dst.settled(t, per, 2, "(the per-item server's good messages; the whole-request server's none)")
 }
 
 // TestQuota429: after QuotaMessages messages the server answers 429 with the daily-quota
@@ -151,31 +143,28 @@ func TestQuota429(t *testing.T) {
 		}
 		return "[" + strings.Join(items, ",") + "]"
 	}
-	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch(2)); resp.StatusCode != 200 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, batch(2)); resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 	start := time.Now()
-	resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch(2))
+	resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, batch(2))
 	wantError(t, "over quota", resp, b, http.StatusTooManyRequests)
 	reset, err := strconv.ParseInt(resp.Header.Get("RateLimit-Reset"), 10, 64)
 	if err != nil || resp.Header.Get("RateLimit-Limit") != "3" || resp.Header.Get("RateLimit-Remaining") != "1" ||
 		reset < start.Add(59*time.Minute).Unix() || reset > time.Now().Add(time.Hour+time.Second).Unix() {
 		t.Fatalf("headers %v: want Limit 3, Remaining 1, Reset in unix seconds an hour ahead", resp.Header)
 	}
-	if resp, _ := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusCreated {
+	if resp, _ := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("the last message of the quota: %d", resp.StatusCode)
 	}
-	if resp, _ := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusTooManyRequests || srv.QuotaUsed() != 3 {
+	if resp, _ := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusTooManyRequests || srv.QuotaUsed() != 3 {
 		t.Fatalf("quota used up: %d, used %d", resp.StatusCode, srv.QuotaUsed())
 	}
 	srv.ResetQuota()
-	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch(3)); resp.StatusCode != 200 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, batch(3)); resp.StatusCode != 200 {
 		t.Fatalf("after reset: %d %s", resp.StatusCode, b)
 	}
-	waitIdle(t, srv)
-	if n := len(dst.deliveries()); n != 6 {
-		t.Fatalf("%d deliveries, want 6", n)
-	}
+	dst.settled(t, srv, 6, "")
 }
 
 // TestLatency: every API answer takes at least Latency.
@@ -185,7 +174,7 @@ func TestLatency(t *testing.T) {
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{Latency: latency, LatencyJitter: 5 * time.Millisecond})
 	for _, path := range []string{"/v2/keys", "/v2/nowhere"} {
 		start := time.Now()
-		resp, _ := post(t, srv, http.MethodGet, path, nil, "")
+		resp, _ := localqstash.Call(t, srv, http.MethodGet, path, nil, "")
 		if took := time.Since(start); took < latency {
 			t.Fatalf("GET %s (%d) answered in %v, under the %v latency", path, resp.StatusCode, took, latency)
 		}
@@ -197,21 +186,21 @@ func TestQueuePause(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{})
-	if resp, b := post(t, srv, http.MethodPost, "/v2/queues/", nil, `{"queueName":"q","parallelism":1}`); resp.StatusCode != 200 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/queues/", nil, `{"queueName":"q","parallelism":1}`); resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
-	if resp, b := post(t, srv, http.MethodPost, "/v2/queues/q/pause", nil, ""); resp.StatusCode != 200 {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/queues/q/pause", nil, ""); resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
-	if resp, b := post(t, srv, http.MethodPost, "/v2/enqueue/q/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusCreated {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/enqueue/q/"+dst.URL, nil, "x"); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
-	_, b := post(t, srv, http.MethodGet, "/v2/queues/q", nil, "")
+	_, b := localqstash.Call(t, srv, http.MethodGet, "/v2/queues/q", nil, "")
 	if !strings.Contains(b, `"paused":true`) || srv.Pending() != 1 || len(dst.deliveries()) != 0 {
 		t.Fatalf("paused queue: %s, pending %d, delivered %d", b, srv.Pending(), len(dst.deliveries()))
 	}
-	post(t, srv, http.MethodPost, "/v2/queues/q/resume", nil, "")
-	waitIdle(t, srv)
+	localqstash.Call(t, srv, http.MethodPost, "/v2/queues/q/resume", nil, "")
+	localqstash.WaitIdle(t, srv)
 	if len(dst.deliveries()) != 1 {
 		t.Fatal("resumed queue did not deliver")
 	}
@@ -266,10 +255,10 @@ func TestMaxInFlight(t *testing.T) {
 			for i := range total {
 				items = append(items, fmt.Sprintf(`{"destination":%q,"body":"%d"}`, dst.URL, i))
 			}
-			if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, "["+strings.Join(items, ",")+"]"); resp.StatusCode != 200 {
+			if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, "["+strings.Join(items, ",")+"]"); resp.StatusCode != 200 {
 				t.Fatalf("%d %s", resp.StatusCode, b)
 			}
-			waitIdle(t, srv)
+			localqstash.WaitIdle(t, srv)
 			if peak.Load() != tc.cap || len(dst.deliveries()) != total {
 				t.Fatalf("peak %d in flight, %d delivered; want exactly %d and %d", peak.Load(), len(dst.deliveries()), tc.cap, total)
 			}
@@ -284,7 +273,7 @@ func TestHoldDeliveries(t *testing.T) {
 	t.Parallel()
 	dst := newSink(t, nil)
 	srv := qstashtest.NewTestServer(t, qstashtest.Options{HoldDeliveries: true})
-	resp, b := post(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "one")
+	resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/publish/"+dst.URL, nil, "one")
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("publish: %d %s", resp.StatusCode, b)
 	}
@@ -292,19 +281,19 @@ func TestHoldDeliveries(t *testing.T) {
 	if err := json.Unmarshal([]byte(b), &first); err != nil || first.MessageID == "" {
 		t.Fatalf("publish answer %s: %v", b, err)
 	}
-	if resp, b := post(t, srv, http.MethodPost, "/v2/enqueue/q/"+dst.URL, nil, "two"); resp.StatusCode != http.StatusCreated {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/enqueue/q/"+dst.URL, nil, "two"); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("enqueue: %d %s", resp.StatusCode, b)
 	}
 	batch := fmt.Sprintf(`[{"destination":%q,"body":"3"},{"destination":%q,"body":"4"}]`, dst.URL, dst.URL)
-	if resp, b := post(t, srv, http.MethodPost, "/v2/batch", nil, batch); resp.StatusCode != http.StatusOK {
+	if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/batch", nil, batch); resp.StatusCode != http.StatusOK {
 		t.Fatalf("batch: %d %s", resp.StatusCode, b)
 	}
 	for _, action := range []string{"pause", "resume"} {
-		if resp, b := post(t, srv, http.MethodPost, "/v2/queues/q/"+action, nil, ""); resp.StatusCode != http.StatusOK {
+		if resp, b := localqstash.Call(t, srv, http.MethodPost, "/v2/queues/q/"+action, nil, ""); resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s queue: %d %s", action, resp.StatusCode, b)
 		}
 	}
-	if resp, b := post(t, srv, http.MethodGet, "/v2/queues/q", nil, ""); resp.StatusCode != http.StatusOK || !strings.Contains(b, `"lag":1`) {
+	if resp, b := localqstash.Call(t, srv, http.MethodGet, "/v2/queues/q", nil, ""); resp.StatusCode != http.StatusOK || !strings.Contains(b, `"lag":1`) {
 		t.Fatalf("queue of the held message: %d %s, want it listed with lag 1", resp.StatusCode, b)
 	}
 	// An unheld server delivers to this sink within milliseconds (every other test here).
@@ -312,7 +301,7 @@ func TestHoldDeliveries(t *testing.T) {
 	if n, p := len(dst.deliveries()), srv.Pending(); n != 0 || p != 4 {
 		t.Fatalf("held server: %d deliveries, %d pending; want 0 and 4", n, p)
 	}
-	if resp, b := post(t, srv, http.MethodDelete, "/v2/messages/"+first.MessageID, nil, ""); resp.StatusCode != http.StatusAccepted {
+	if resp, b := localqstash.Call(t, srv, http.MethodDelete, "/v2/messages/"+first.MessageID, nil, ""); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("cancel held message: %d %s", resp.StatusCode, b)
 	}
 	if p := srv.Pending(); p != 3 {
