@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -32,6 +31,18 @@ func statusJSON(t *testing.T, url string, flags ...string) (int, map[string]any,
 		t.Fatalf("status --json printed no JSON (code %d): %v\n%s\n%s", code, err, out, stderr)
 	}
 	return code, m, stderr
+}
+
+// statusText runs status in text mode with flags and fails unless it exits with code and
+// prints every one of want.
+func statusText(t *testing.T, url string, flags []string, code int, want ...string) {
+	t.Helper()
+	got, out, _ := runCLI(t, url, append([]string{"status"}, flags...)...)
+	for _, w := range want {
+		if got != code || !strings.Contains(out, w) {
+			t.Fatalf("text: exit %d, want %d and %q\n%s", got, code, w, out)
+		}
+	}
 }
 
 func field(m map[string]any, path ...string) any {
@@ -94,10 +105,7 @@ func TestStatusBacklogIsUnhealthy(t *testing.T) {
 		t.Fatalf("with --max-oldest-age 30m: %d %v", code, m["reasons"])
 	}
 	// Text mode says the same.
-	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
-	if code != 1 || !strings.Contains(out, "outbox is UNHEALTHY") || !strings.Contains(out, "pending         2") || !strings.Contains(out, "reasons:") {
-		t.Fatalf("text: %d\n%s", code, out)
-	}
+	statusText(t, db.URL, relaxed, 1, "outbox is UNHEALTHY", "pending         2", "reasons:")
 }
 
 func TestStatusStuckLeaseIsDegraded(t *testing.T) {
@@ -127,10 +135,7 @@ func TestStatusDeadLettersAreDegraded(t *testing.T) {
 	if len(groups) != 2 || first["source"] != "delivery" || first["topic"] != "order.created" || first["count"] != 2.0 {
 		t.Fatalf("groups %v", groups)
 	}
-	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
-	if code != 1 || !strings.Contains(out, "3 unresolved (delivery order.created: 2, relay order.created: 1)") {
-		t.Fatalf("text %d\n%s", code, out)
-	}
+	statusText(t, db.URL, relaxed, 1, "3 unresolved (delivery order.created: 2, relay order.created: 1)")
 }
 
 // TestStatusQStashAttempts runs deliveries through the local QStash server into the real
@@ -150,7 +155,7 @@ func TestStatusQStashAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	wh, err := webhook.New(webhook.Config{
-		Pool: db.Pool, Verifier: v, PublicBaseURL: base, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pool: db.Pool, Verifier: v, PublicBaseURL: base, Logger: slog.New(slog.DiscardHandler),
 		Handlers: webhook.Handlers{"order.created": func(_ context.Context, _ pgx.Tx, d webhook.Delivery) error {
 			var p struct{ Fail int }
 			if err := json.Unmarshal(d.Payload, &p); err != nil {
@@ -208,10 +213,8 @@ func TestStatusQStashAttempts(t *testing.T) {
 	if got.LastHour != want || got.LastDay != want {
 		t.Fatalf("qstash_attempts %+v, want %+v in both windows", got, want)
 	}
-	code, out, _ := runCLI(t, db.URL, append([]string{"status", "--max-dead-letters", "1"}, relaxed...)...)
-	if code != 0 || !strings.Contains(out, "last hour  4.00 per delivered event: 8 attempts, 4 for 2 delivered, 4 for 1 given up") {
-		t.Fatalf("text %d\n%s", code, out)
-	}
+	statusText(t, db.URL, append(relaxed, "--max-dead-letters", "1"), 0,
+		"last hour  4.00 per delivered event: 8 attempts, 4 for 2 delivered, 4 for 1 given up")
 }
 
 // TestStatusAttemptsUnavailable: a schema without processed_messages.retried (before
@@ -224,10 +227,7 @@ func TestStatusAttemptsUnavailable(t *testing.T) {
 	if code != 0 || m["status"] != "healthy" || m["qstash_attempts"] != nil {
 		t.Fatalf("code %d %v", code, m)
 	}
-	code, out, _ := runCLI(t, db.URL, append([]string{"status"}, relaxed...)...)
-	if code != 0 || !strings.Contains(out, "qstash attempts unavailable") {
-		t.Fatalf("text %d\n%s", code, out)
-	}
+	statusText(t, db.URL, relaxed, 0, "qstash attempts unavailable")
 }
 
 // TestStatusOpenTransaction holds a snapshot open on another connection: status names the
