@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -50,16 +49,11 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 			}{[]string{c.name}, ""})
 		}
 	}
-	cli := func(args ...string) (int, string, string) {
-		var out, errb bytes.Buffer
-		code := run(context.Background(), env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, args)
-		return code, out.String(), errb.String()
-	}
 	for _, c := range cases {
 		name := strings.Join(c.path, " ")
 		usageLine := "usage: outboxctl " + name
 		for _, h := range []string{"-h", "--help"} {
-			code, out, stderr := cli(append(c.path, h)...)
+			code, out, stderr := runCLIEnv(t, nil, append(c.path, h)...)
 			if code != 0 || !strings.Contains(out, usageLine) || !strings.Contains(out, "Flags:") || !strings.Contains(out, "-h, --help") || stderr != "" {
 				t.Errorf("%s %s: exit %d, want 0 and the usage and flags on stdout:\nstdout:\n%s\nstderr:\n%s", name, h, code, out, stderr)
 			}
@@ -67,7 +61,7 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 				t.Errorf("%s %s does not list %s:\n%s", name, h, c.flag, out)
 			}
 		}
-		code, out, stderr := cli(append(c.path, "--no-such-flag")...)
+		code, out, stderr := runCLIEnv(t, nil, append(c.path, "--no-such-flag")...)
 		if code != exitUsage || out != "" || !strings.Contains(stderr, "flag provided but not defined: -no-such-flag") || !strings.Contains(stderr, usageLine) {
 			t.Errorf("%s --no-such-flag: exit %d, want 2 and the usage on stderr:\nstdout:\n%s\nstderr:\n%s", name, code, out, stderr)
 		}
@@ -84,14 +78,13 @@ func TestCommandsWithVerbs(t *testing.T) {
 			code   int
 			stdout bool
 		}{{nil, exitUsage, false}, {[]string{"frob"}, exitUsage, false}, {[]string{"--bogus"}, exitUsage, false}, {[]string{"-h"}, exitOK, true}, {[]string{"help"}, exitOK, true}} {
-			var out, errb bytes.Buffer
-			code := run(context.Background(), env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, append([]string{cmd}, c.args...))
-			where := errb.String()
+			code, out, stderr := runCLIEnv(t, nil, append([]string{cmd}, c.args...)...)
+			where := stderr
 			if c.stdout {
-				where = out.String()
+				where = out
 			}
 			if code != c.code || !strings.Contains(where, "usage:") || !strings.Contains(where, "outboxctl "+cmd+" ") {
-				t.Errorf("%s %v: exit %d, want %d with the usage on %s:\nstdout:\n%s\nstderr:\n%s", cmd, c.args, code, c.code, map[bool]string{true: "stdout", false: "stderr"}[c.stdout], out.String(), errb.String())
+				t.Errorf("%s %v: exit %d, want %d with the usage on %s:\nstdout:\n%s\nstderr:\n%s", cmd, c.args, code, c.code, map[bool]string{true: "stdout", false: "stderr"}[c.stdout], out, stderr)
 			}
 		}
 	}
@@ -102,21 +95,19 @@ func TestCommandsWithVerbs(t *testing.T) {
 func TestHelpDocumentsExitCodes(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
-		var out, errb bytes.Buffer
-		code := run(context.Background(), env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, args)
-		if code != 0 || !strings.Contains(out.String(), "Exit codes") {
-			t.Fatalf("%v: exit %d\n%s", args, code, out.String())
+		code, out, _ := runCLIEnv(t, nil, args...)
+		if code != 0 || !strings.Contains(out, "Exit codes") {
+			t.Fatalf("%v: exit %d\n%s", args, code, out)
 		}
 		for _, line := range []string{"  0  ok", "  1  the command's negative answer", "  2  usage", "  3  runtime failure"} {
-			if !strings.Contains(out.String(), line) {
-				t.Errorf("%v does not document %q:\n%s", args, line, out.String())
+			if !strings.Contains(out, line) {
+				t.Errorf("%v does not document %q:\n%s", args, line, out)
 			}
 		}
 	}
 	for _, args := range [][]string{nil, {"frob"}} {
-		var out, errb bytes.Buffer
-		if code := run(context.Background(), env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, args); code != exitUsage || !strings.Contains(errb.String(), "usage: outboxctl") {
-			t.Errorf("%v: exit %d, want 2 with the usage on stderr: %q", args, code, errb.String())
+		if code, _, stderr := runCLIEnv(t, nil, args...); code != exitUsage || !strings.Contains(stderr, "usage: outboxctl") {
+			t.Errorf("%v: exit %d, want 2 with the usage on stderr: %q", args, code, stderr)
 		}
 	}
 }

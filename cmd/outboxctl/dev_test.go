@@ -70,15 +70,13 @@ func TestDevStackEndToEnd(t *testing.T) {
 
 func TestDevRejectsBadFlags(t *testing.T) {
 	t.Parallel()
-	var out, errb bytes.Buffer
-	code := run(context.Background(), env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
-		[]string{"dev", "--events", "0", "--poison", "120", "--ordering", "random"})
+	code, _, stderr := runCLIEnv(t, nil, "dev", "--events", "0", "--poison", "120", "--ordering", "random")
 	if code != 2 {
 		t.Fatalf("exit %d, want 2", code)
 	}
 	for _, want := range []string{"--events", "--poison", "--ordering"} {
-		if !strings.Contains(errb.String(), want) {
-			t.Errorf("stderr %q does not mention %s", errb.String(), want)
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr %q does not mention %s", stderr, want)
 		}
 	}
 }

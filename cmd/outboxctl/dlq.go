@@ -156,27 +156,43 @@ func dlqList(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if ff.asJSON {
-		return writeJSON(e.stdout, nonNil(letters))
+	return printList(e, letters, ff.asJSON, f.Limit, "newest %d",
+		"ID\tSOURCE\tOUTBOX\tTOPIC\tKEY\tSTATUS\tATTEMPTS\tCREATED\tRESOLVED\tERROR", func(l deadletter.Letter) string {
+			return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", l.ID, l.Source, orDash(int64(l.OutboxID)), dash(l.Topic),
+				dash(l.PartitionKey), orDash(int64(l.StatusCode)), l.Attempts, l.CreatedAt.UTC().Format(time.RFC3339),
+				resolvedText(l), clip(l.Error, 60))
+		})
+}
+
+// printList prints what a dlq list found: as JSON (none as []), as "no dead letters", or
+// as a table under header, one line a row, with a note when --limit cut the list (shown
+// says which rows it kept, e.g. "newest %d").
+func printList[T any](e env, rows []T, asJSON bool, limit int, shown, header string, line func(T) string) error {
+	if asJSON {
+		return writeJSON(e.stdout, nonNil(rows))
 	}
-	if len(letters) == 0 {
+	if len(rows) == 0 {
 		fmt.Fprintln(e.stdout, "no dead letters")
 		return nil
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSOURCE\tOUTBOX\tTOPIC\tKEY\tSTATUS\tATTEMPTS\tCREATED\tRESOLVED\tERROR")
-	for _, l := range letters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, l.Source, orDash(int64(l.OutboxID)), dash(l.Topic),
-			dash(l.PartitionKey), orDash(int64(l.StatusCode)), l.Attempts, l.CreatedAt.UTC().Format(time.RFC3339),
-			resolvedText(l), clip(l.Error, 60))
-	}
-	if err := tw.Flush(); err != nil {
+	if err := printTable(e.stdout, header, rows, line); err != nil {
 		return err
 	}
-	if len(letters) == f.Limit {
-		fmt.Fprintf(e.stdout, "(showing the newest %d; use --limit or narrow the filter)\n", f.Limit)
+	if len(rows) == limit {
+		fmt.Fprintf(e.stdout, "(showing the "+shown+"; use --limit or narrow the filter)\n", limit)
 	}
 	return nil
+}
+
+// printTable writes header and a line a row in aligned columns (line separates them with
+// tabs).
+func printTable[T any](w io.Writer, header string, rows []T, line func(T) string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, line(r))
+	}
+	return tw.Flush()
 }
 
 func dlqShow(ctx context.Context, e env, args []string) error {
@@ -353,9 +369,10 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func nonNil(ls []deadletter.Letter) []deadletter.Letter {
+// nonNil makes a list that found nothing print as [] rather than null.
+func nonNil[T any](ls []T) []T {
 	if ls == nil {
-		return []deadletter.Letter{}
+		return []T{}
 	}
 	return ls
 }

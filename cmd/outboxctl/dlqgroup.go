@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
@@ -20,31 +19,17 @@ func listGroups(ctx context.Context, e env, db deadletter.Querier, f deadletter.
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		if groups == nil {
-			groups = []deadletter.Group{}
-		}
-		return writeJSON(e.stdout, groups)
-	}
-	if len(groups) == 0 {
-		fmt.Fprintln(e.stdout, "no dead letters")
-		return nil
-	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tCOUNT\tFIRST SEEN\tLAST SEEN\tSOURCE\tTOPIC\tSTATUS\tSAMPLE ERROR")
-	for _, g := range groups {
-		count := fmt.Sprint(g.Count)
-		if g.Open != g.Count {
-			count = fmt.Sprintf("%d (%d open)", g.Count, g.Open)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Fingerprint, count, g.FirstSeen.UTC().Format(time.RFC3339),
-			g.LastSeen.UTC().Format(time.RFC3339), g.Source, dash(g.Topic), orDash(int64(g.StatusCode)), clip(g.SampleError, 60))
-	}
-	if err := tw.Flush(); err != nil {
+	err = printList(e, groups, asJSON, f.Limit, "largest %d groups",
+		"GROUP\tCOUNT\tFIRST SEEN\tLAST SEEN\tSOURCE\tTOPIC\tSTATUS\tSAMPLE ERROR", func(g deadletter.Group) string {
+			count := fmt.Sprint(g.Count)
+			if g.Open != g.Count {
+				count = fmt.Sprintf("%d (%d open)", g.Count, g.Open)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", g.Fingerprint, count, g.FirstSeen.UTC().Format(time.RFC3339),
+				g.LastSeen.UTC().Format(time.RFC3339), g.Source, dash(g.Topic), orDash(int64(g.StatusCode)), clip(g.SampleError, 60))
+		})
+	if err != nil || asJSON || len(groups) == 0 {
 		return err
-	}
-	if len(groups) == f.Limit {
-		fmt.Fprintf(e.stdout, "(showing the largest %d groups; use --limit or narrow the filter)\n", f.Limit)
 	}
 	fmt.Fprintln(e.stdout, "next: outboxctl dlq show --group GROUP, then dlq redrive --group GROUP --dry-run")
 	return nil
@@ -98,12 +83,9 @@ func printGroup(w io.Writer, g deadletter.Group, letters []deadletter.Letter) {
 	fmt.Fprintf(w, "error pattern:   %s\n", g.ErrorPattern)
 	fmt.Fprintf(w, "sample error:    %s (letter %d)\n", g.SampleError, g.SampleID)
 	fmt.Fprintf(w, "\nnewest %d letter(s):\n", len(letters))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tOUTBOX\tKEY\tATTEMPTS\tCREATED\tRESOLVED\tERROR")
-	for _, l := range letters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, orDash(int64(l.OutboxID)), dash(l.PartitionKey), l.Attempts,
+	_ = printTable(w, "ID\tOUTBOX\tKEY\tATTEMPTS\tCREATED\tRESOLVED\tERROR", letters, func(l deadletter.Letter) string {
+		return fmt.Sprintf("%d\t%s\t%s\t%d\t%s\t%s\t%s", l.ID, orDash(int64(l.OutboxID)), dash(l.PartitionKey), l.Attempts,
 			l.CreatedAt.UTC().Format(time.RFC3339), resolvedText(l), clip(l.Error, 60))
-	}
-	_ = tw.Flush()
+	})
 	fmt.Fprintf(w, "\nredrive them: outboxctl dlq redrive --group %s --dry-run, then without --dry-run\n", g.Fingerprint)
 }

@@ -20,6 +20,8 @@ type flagSet struct {
 	text string // the usage text; "" prints "usage: outboxctl <name> [flags]"
 	// deprecated maps an old flag name to the name that replaced it.
 	deprecated map[string]string
+	// env maps an environment variable to the value of the flag overriding it (envVar).
+	env map[string]*string
 }
 
 // newFlagSet returns the flag set of the command name ("status", "dlq list").

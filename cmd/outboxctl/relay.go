@@ -49,9 +49,8 @@ const relayChunk = 5 * time.Second
 
 func runRelay(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "relay").withUsage(relayUsage)
-	sf := stringFlags{}
-	sf.add(fs, "batch", "BATCH_SIZE", "int", "rows per claim")
-	sf.add(fs, "lease", "LEASE", "duration", "lease per claimed batch")
+	fs.envVar("batch", "BATCH_SIZE", "int", "rows per claim")
+	fs.envVar("lease", "LEASE", "duration", "lease per claimed batch")
 	pollInterval := fs.Duration("poll-interval", relay.DefaultPollInterval, "drain at least this often when no notification arrives")
 	listen := fs.String("listen", "127.0.0.1:9090", "loopback address for /healthz and /metrics (port 0 picks one)")
 	retentionEvery := fs.Duration("retention-interval", 24*time.Hour, "run retention this often (0: never)")
@@ -67,14 +66,10 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		return usageErr(errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval and --grace not negative"))
 	}
 	// One read of the environment, AWS secret references resolved, for the whole process.
-	base := overlayEnv(e.getenv, sf.overlay())
-	getenv, err := awsenv.Resolve(ctx, base)
+	base := overlayEnv(e.getenv, fs.envOverlay())
+	cfg, getenv, err := readRelayEnv(ctx, base)
 	if err != nil {
 		return err
-	}
-	cfg, err := relayenv.Read(getenv)
-	if err != nil {
-		return usageErr(err)
 	}
 	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	pub, err := qstash.NewPublisher(cfg.Publisher)

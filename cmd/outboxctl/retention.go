@@ -35,16 +35,31 @@ func overlayEnv(getenv func(string) string, set map[string]string) func(string) 
 	}
 }
 
-// stringFlags records the flags that override environment variables, to overlay them on
-// the environment.
-type stringFlags map[string]*string
+// readRelayEnv reads the relay's settings from getenv (the environment, flags over it) with
+// AWS secret references resolved, and returns them and the resolved environment. A
+// setting relayenv refuses is a usage error.
+func readRelayEnv(ctx context.Context, getenv func(string) string) (relayenv.Config, func(string) string, error) {
+	resolved, err := awsenv.Resolve(ctx, getenv)
+	if err != nil {
+		return relayenv.Config{}, nil, err
+	}
+	cfg, err := relayenv.Read(resolved)
+	if err != nil {
+		return relayenv.Config{}, nil, usageErr(err)
+	}
+	return cfg, resolved, nil
+}
 
-// add registers --name, overriding envVar; kind ("int" or "duration", as the variable is
-// read) is the flag's type: a value that is not one is a flag error.
-func (s stringFlags) add(fs *flagSet, name, envVar, kind, usage string) {
+// envVar registers --name, overriding the environment variable envVar; kind ("int" or
+// "duration", as the variable is read) is the flag's type: a value that is not one is a
+// flag error. envOverlay returns what the flags set.
+func (f *flagSet) envVar(name, envVar, kind, usage string) {
 	v := &envFlag{kind: kind}
-	fs.Var(v, name, usage+" (`"+kind+"`; default $"+envVar+" or the built-in default)")
-	s[envVar] = &v.value
+	f.Var(v, name, usage+" (`"+kind+"`; default $"+envVar+" or the built-in default)")
+	if f.env == nil {
+		f.env = map[string]*string{}
+	}
+	f.env[envVar] = &v.value
 }
 
 // envFlag is a flag whose text is handed to the environment reader, checked for its kind.
@@ -69,9 +84,10 @@ func (f *envFlag) Set(s string) error {
 	return nil
 }
 
-func (s stringFlags) overlay() map[string]string {
+// envOverlay returns the environment variables the envVar flags given set, for overlayEnv.
+func (f *flagSet) envOverlay() map[string]string {
 	m := map[string]string{}
-	for k, v := range s {
+	for k, v := range f.env {
 		if *v != "" {
 			m[k] = *v
 		}
@@ -85,9 +101,8 @@ func runRetention(ctx context.Context, e env, args []string) error {
 
 func runRetentionRun(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "retention run").withUsage(retentionUsage)
-	sf := stringFlags{}
-	sf.add(fs, "outbox-retention", "OUTBOX_RETENTION", "duration", "delete finished outbox rows older than this (e.g. 7d, 36h)")
-	sf.add(fs, "dedupe-ttl", "DEDUPE_TTL", "duration", "delete processed_messages older than this")
+	fs.envVar("outbox-retention", "OUTBOX_RETENTION", "duration", "delete finished outbox rows older than this (e.g. 7d, 36h)")
+	fs.envVar("dedupe-ttl", "DEDUPE_TTL", "duration", "delete processed_messages older than this")
 	// --batch is the relay's rows per claim everywhere else.
 	batch := fs.Int("delete-batch", retention.DefaultBatchSize, "rows per delete statement")
 	fs.alias("batch", "delete-batch")
@@ -97,7 +112,7 @@ func runRetentionRun(ctx context.Context, e env, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	set := sf.overlay()
+	set := fs.envOverlay()
 	// Retention does not publish: stand-ins for the publisher's required settings, so the
 	// shared parser checks only what matters here (durations, retry budgets, the database).
 	if e.getenv("QSTASH_TOKEN") == "" {
@@ -106,13 +121,9 @@ func runRetentionRun(ctx context.Context, e env, args []string) error {
 	if e.getenv("PUBLIC_BASE_URL") == "" {
 		set["PUBLIC_BASE_URL"] = "https://unused-by-retention.invalid"
 	}
-	getenv, err := awsenv.Resolve(ctx, overlayEnv(e.getenv, set))
+	cfg, _, err := readRelayEnv(ctx, overlayEnv(e.getenv, set))
 	if err != nil {
 		return err
-	}
-	cfg, err := relayenv.Read(getenv)
-	if err != nil {
-		return usageErr(err)
 	}
 	rc := cfg.Retention
 	rc.BatchSize, rc.MaxBatches = *batch, *maxBatches

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -124,8 +123,7 @@ func TestVersionOfTheBuiltBinary(t *testing.T) {
 
 func TestVersionRefusesArguments(t *testing.T) {
 	t.Parallel()
-	var out, errOut bytes.Buffer
-	if code := run(context.Background(), env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }}, []string{"version", "extra"}); code != 2 {
-		t.Fatalf("exit %d, want 2; stderr %q", code, errOut.String())
+	if code, _, stderr := runCLIEnv(t, nil, "version", "extra"); code != 2 {
+		t.Fatalf("exit %d, want 2; stderr %q", code, stderr)
 	}
 }

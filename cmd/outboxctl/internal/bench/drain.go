@@ -448,28 +448,19 @@ func drainOnce(ctx context.Context, admin *pgxpool.Pool, url, way string, batch,
 	}
 	start := time.Now()
 	for {
-		var wg sync.WaitGroup
 		var mu sync.Mutex
-		var errs []error
-		for _, d := range ds {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				dd, err := d.drain(ctx)
-				mu.Lock()
-				defer mu.Unlock()
-				run.Dispatched += dd.dispatched
-				run.PublishRequests += dd.requests
-				publish = append(publish, dd.publish...)
-				claim = append(claim, dd.claim...)
-				mark = append(mark, dd.mark...)
-				if err != nil {
-					errs = append(errs, err)
-				}
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		err := concurrently(ds, func(d drainer) error {
+			dd, err := d.drain(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			run.Dispatched += dd.dispatched
+			run.PublishRequests += dd.requests
+			publish = append(publish, dd.publish...)
+			claim = append(claim, dd.claim...)
+			mark = append(mark, dd.mark...)
+			return err
+		})
+		if err != nil {
 			return run, fmt.Errorf("drain %s batch %d relays %d: %w", way, batch, relays, err)
 		}
 		// Concurrent relays each stop at their first short batch; a row another relay
@@ -623,26 +614,29 @@ func (a *articleRelay) relayBatch(ctx context.Context) (claimedRows, dispatched 
 	if err := rows.Err(); err != nil {
 		return 0, 0, fmt.Errorf("article claim: %w", err)
 	}
-	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var errs []error
-	for _, r := range claimed {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ok, err := a.handle(ctx, r)
+	err = concurrently(claimed, func(r articleRow) error {
+		ok, err := a.handle(ctx, r)
+		if ok {
 			mu.Lock()
-			defer mu.Unlock()
-			if ok {
-				dispatched++
-			}
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}()
+			dispatched++
+			mu.Unlock()
+		}
+		return err
+	})
+	return len(claimed), dispatched, err
+}
+
+// concurrently calls fn for every item, each in a goroutine of its own, and returns their
+// errors joined once all have returned.
+func concurrently[T any](items []T, fn func(T) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(items))
+	for i, item := range items {
+		wg.Go(func() { errs[i] = fn(item) })
 	}
 	wg.Wait()
-	return len(claimed), dispatched, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // handle publishes one row and records its outcome, as the article's per-row closure does.

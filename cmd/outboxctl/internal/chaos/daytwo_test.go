@@ -3,7 +3,6 @@ package chaos_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,19 +33,7 @@ const dayTwoFromVersion = 11
 func TestChaosDayTwo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "chaos-daytwo") // not t.TempDir: the postgres user must reach it
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	cluster, err := localstack.StartPasswordCluster(ctx, dir)
-	if err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skipf("no throwaway Postgres cluster (install the postgresql server package): %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cluster.Stop() })
+	cluster := startCluster(t, localstack.StartPasswordCluster)
 	admin, err := pgx.Connect(ctx, cluster.AdminURL())
 	if err != nil {
 		t.Fatal(err)

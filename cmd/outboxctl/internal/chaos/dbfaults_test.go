@@ -29,10 +29,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-// startCluster starts a throwaway Postgres cluster for this test (never the shared server,
-// since these tests restart it and exhaust it). It fails under CI=true when the server
-// binaries are missing, and skips otherwise.
-func startCluster(t *testing.T) *localstack.Cluster {
+// startCluster starts a throwaway Postgres cluster for this test with start
+// (localstack.StartCluster, or StartPasswordCluster to check passwords): never the shared
+// server, since these tests restart it, exhaust it or rotate its passwords. It fails under
+// CI when the server binaries are missing, and skips otherwise.
+func startCluster(t *testing.T, start func(context.Context, string) (*localstack.Cluster, error)) *localstack.Cluster {
 	t.Helper()
 	if _, err := localstack.FindPostgresBin(); err != nil {
 		if os.Getenv("CI") != "" {
@@ -50,7 +51,7 @@ func startCluster(t *testing.T) *localstack.Cluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := localstack.StartCluster(ctx, dir+"/pg")
+	c, err := start(ctx, dir+"/pg")
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatal(err)
@@ -211,7 +212,7 @@ func later(d time.Duration) func() time.Time { return func() time.Time { return 
 // database each, one after the other (the restart would disturb the others).
 func TestDatabaseFaults(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t)
+	c := startCluster(t, localstack.StartCluster)
 	t.Run("restart while draining", func(t *testing.T) { testRestartWhileDraining(t, c) })
 	t.Run("pool exhausted", func(t *testing.T) { testPoolExhausted(t, c) })
 	t.Run("statement timeout", func(t *testing.T) { testStatementTimeout(t, c) })

@@ -39,12 +39,19 @@ func chaosSeed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// runChaos runs the harness and fails the test with the seed on any broken invariant.
+// runChaos runs the harness on a database of its own (chaosDB) and fails the test with the
+// seed on any broken invariant.
 func runChaos(t *testing.T, opts chaos.Options) chaos.Report {
 	t.Helper()
-	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 2})
-	opts.DatabaseURL = db.URL
+	opts.DatabaseURL = chaosDB(t)
 	return runChaosOn(t, opts)
+}
+
+// chaosDB returns the URL of a migrated schema of the shared server for one run. The
+// harness opens its own pools on it; the test's pool needs few connections.
+func chaosDB(t *testing.T) string {
+	t.Helper()
+	return pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 2}).URL
 }
 
 // runChaosOn is runChaos on the database opts.DatabaseURL names.

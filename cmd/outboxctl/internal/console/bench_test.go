@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -83,14 +82,8 @@ func BenchmarkPages(b *testing.B) {
 	}
 	explainConsoleQueries(b, db)
 
-	srv, err := console.New(console.Config{DB: db.Pool, AllowRedrive: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	c := browser(b)
-	tok := csrfToken(b, c, ts.URL, "/events")
+	srv, ts := serve(b, db, console.Config{AllowRedrive: true})
+	c, tok := session(b, ts.URL, "/events")
 	// The second page of a filter: its cursor from the first.
 	_, first := get(b, c, ts.URL, "/dead-letters?topic=order.created")
 	m := nextRE.FindStringSubmatch(first)

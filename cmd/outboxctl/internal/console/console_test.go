@@ -195,8 +195,7 @@ func TestLetterFiltersAreParametersNotSQL(t *testing.T) {
 		mustNotContain(t, body, `value="'; drop`)
 	}
 	// A redrive by that filter matches nothing either.
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
+	c, tok := session(t, ts.URL, "/dead-letters")
 	code, body, _ := post(t, c, ts.URL, "/dead-letters/redrive", url.Values{"csrf_token": {tok}, "scope": {"filter"}, "topic": {evil}, "confirm": {"1"}}, nil)
 	if code != http.StatusOK {
 		t.Fatalf("redrive by evil filter: %d", code)
@@ -322,8 +321,7 @@ func TestReadOnlyConsoleRefusesEveryAction(t *testing.T) {
 	db, a, _ := deadFixture(t, 2, 0)
 	letters := letterIDsOf(t, db, a)
 	ts := start(t, db, console.Config{}) // no AllowRedrive
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
+	c, tok := session(t, ts.URL, "/dead-letters")
 	for _, form := range []url.Values{
 		redriveForm(tok, "scope", "ids", "id", strconv.FormatInt(letters[0], 10), "confirm", "1"),
 		redriveForm(tok, "scope", "filter", "topic", "t1", "confirm", "1"),
@@ -349,10 +347,8 @@ func TestActionsNeedTheCSRFToken(t *testing.T) {
 	db, a, _ := deadFixture(t, 1, 0)
 	letter := strconv.FormatInt(letterIDsOf(t, db, a)[0], 10)
 	ts := start(t, db, console.Config{AllowRedrive: true})
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
-	other := browser(t)
-	otherTok := csrfToken(t, other, ts.URL, "/dead-letters") // valid, but for another browser's cookie
+	c, tok := session(t, ts.URL, "/dead-letters")
+	_, otherTok := session(t, ts.URL, "/dead-letters") // valid, but for another browser's cookie
 
 	cases := []struct {
 		name   string
@@ -388,8 +384,7 @@ func TestRedriveOneAfterADryRun(t *testing.T) {
 	db, a, _ := deadFixture(t, 2, 0)
 	letters := letterIDsOf(t, db, a)
 	ts := start(t, db, console.Config{AllowRedrive: true})
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, fmt.Sprintf("/dead-letters/%d", letters[0]))
+	c, tok := session(t, ts.URL, fmt.Sprintf("/dead-letters/%d", letters[0]))
 	id := strconv.FormatInt(letters[0], 10)
 
 	code, body, _ := post(t, c, ts.URL, "/dead-letters/redrive", redriveForm(tok, "scope", "ids", "id", id), nil)
@@ -426,8 +421,7 @@ func TestRedriveSelection(t *testing.T) {
 	db, a, _ := deadFixture(t, 4, 0)
 	letters := letterIDsOf(t, db, a)
 	ts := start(t, db, console.Config{AllowRedrive: true})
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
+	c, tok := session(t, ts.URL, "/dead-letters")
 	form := redriveForm(tok, "scope", "ids", "id", strconv.FormatInt(letters[0], 10), "id", strconv.FormatInt(letters[2], 10))
 	_, body, _ := post(t, c, ts.URL, "/dead-letters/redrive", form, nil)
 	mustContain(t, body, `Would redrive <strong id="redrive-count">2</strong>`)
@@ -456,8 +450,7 @@ func TestRedriveWholeFilterMatchesTheListAndTheDryRun(t *testing.T) {
 	t.Parallel()
 	db, a, b := deadFixture(t, 5, 3)
 	ts := start(t, db, console.Config{AllowRedrive: true})
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters?topic=t1")
+	c, tok := session(t, ts.URL, "/dead-letters?topic=t1")
 	_, list := get(t, c, ts.URL, "/dead-letters?topic=t1&limit=100")
 	listed := len(letterIDsOnPage(list))
 
@@ -498,8 +491,7 @@ func TestRedriveBySourceRefusesMoreThanTheCap(t *testing.T) {
 	t.Parallel()
 	db, a, _ := deadFixture(t, 3, 0)
 	ts := start(t, db, console.Config{AllowRedrive: true, RedriveCap: 2})
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
+	c, tok := session(t, ts.URL, "/dead-letters")
 	code, body, _ := post(t, c, ts.URL, "/dead-letters/redrive", redriveForm(tok, "scope", "filter", "source", "relay", "confirm", "1"), nil)
 	if code != http.StatusBadRequest {
 		t.Fatalf("over the cap: %d", code)
@@ -558,8 +550,7 @@ func TestTokenRequiredOffLoopback(t *testing.T) {
 
 	// The login form: a wrong token is refused, the right one sets an HttpOnly,
 	// SameSite=Strict cookie that then admits the browser.
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/login")
+	c, tok := session(t, ts.URL, "/login")
 	code, _, _ := post(t, c, ts.URL, "/login", url.Values{"csrf_token": {tok}, "token": {"nope"}, "next": {"/dead-letters"}}, nil)
 	if code != http.StatusUnauthorized {
 		t.Fatalf("login with a wrong token: %d", code)

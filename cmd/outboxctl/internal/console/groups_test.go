@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"slices"
@@ -57,12 +56,6 @@ func groupsOnPage(body string) []string {
 	return fps
 }
 
-func sortedIDs(ids []int64) []int64 {
-	out := slices.Clone(ids)
-	slices.Sort(out)
-	return out
-}
-
 func TestGroupsPageListsTheGroupsAndEachLinksToExactlyItsLetters(t *testing.T) {
 	t.Parallel()
 	fx := newGroupFixture(t)
@@ -99,7 +92,7 @@ func TestGroupsPageListsTheGroupsAndEachLinksToExactlyItsLetters(t *testing.T) {
 	}
 
 	// The group filter lists exactly the group's letters, over keyset pages (page size 2).
-	want := sortedIDs(letterIDsOf(t, fx.db, fx.timeoutT1))
+	want := slices.Sorted(slices.Values(letterIDsOf(t, fx.db, fx.timeoutT1)))
 	var seen []int64
 	walkLetterPages(t, ts.URL, "group="+fpA, func(page int, body string) {
 		if page == 0 {
@@ -108,14 +101,15 @@ func TestGroupsPageListsTheGroupsAndEachLinksToExactlyItsLetters(t *testing.T) {
 		}
 		seen = append(seen, letterIDsOnPage(body)...)
 	})
-	if got := sortedIDs(seen); !slices.Equal(got, want) {
+	if got := slices.Sorted(slices.Values(seen)); !slices.Equal(got, want) {
 		t.Fatalf("group %s lists letters %v, want %v", fpA, got, want)
 	}
 	// Group and another criterion: ANDed.
 	_, body = get(t, http.DefaultClient, ts.URL, "/dead-letters?group="+fpA+"&topic=t2")
 	mustContain(t, body, `id="no-letters"`)
 	_, body = get(t, http.DefaultClient, ts.URL, "/dead-letters?group="+fpC+"&limit=50")
-	if got := sortedIDs(letterIDsOnPage(body)); !slices.Equal(got, sortedIDs(letterIDsOf(t, fx.db, fx.timeoutT2))) {
+	want = slices.Sorted(slices.Values(letterIDsOf(t, fx.db, fx.timeoutT2)))
+	if got := slices.Sorted(slices.Values(letterIDsOnPage(body))); !slices.Equal(got, want) {
 		t.Fatalf("group %s lists %v", fpC, got)
 	}
 }
@@ -154,8 +148,7 @@ func TestRedriveGroupAfterADryRunChangesExactlyItsRows(t *testing.T) {
 	fx := newGroupFixture(t)
 	ts := start(t, fx.db, console.Config{AllowRedrive: true})
 	fp := fx.fingerprint(t, fx.timeoutT1[0])
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters/groups")
+	c, tok := session(t, ts.URL, "/dead-letters/groups")
 	_, body := get(t, c, ts.URL, "/dead-letters/groups")
 	mustContain(t, body, `class="redrive-group"`, `<input type="hidden" name="group" value="`+fp+`">`, "Redrive 3…")
 
@@ -224,8 +217,7 @@ func TestBadFingerprintIs400AndChangesNothing(t *testing.T) {
 			mustContain(t, body, `class="error">group:`)
 		}
 	}
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/dead-letters")
+	c, tok := session(t, ts.URL, "/dead-letters")
 	for _, g := range bad {
 		code, _, _ := post(t, c, ts.URL, "/dead-letters/redrive", redriveForm(tok, "scope", "filter", "group", g, "confirm", "1"), nil)
 		if code != http.StatusBadRequest {
@@ -253,8 +245,7 @@ func TestGroupRedriveKeepsReadOnlyAndCSRFRules(t *testing.T) {
 	}
 
 	ro := start(t, fx.db, console.Config{})
-	c := browser(t)
-	tok := csrfToken(t, c, ro.URL, "/dead-letters/groups")
+	c, tok := session(t, ro.URL, "/dead-letters/groups")
 	for _, form := range []url.Values{
 		redriveForm(tok, "scope", "filter", "group", fp),
 		redriveForm(tok, "scope", "filter", "group", fp, "confirm", "1"),
@@ -268,10 +259,8 @@ func TestGroupRedriveKeepsReadOnlyAndCSRFRules(t *testing.T) {
 	unchanged("read-only")
 
 	rw := start(t, fx.db, console.Config{AllowRedrive: true})
-	c = browser(t)
-	tok = csrfToken(t, c, rw.URL, "/dead-letters/groups")
-	other := browser(t)
-	otherTok := csrfToken(t, other, rw.URL, "/dead-letters/groups")
+	c, tok = session(t, rw.URL, "/dead-letters/groups")
+	_, otherTok := session(t, rw.URL, "/dead-letters/groups")
 	for name, tc := range map[string]struct {
 		client *http.Client
 		form   url.Values
@@ -301,14 +290,8 @@ func TestGroupRedriveKeepsReadOnlyAndCSRFRules(t *testing.T) {
 func TestRedriveClearsTheChartCache(t *testing.T) {
 	t.Parallel()
 	fx := newGroupFixture(t)
-	srv, err := console.New(console.Config{DB: fx.db.Pool, AllowRedrive: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	c := browser(t)
-	tok := csrfToken(t, c, ts.URL, "/")
+	srv, ts := serve(t, fx.db, console.Config{AllowRedrive: true})
+	c, tok := session(t, ts.URL, "/")
 	if n := console.CachedChartBuckets(srv); n < 100 {
 		t.Fatalf("the overview cached %d buckets of 180", n)
 	}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -23,6 +25,13 @@ import (
 // start serves a console for cfg (DB filled in from db) on an httptest server.
 func start(t testing.TB, db *pgtest.DB, cfg console.Config) *httptest.Server {
 	t.Helper()
+	_, ts := serve(t, db, cfg)
+	return ts
+}
+
+// serve is start for the tests that also look inside the console (its chart cache).
+func serve(t testing.TB, db *pgtest.DB, cfg console.Config) (*console.Server, *httptest.Server) {
+	t.Helper()
 	cfg.DB = db.Pool
 	srv, err := console.New(cfg)
 	if err != nil {
@@ -30,19 +39,7 @@ func start(t testing.TB, db *pgtest.DB, cfg console.Config) *httptest.Server {
 	}
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
-	return ts
-}
-
-// browser is an HTTP client with a cookie jar that does not follow redirects.
-func browser(t testing.TB) *http.Client {
-	t.Helper()
-	jar, err := cookiejar.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return http.ErrUseLastResponse
-	}}
+	return srv, ts
 }
 
 // get fetches path and returns status and body.
@@ -78,15 +75,24 @@ func post(t testing.TB, c *http.Client, base, path string, form url.Values, hdr 
 
 var csrfRE = regexp.MustCompile(`<meta name="csrf-token" content="([^"]+)">`)
 
-// csrfToken loads path with c (setting the CSRF cookie) and returns the page's token.
-func csrfToken(t testing.TB, c *http.Client, base, path string) string {
+// session is a new browser (an HTTP client with a cookie jar that does not follow
+// redirects) that has loaded path, so it holds the CSRF cookie, and the page's token: what
+// every action needs.
+func session(t testing.TB, base, path string) (*http.Client, string) {
 	t.Helper()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
 	code, body := get(t, c, base, path)
 	m := csrfRE.FindStringSubmatch(body)
 	if m == nil {
 		t.Fatalf("GET %s (%d): no csrf token in page", path, code)
 	}
-	return m[1]
+	return c, m[1]
 }
 
 func mustContain(t testing.TB, body string, want ...string) {
@@ -186,14 +192,9 @@ func letterIDsOf(t testing.TB, db *pgtest.DB, ids []outbox.ID) []int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	var out []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, id)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(out) != len(ids) {
 		t.Fatalf("%d dead letters for %d outbox rows", len(out), len(ids))
