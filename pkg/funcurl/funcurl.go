@@ -24,6 +24,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 )
@@ -62,9 +63,7 @@ type Func func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.
 // would become a 502 without the handler's status): malformed events get 400, oversized
 // bodies 489 (non-retryable), handler panics 500.
 func New(h http.Handler, cfg Config) Func {
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	cfg.MaxBodyBytes = configcheck.Positive(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 )
 
 // ID identifies an outbox row. It is also the message id every consumer dedupes on.
@@ -89,15 +91,9 @@ const (
 
 // WithDefaults returns l with zero fields set to their defaults.
 func (l Limits) WithDefaults() Limits {
-	if l.MaxPayloadBytes <= 0 {
-		l.MaxPayloadBytes = DefaultMaxPayloadBytes
-	}
-	if l.MaxPartitionKeyBytes <= 0 {
-		l.MaxPartitionKeyBytes = DefaultMaxPartitionKeyBytes
-	}
-	if l.MaxHeaderBytes <= 0 {
-		l.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
+	l.MaxPayloadBytes = configcheck.Positive(l.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	l.MaxPartitionKeyBytes = configcheck.Positive(l.MaxPartitionKeyBytes, DefaultMaxPartitionKeyBytes)
+	l.MaxHeaderBytes = configcheck.Positive(l.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	return l
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -67,18 +68,10 @@ func (o MigrateOptions) withDefaults() MigrateOptions {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.LockTimeout <= 0 {
-		o.LockTimeout = DefaultLockTimeout
-	}
-	if o.LockAttempts <= 0 {
-		o.LockAttempts = DefaultLockAttempts
-	}
-	if o.LockBackoff <= 0 {
-		o.LockBackoff = DefaultLockBackoff
-	}
-	if o.MaxLockBackoff <= 0 {
-		o.MaxLockBackoff = DefaultMaxLockBackoff
-	}
+	o.LockTimeout = configcheck.Positive(o.LockTimeout, DefaultLockTimeout)
+	o.LockAttempts = configcheck.Positive(o.LockAttempts, DefaultLockAttempts)
+	o.LockBackoff = configcheck.Positive(o.LockBackoff, DefaultLockBackoff)
+	o.MaxLockBackoff = configcheck.Positive(o.MaxLockBackoff, DefaultMaxLockBackoff)
 	return o
 }
 

@@ -2,14 +2,13 @@ package relay
 
 import (
 	"cmp"
-	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
@@ -183,56 +182,53 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports every invalid field of c (after WithDefaults).
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, &publish.ConfigError{Config: "relay", Field: field, Reason: fmt.Sprintf(format, args...)})
-	}
+	bad := configcheck.For("relay")
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)
+		bad.Bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)
 	}
 	if c.PublishTimeout <= 0 {
-		bad("PublishTimeout", "%v must be positive", c.PublishTimeout)
+		bad.Bad("PublishTimeout", "%v must be positive", c.PublishTimeout)
 	}
 	if c.MarkTimeout <= 0 {
-		bad("MarkTimeout", "%v must be positive", c.MarkTimeout)
+		bad.Bad("MarkTimeout", "%v must be positive", c.MarkTimeout)
 	}
 	if c.Lease <= c.PublishTimeout+c.MarkTimeout {
-		bad("Lease", "%v must exceed PublishTimeout+MarkTimeout (%v), or slow publishes are reclaimed and sent twice", c.Lease, c.PublishTimeout+c.MarkTimeout)
+		bad.Bad("Lease", "%v must exceed PublishTimeout+MarkTimeout (%v), or slow publishes are reclaimed and sent twice", c.Lease, c.PublishTimeout+c.MarkTimeout)
 	}
 	if limit := c.Lease - c.PublishTimeout - c.MarkTimeout; c.Lease > c.PublishTimeout+c.MarkTimeout && (c.ClaimTimeout <= 0 || c.ClaimTimeout > limit) {
-		bad("ClaimTimeout", "%v is outside (0, Lease-PublishTimeout-MarkTimeout = %v]: a longer claim leaves its batch no time to publish and mark within the lease", c.ClaimTimeout, limit)
+		bad.Bad("ClaimTimeout", "%v is outside (0, Lease-PublishTimeout-MarkTimeout = %v]: a longer claim leaves its batch no time to publish and mark within the lease", c.ClaimTimeout, limit)
 	}
 	if c.DeadlineMargin < 0 {
-		bad("DeadlineMargin", "%v must not be negative", c.DeadlineMargin)
+		bad.Bad("DeadlineMargin", "%v must not be negative", c.DeadlineMargin)
 	}
 	if c.MaxAttempts < 1 {
-		bad("MaxAttempts", "%d must be at least 1", c.MaxAttempts)
+		bad.Bad("MaxAttempts", "%d must be at least 1", c.MaxAttempts)
 	}
 	if c.BackoffBase < MinBackoff {
-		bad("BackoffBase", "%v is below the %v floor", c.BackoffBase, MinBackoff)
+		bad.Bad("BackoffBase", "%v is below the %v floor", c.BackoffBase, MinBackoff)
 	}
 	if c.BackoffMax < c.BackoffBase {
-		bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
+		bad.Bad("BackoffMax", "%v is below BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
 	if c.Ordering != "" && c.Ordering != publish.OrderingFIFO && c.Ordering != publish.OrderingPublish {
-		bad("Ordering", "%q must be %q or %q", c.Ordering, publish.OrderingFIFO, publish.OrderingPublish)
+		bad.Bad("Ordering", "%q must be %q or %q", c.Ordering, publish.OrderingFIFO, publish.OrderingPublish)
 	}
 	if c.PublishConcurrency < 1 || c.PublishConcurrency > MaxPublishConcurrency {
-		bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)
+		bad.Bad("PublishConcurrency", "%d is outside 1..%d", c.PublishConcurrency, MaxPublishConcurrency)
 	}
 	if c.DeferPause <= 0 || c.DeferPause > maxDeferPause {
-		bad("DeferPause", "%v is outside (0, %v]", c.DeferPause, maxDeferPause)
+		bad.Bad("DeferPause", "%v is outside (0, %v]", c.DeferPause, maxDeferPause)
 	}
 	if c.PollInterval <= 0 {
-		bad("PollInterval", "%v must be positive", c.PollInterval)
+		bad.Bad("PollInterval", "%v must be positive", c.PollInterval)
 	}
 	if c.MaxBatchBytes < 1 {
-		bad("MaxBatchBytes", "%d must be positive", c.MaxBatchBytes)
+		bad.Bad("MaxBatchBytes", "%d must be positive", c.MaxBatchBytes)
 	}
 	if c.MaxInFlightBytes < c.MaxBatchBytes {
-		bad("MaxInFlightBytes", "%d is below MaxBatchBytes %d: no claim could take a full batch", c.MaxInFlightBytes, c.MaxBatchBytes)
+		bad.Bad("MaxInFlightBytes", "%d is below MaxBatchBytes %d: no claim could take a full batch", c.MaxInFlightBytes, c.MaxBatchBytes)
 	}
-	return errors.Join(errs...)
+	return bad.Err()
 }
 
 // backoff returns the delay before retrying after the given attempt (1-based): exponential

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 )
 
 // Defaults for SuperviseConfig.
@@ -38,9 +40,7 @@ type SuperviseConfig struct {
 // flight when stop is cancelled finishes its batches (see Run). Supervise returns nil on
 // stop, or next's error.
 func Supervise(stop context.Context, next func(run int) (*Relay, error), cfg SuperviseConfig) error {
-	if cfg.RestartMin <= 0 {
-		cfg.RestartMin = DefaultRestartMin
-	}
+	cfg.RestartMin = configcheck.Positive(cfg.RestartMin, DefaultRestartMin)
 	if cfg.RestartMax < cfg.RestartMin {
 		cfg.RestartMax = max(DefaultRestartMax, cfg.RestartMin)
 	}

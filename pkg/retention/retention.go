@@ -12,7 +12,6 @@ package retention
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -20,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 )
 
 // Defaults for Config.
@@ -80,20 +79,20 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports every invalid field (after WithDefaults).
 func (c Config) Validate() error {
-	var errs []error
+	bad := configcheck.For("retention")
 	if c.OutboxRetention < time.Minute {
-		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "OutboxRetention", Reason: fmt.Sprintf("%v is below one minute", c.OutboxRetention)})
+		bad.Bad("OutboxRetention", "%v is below one minute", c.OutboxRetention)
 	}
 	if c.DedupeTTL < time.Minute {
-		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "DedupeTTL", Reason: fmt.Sprintf("%v is below one minute", c.DedupeTTL)})
+		bad.Bad("DedupeTTL", "%v is below one minute", c.DedupeTTL)
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "BatchSize", Reason: fmt.Sprintf("%d is outside 1..%d", c.BatchSize, MaxBatchSize)})
+		bad.Bad("BatchSize", "%d is outside 1..%d", c.BatchSize, MaxBatchSize)
 	}
 	if c.MaxBatches < 1 {
-		errs = append(errs, &publish.ConfigError{Config: "retention", Field: "MaxBatches", Reason: fmt.Sprintf("%d must be at least 1", c.MaxBatches)})
+		bad.Bad("MaxBatches", "%d must be at least 1", c.MaxBatches)
 	}
-	return errors.Join(errs...)
+	return bad.Err()
 }
 
 // Result counts what a run deleted (or, from Plan, would delete).
