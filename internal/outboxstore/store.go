@@ -287,16 +287,23 @@ func decodeHeaders(b []byte, h *map[string]string) error {
 	return nil
 }
 
-// MarkDispatched records ids as published. It returns how many rows the lease still held.
-func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
-	if len(ids) == 0 {
+// settle runs query, one of the statements that end a lease on n of its rows, and
+// returns how many rows the lease still held; what names it in an error. With no rows it
+// sends nothing.
+func (s *Store) settle(ctx context.Context, n int, what, query string, args ...any) (int64, error) {
+	if n == 0 {
 		return 0, nil
 	}
-	tag, err := s.exec(ctx, qMarkDispatched, ids, lease.Token, now)
+	tag, err := s.exec(ctx, query, args...)
 	if err != nil {
-		return 0, fmt.Errorf("mark outbox rows dispatched: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// MarkDispatched records ids as published. It returns how many rows the lease still held.
+func (s *Store) MarkDispatched(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
+	return s.settle(ctx, len(ids), "mark outbox rows dispatched", qMarkDispatched, ids, lease.Token, now)
 }
 
 // Retry is a retryable failure to put back after Delay.
@@ -308,20 +315,13 @@ type Retry struct {
 
 // Reschedule puts retryable failures back, each after its own delay.
 func (s *Store) Reschedule(ctx context.Context, lease Lease, retries []Retry, now *time.Time) (int64, error) {
-	if len(retries) == 0 {
-		return 0, nil
-	}
 	ids := make([]outbox.ID, len(retries))
 	delays := make([]int64, len(retries))
 	errs := make([]string, len(retries))
 	for i, r := range retries {
 		ids[i], delays[i], errs[i] = r.ID, r.Delay.Milliseconds(), r.Error
 	}
-	tag, err := s.exec(ctx, qReschedule, ids, delays, errs, lease.Token, now)
-	if err != nil {
-		return 0, fmt.Errorf("reschedule outbox rows: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return s.settle(ctx, len(retries), "reschedule outbox rows", qReschedule, ids, delays, errs, lease.Token, now)
 }
 
 // Failure is a message to dead-letter, with the error and the HTTP status if known.
@@ -336,30 +336,16 @@ type Failure struct {
 
 // DeadLetter marks rows dead-lettered and inserts their dead_letters rows atomically.
 func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, now *time.Time) (int64, error) {
-	if len(fails) == 0 {
-		return 0, nil
-	}
 	ids := make([]outbox.ID, len(fails))
 	errs := make([]string, len(fails))
 	codes := make([]int32, len(fails))
 	for i, f := range fails {
 		ids[i], errs[i], codes[i] = f.ID, f.Error, int32(f.StatusCode)
 	}
-	tag, err := s.exec(ctx, qDeadLetter, ids, errs, codes, lease.Token, now)
-	if err != nil {
-		return 0, fmt.Errorf("dead-letter outbox rows: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return s.settle(ctx, len(fails), "dead-letter outbox rows", qDeadLetter, ids, errs, codes, lease.Token, now)
 }
 
 // Release returns claimed rows that were not published, without counting an attempt.
 func (s *Store) Release(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	tag, err := s.exec(ctx, qRelease, ids, lease.Token, now)
-	if err != nil {
-		return 0, fmt.Errorf("release outbox rows: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return s.settle(ctx, len(ids), "release outbox rows", qRelease, ids, lease.Token, now)
 }
