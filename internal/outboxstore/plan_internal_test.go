@@ -1,7 +1,6 @@
 package outboxstore
 
 import (
-	"context"
 	"regexp"
 	"strconv"
 	"strings"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -26,28 +26,24 @@ func TestClaimPlanIgnoresStatistics(t *testing.T) {
 		t.Run(state, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			ctx := context.Background()
+			ctx := t.Context()
 			if state == "analysed while empty" {
-				mustExec(t, db, "ANALYZE outbox")
+				outboxtest.Exec(t, db.Pool, "ANALYZE outbox")
 			}
-			mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, available_at)
+			outboxtest.Exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, available_at)
 SELECT 'test.event', 'k' || (g % `+strconv.Itoa(keys)+`), '{"a":1}', now() - interval '1 hour' + g * interval '1 millisecond'
 FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 			switch state {
 			case "analysed":
-				mustExec(t, db, "ANALYZE outbox")
+				outboxtest.Exec(t, db.Pool, "ANALYZE outbox")
 			case "analysed while drained":
 				// The steady state: the statistics say nothing is pending, so every
 				// pending partial index looks empty; then a backlog builds.
-				mustExec(t, db, "UPDATE outbox SET dispatched_at = now()")
-				mustExec(t, db, "ANALYZE outbox")
-				mustExec(t, db, "UPDATE outbox SET dispatched_at = NULL")
+				outboxtest.Exec(t, db.Pool, "UPDATE outbox SET dispatched_at = now()")
+				outboxtest.Exec(t, db.Pool, "ANALYZE outbox")
+				outboxtest.Exec(t, db.Pool, "UPDATE outbox SET dispatched_at = NULL")
 			}
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) // EXPLAIN ANALYZE really claims: roll it back
+			tx := outboxtest.Begin(t, db.Pool)
 			if _, err := tx.Exec(ctx, qClaimPlanner); err != nil {
 				t.Fatal(err)
 			}
@@ -58,22 +54,7 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 			// No bounds; pending_from's walk starts at the first id.
 			args := claimArgs(batch, lease.Token, nil, "30 seconds", batch, keyRun, int64(1)<<40,
 				walkParams{pendingFrom: pgtype.Int8{Int64: 1, Valid: true}, reopened: -1})
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var lines []string
-			for rows.Next() {
-				var s string
-				if err := rows.Scan(&s); err != nil {
-					t.Fatal(err)
-				}
-				lines = append(lines, s)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			plan := strings.Join(lines, "\n")
+			plan := strings.Join(outboxtest.Column[string](t, tx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+qClaim, args), "\n")
 			if n := claimedRows(plan); n != batch {
 				t.Fatalf("claimed %d rows, want %d:\n%s", n, batch, plan)
 			}
@@ -114,13 +95,6 @@ FROM generate_series(1, `+strconv.Itoa(backlog)+`) g`)
 				t.Errorf("the locked step must fetch the chosen ids by primary key:\n%s", locked)
 			}
 		})
-	}
-}
-
-func mustExec(t *testing.T, db *pgtest.DB, sql string) {
-	t.Helper()
-	if _, err := db.Pool.Exec(context.Background(), sql); err != nil {
-		t.Fatal(err)
 	}
 }
 

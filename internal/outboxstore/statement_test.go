@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -42,28 +43,11 @@ func openPool(t *testing.T, db *pgtest.DB, noPing bool, params map[string]string
 // terminate ends the pool's one session from db's admin pool and waits until it is gone.
 func terminate(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
 	var pid int32
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+	if err := pool.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d still there 10 s after pg_terminate_backend", pid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	outboxtest.Terminate(t, db.Pool, pid)
 }
 
 // A session the server ended right after its last use (57P01, pg_terminate_backend) is
@@ -130,11 +114,7 @@ func TestStatementNotRetriedWhenItRan(t *testing.T) {
 	}
 	// pg_cancel_backend from outside while the mark waits on a row lock: 57014 before any
 	// time limit passed is not a timeout and not retried.
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	tx := outboxtest.Begin(t, db.Pool)
 	if _, err := tx.Exec(ctx, `SELECT id FROM outbox FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +128,7 @@ func TestStatementNotRetriedWhenItRan(t *testing.T) {
 		waitWaiting(t, db, pid)
 		_, _ = db.Pool.Exec(context.Background(), `SELECT pg_cancel_backend($1)`, pid)
 	}()
-	_, err = s.Release(ctx, lease, []outbox.ID{1, 2, 3}, nil)
+	_, err := s.Release(ctx, lease, []outbox.ID{1, 2, 3}, nil)
 	<-done
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" || errors.Is(err, outboxstore.ErrTimeout) {

@@ -1,11 +1,11 @@
 package outboxstore_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -18,26 +18,51 @@ func insertReady(t *testing.T, db *pgtest.DB, n int, key func(i int) string) {
 	for i := range keys {
 		keys[i] = key(i)
 	}
-	if _, err := db.Pool.Exec(context.Background(), `
+	outboxtest.Exec(t, db.Pool, `
 INSERT INTO outbox (topic, partition_key, payload, available_at)
 SELECT 'test.event', k, '{}', now() - interval '1 hour' + (ord + (SELECT count(*) FROM outbox)) * interval '1 millisecond'
-FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord)`, keys); err != nil {
-		t.Fatal(err)
-	}
+FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord)`, keys)
 }
 
-// claimOnce claims up to n rows with runs of keyRun under a fresh one-minute lease.
-func claimOnce(t *testing.T, s *outboxstore.Store, n, keyRun int) outboxstore.Claimed {
+// claimOnce claims what req asks (its Rows, KeyRun and MaxBytes) under a fresh one-minute
+// lease.
+func claimOnce(t *testing.T, s *outboxstore.Store, req outboxstore.ClaimRequest) outboxstore.Claimed {
 	t.Helper()
 	lease, err := outboxstore.NewLease()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(context.Background(), outboxstore.ClaimRequest{Lease: lease, Rows: n, KeyRun: keyRun, For: time.Minute})
+	req.Lease, req.For = lease, time.Minute
+	c, err := s.Claim(t.Context(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// claimLog follows the claims of a test: no event may be claimed twice, and every key's
+// events must come out in id order.
+type claimLog struct {
+	seen map[outbox.ID]bool
+	last map[string]outbox.ID
+}
+
+func newClaimLog() *claimLog {
+	return &claimLog{seen: map[outbox.ID]bool{}, last: map[string]outbox.ID{}}
+}
+
+// record fails the test if c claims an event again or out of its key's order.
+func (l *claimLog) record(t *testing.T, c outboxstore.Claimed) {
+	t.Helper()
+	for _, m := range c.Messages {
+		if l.seen[m.ID] {
+			t.Fatalf("event %d claimed twice", m.ID)
+		}
+		if m.ID < l.last[m.PartitionKey] {
+			t.Fatalf("key %s: event %d after %d", m.PartitionKey, m.ID, l.last[m.PartitionKey])
+		}
+		l.seen[m.ID], l.last[m.PartitionKey] = true, m.ID
+	}
 }
 
 // The window follows the backlog: after a full batch that took its rows from the first
@@ -57,23 +82,14 @@ func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 		window, len int
 		more        bool
 	}
-	seen := map[outbox.ID]bool{}
-	last := map[string]outbox.ID{}
+	log := newClaimLog()
 	claim := func(w want) {
 		t.Helper()
-		c := claimOnce(t, s, 100, 4)
+		c := claimOnce(t, s, outboxstore.ClaimRequest{Rows: 100, KeyRun: 4})
 		if c.Window != w.window || c.Len() != w.len || c.More != w.more {
 			t.Fatalf("claim looked at %d rows and leased %d (more %v), want %+v", c.Window, c.Len(), c.More, w)
 		}
-		for _, m := range c.Messages {
-			if seen[m.ID] {
-				t.Fatalf("event %d claimed twice", m.ID)
-			}
-			if m.ID < last[m.PartitionKey] {
-				t.Fatalf("key %s: event %d after %d", m.PartitionKey, m.ID, last[m.PartitionKey])
-			}
-			seen[m.ID], last[m.PartitionKey] = true, m.ID
-		}
+		log.record(t, c)
 	}
 	// 25 keys fill the batch with runs of 4: the batch needed 25 rows of the window.
 	claim(want{window: 100, len: 100, more: true})
@@ -85,8 +101,8 @@ func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 	}
 	// The last 50 of 500: every ready row was seen.
 	claim(want{window: 100, len: 50, more: false})
-	if len(seen) != 500 {
-		t.Fatalf("claimed %d distinct events, want 500", len(seen))
+	if len(log.seen) != 500 {
+		t.Fatalf("claimed %d distinct events, want 500", len(log.seen))
 	}
 }
 
@@ -99,17 +115,14 @@ func TestClaimWindowFollowsTheBacklog(t *testing.T) {
 func TestClaimStaysOnTheRowsPage(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
 	// ~350-byte rows: a few dozen pages.
-	if _, err := db.Pool.Exec(ctx, `
+	outboxtest.Exec(t, db.Pool, `
 INSERT INTO outbox (topic, partition_key, payload, available_at)
 SELECT 'test.event', 'k-' || g, jsonb_build_object('pad', repeat('x', 300)), now() - interval '1 hour'
-FROM generate_series(1, 1000) g`); err != nil {
-		t.Fatal(err)
-	}
+FROM generate_series(1, 1000) g`)
 	pages := func() map[int64]int64 {
 		t.Helper()
-		rows, err := db.Pool.Query(ctx, `SELECT id, (ctid::text::point)[0]::bigint FROM outbox`)
+		rows, err := db.Pool.Query(t.Context(), `SELECT id, (ctid::text::point)[0]::bigint FROM outbox`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +143,7 @@ FROM generate_series(1, 1000) g`); err != nil {
 	s := outboxstore.NewStore(db.Pool)
 	claimed := 0
 	for {
-		c := claimOnce(t, s, 100, 1)
+		c := claimOnce(t, s, outboxstore.ClaimRequest{Rows: 100, KeyRun: 1})
 		claimed += c.Len()
 		if !c.More {
 			break
@@ -145,5 +158,56 @@ FROM generate_series(1, 1000) g`); err != nil {
 	}
 	if claimed != 1000 || len(after) != 1000 || moved > 0 {
 		t.Fatalf("claimed %d of 1000; %d rows left their page, want none", claimed, moved)
+	}
+}
+
+// The byte budget cuts a claim after the rows whose payloads fill it, keeps every key's
+// events in order, says More so the drain goes on, and still moves one event larger than
+// the budget; every event is claimed once.
+func TestClaimByteBudget(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	// 20 events of ~1 kB over 5 keys: small enough to be stored uncompressed.
+	outboxtest.Exec(t, db.Pool, `
+INSERT INTO outbox (topic, partition_key, payload, available_at)
+SELECT 'test.event', 'k-' || (g % 5), jsonb_build_object('pad', repeat('x', 1000)), now() - interval '1 hour' + g * interval '1 millisecond'
+FROM generate_series(1, 20) g`)
+	s := outboxstore.NewStore(db.Pool)
+	log := newClaimLog()
+	claim := func(maxBytes int64) outboxstore.Claimed {
+		t.Helper()
+		c := claimOnce(t, s, outboxstore.ClaimRequest{Rows: 100, KeyRun: 4, MaxBytes: maxBytes})
+		log.record(t, c)
+		var bytes int64
+		for _, m := range c.Messages {
+			bytes += int64(len(m.Payload))
+		}
+		if bytes != c.Bytes {
+			t.Fatalf("Bytes %d, payloads %d", c.Bytes, bytes)
+		}
+		return c
+	}
+	// 3,500 bytes hold three of the ~1,012-byte payloads and start a fourth.
+	for i := 0; i < 5; i++ {
+		c := claim(3500)
+		// The last four fit without a cut.
+		if cut := i < 4; c.Len() != 4 || c.BytesCut != cut || c.More != cut || c.Bytes > 3500+1100 {
+			t.Fatalf("claim %d: %d rows, %d bytes, cut %v, more %v; want 4 rows, cut and more %v", i, c.Len(), c.Bytes, c.BytesCut, c.More, cut)
+		}
+	}
+	if len(log.seen) != 20 {
+		t.Fatalf("%d of 20 claimed", len(log.seen))
+	}
+
+	// One event over the budget still moves, alone (hex digits: Postgres cannot compress
+	// them, so the stored size is the size).
+	outboxtest.Exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload) VALUES
+		('test.event', 'big', jsonb_build_object('pad', (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 160) i))),
+		('test.event', 'after', '{}')`)
+	if c := claim(1000); c.Len() != 1 || c.Bytes < 5000 || !c.More {
+		t.Fatalf("over-budget event: %d rows, %d bytes, more %v; want it alone, more", c.Len(), c.Bytes, c.More)
+	}
+	if c := claim(1000); c.Len() != 1 || c.BytesCut || c.Messages[0].PartitionKey != "after" {
+		t.Fatalf("the event after it: %d rows, cut %v", c.Len(), c.BytesCut)
 	}
 }

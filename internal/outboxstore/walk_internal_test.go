@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -35,18 +36,22 @@ func newWalkRig(t *testing.T) *walkRig {
 // insert adds one event per key at the clock and returns their ids.
 func (r *walkRig) insert(keys ...string) []outbox.ID {
 	r.t.Helper()
-	rows, err := r.db.Pool.Query(context.Background(), `
+	return r.insertAt(r.clock, keys)
+}
+
+// insertLate adds one event per key an hour before the clock: rows that appear below the
+// bounds, as when their producer's transaction started long before it committed.
+func (r *walkRig) insertLate(keys ...string) []outbox.ID {
+	r.t.Helper()
+	return r.insertAt(r.clock.Add(-time.Hour), keys)
+}
+
+func (r *walkRig) insertAt(at time.Time, keys []string) []outbox.ID {
+	r.t.Helper()
+	return outboxtest.Column[outbox.ID](r.t, r.db.Pool, `
 INSERT INTO outbox (topic, partition_key, payload, available_at)
 SELECT 'test.event', k, '{}', $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(k, ord) ORDER BY ord
-RETURNING id`, keys, r.clock)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[outbox.ID])
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return ids
+RETURNING id`, keys, at)
 }
 
 // claim leases one batch at the clock and returns its ids in claim order (sorted by id).
@@ -56,7 +61,7 @@ func (r *walkRig) claim() (Lease, []outbox.ID) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	c, err := r.s.Claim(context.Background(), ClaimRequest{Lease: lease, Rows: 1000, KeyRun: 4, For: time.Minute, Now: &r.clock})
+	c, err := r.s.Claim(r.t.Context(), ClaimRequest{Lease: lease, Rows: 1000, KeyRun: 4, For: time.Minute, Now: &r.clock})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -76,7 +81,7 @@ func (r *walkRig) drain() []outbox.ID {
 		if len(ids) == 0 {
 			return all
 		}
-		if _, err := r.s.MarkDispatched(context.Background(), lease, ids, &r.clock); err != nil {
+		if _, err := r.s.MarkDispatched(r.t.Context(), lease, ids, &r.clock); err != nil {
 			r.t.Fatal(err)
 		}
 		all = append(all, ids...)
@@ -109,7 +114,7 @@ func roundKeys(perRound, keys int) []string {
 // touched.
 func (r *walkRig) buffers(bounded bool) int {
 	r.t.Helper()
-	ctx := context.Background()
+	ctx := r.t.Context()
 	p := walkParams{reopened: -1}
 	if bounded {
 		p, _ = r.s.walks.next(time.Now(), &r.clock)
@@ -144,7 +149,7 @@ func (r *walkRig) buffers(bounded bool) int {
 // idle-in-transaction session does: no dead tuple from now on can be removed.
 func pin(t *testing.T, db *pgtest.DB) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		t.Fatal(err)
@@ -210,10 +215,7 @@ func TestClaimFindsRowsBelowItsBounds(t *testing.T) {
 	t.Parallel()
 	r := newWalkRig(t)
 	r.rounds(8, 50, 50)
-	now := r.clock
-	r.clock = now.Add(-time.Hour)
-	late := r.insert("late-alone", "late-pair")
-	r.clock = now
+	late := r.insertLate("late-alone", "late-pair")
 	pair := r.insert("late-pair")
 
 	_, ids := r.claim()
@@ -232,10 +234,7 @@ func TestProbeBelowTheReadyBound(t *testing.T) {
 	t.Parallel()
 	r := newWalkRig(t)
 	r.rounds(8, 50, 50)
-	now := r.clock
-	r.clock = now.Add(-time.Hour)
-	late := r.insert("late-alone")
-	r.clock = now
+	late := r.insertLate("late-alone")
 	if _, ids := r.claim(); len(ids) != 0 {
 		t.Fatalf("bounded claim took %v: the row was not below the bound, the test proves nothing", ids)
 	}
@@ -252,20 +251,16 @@ func TestProbeBelowTheReadyBound(t *testing.T) {
 func TestClaimRedrivenRowBelowItsBoundHoldsItsKey(t *testing.T) {
 	t.Parallel()
 	r := newWalkRig(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	first := r.insert("redriven")[0]
-	if _, err := r.db.Pool.Exec(ctx, `UPDATE outbox SET dead_lettered_at = $2 WHERE id = $1`, first, r.clock); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, r.db.Pool, `UPDATE outbox SET dead_lettered_at = $2 WHERE id = $1`, first, r.clock)
 	r.rounds(8, 50, 50)
 	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom <= int64(first) {
 		t.Fatalf("id bound %d is not above the dead-lettered row %d: the test proves nothing", p.idFrom, first)
 	}
 	later := r.insert("redriven")[0]
-	if _, err := r.db.Pool.Exec(ctx, `UPDATE outbox SET dead_lettered_at = NULL, available_at = $2 WHERE id = $1`,
-		first, r.clock.Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, r.db.Pool, `UPDATE outbox SET dead_lettered_at = NULL, available_at = $2 WHERE id = $1`,
+		first, r.clock.Add(time.Hour))
 	for round := range 10 {
 		r.clock = r.clock.Add(time.Second)
 		r.insert("other")
@@ -370,10 +365,8 @@ func pgInt8(v int64) pgtype.Int8 { return pgtype.Int8{Int64: v, Valid: true} }
 func TestClaimWithoutTheReopenedCounter(t *testing.T) {
 	t.Parallel()
 	r := newWalkRig(t)
-	if _, err := r.db.Pool.Exec(context.Background(), `DROP TRIGGER outbox_reopened ON outbox;
-DROP FUNCTION outbox_count_reopened(); DROP SEQUENCE outbox_reopened_seq`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, r.db.Pool, `DROP TRIGGER outbox_reopened ON outbox;
+DROP FUNCTION outbox_count_reopened(); DROP SEQUENCE outbox_reopened_seq`)
 	r.rounds(8, 50, 50)
 	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom != 0 || !p.readyFrom.Valid {
 		t.Fatalf("bounds without the counter: %+v, want the ready bound and no id bound", p)
