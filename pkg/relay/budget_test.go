@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -17,13 +18,10 @@ import (
 func TestDrainBoundsBytesInFlight(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
 	// 60 events of ~1,012 bytes, one key each.
-	if _, err := db.Pool.Exec(ctx, `
+	outboxtest.Exec(t, db.Pool, `
 INSERT INTO outbox (topic, partition_key, payload)
-SELECT 'order.created', 'k-' || g, jsonb_build_object('pad', repeat('x', 1000)) FROM generate_series(1, 60) g`); err != nil {
-		t.Fatal(err)
-	}
+SELECT 'order.created', 'k-' || g, jsonb_build_object('pad', repeat('x', 1000)) FROM generate_series(1, 60) g`)
 	const batchBytes, inFlightBytes, event = 2500, 5000, 1012
 	var mu sync.Mutex
 	var cur, peak int64
@@ -45,14 +43,8 @@ SELECT 'order.created', 'k-' || g, jsonb_build_object('pad', repeat('x', 1000)) 
 		cur -= n
 		mu.Unlock()
 	}}
-	r, err := relay.New(db.Pool, pub, relay.Config{BatchSize: 100, PublishConcurrency: 8, MaxBatchBytes: batchBytes, MaxInFlightBytes: inFlightBytes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := r.Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := relay.Config{BatchSize: 100, PublishConcurrency: 8, MaxBatchBytes: batchBytes, MaxInFlightBytes: inFlightBytes}
+	st := drain(t.Context(), t, newRelay(t, db, pub, cfg))
 	if st.Dispatched != 60 || len(pub.log) != 60 {
 		t.Fatalf("dispatched %d, published %d; want 60", st.Dispatched, len(pub.log))
 	}

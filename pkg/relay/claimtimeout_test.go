@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -26,29 +26,21 @@ func TestClaimGivesUpAtItsTimeout(t *testing.T) {
 	pub := &fakePublisher{}
 	const bound = 500 * time.Millisecond
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
-	bg := context.Background()
+	ctx := t.Context()
 	tx := db.LockTable(t, "outbox")
 
-	type result struct {
-		st  relay.Stats
-		err error
-	}
-	done := make(chan result, 1)
 	start := time.Now()
-	go func() {
-		st, err := r.Drain(bg)
-		done <- result{st, err}
-	}()
-	var res result
+	done := drainInBackground(ctx, r)
+	var res drainResult
 	select {
 	case res = <-done:
 	case <-time.After(bound + 10*time.Second):
-		_ = tx.Rollback(bg) // let the drain end before the test does
+		_ = tx.Rollback(ctx) // let the drain end before the test does
 		<-done
 		t.Fatalf("the claim behind a lock was still running %v after it started, ClaimTimeout %v", time.Since(start), bound)
 	}
 	took := time.Since(start)
-	_ = tx.Rollback(bg)
+	_ = tx.Rollback(ctx)
 	msg := fmt.Sprint(res.err)
 	if !errors.Is(res.err, outboxstore.ErrTimeout) || !strings.Contains(msg, "claim outbox batch: statement timed out after") ||
 		!strings.Contains(msg, "the claim timeout, 500ms") || !strings.Contains(msg, "xmin horizon") {
@@ -94,28 +86,19 @@ func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := context.Background()
+	ctx := t.Context()
 	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
-	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+	if st, err := r.Drain(ctx); err != nil || st.Dispatched != 10 {
 		t.Fatalf("first drain: %v, %+v", err, st)
 	}
-	var pids []int64
-	for _, c := range pool.AcquireAllIdle(bg) {
-		pids = append(pids, int64(c.Conn().PgConn().PID()))
+	var pids []int32
+	for _, c := range pool.AcquireAllIdle(ctx) {
+		pids = append(pids, int32(c.Conn().PgConn().PID()))
 		c.Release()
 	}
-	if _, err := db.Pool.Exec(bg, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
-		t.Fatal(err)
-	}
-	testwait.Eventually(t, 10*time.Second, func() bool {
-		var n int
-		if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	}, "sessions %v to end after pg_terminate_backend", pids)
+	outboxtest.Terminate(t, db.Pool, pids...)
 	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
-	if st, err := r.Drain(bg); err != nil || st.Dispatched != 10 {
+	if st, err := r.Drain(ctx); err != nil || st.Dispatched != 10 {
 		t.Fatalf("drain after the idle session was ended: %v, %+v", err, st)
 	}
 }

@@ -15,8 +15,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -34,7 +32,7 @@ func deferLines(b *logtest.Buffer) []string {
 // attempts returns every row's attempts column, by id.
 func attempts(t *testing.T, db *pgtest.DB) map[outbox.ID]int {
 	t.Helper()
-	rows, err := db.Pool.Query(context.Background(), "SELECT id, attempts FROM outbox")
+	rows, err := db.Pool.Query(t.Context(), "SELECT id, attempts FROM outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,6 +49,25 @@ func attempts(t *testing.T, db *pgtest.DB) map[outbox.ID]int {
 	return out
 }
 
+// assertAttempts fails the test unless every row has spent want attempts; when says at
+// which point of the test.
+func assertAttempts(t *testing.T, db *pgtest.DB, want int, when string) {
+	t.Helper()
+	for id, n := range attempts(t, db) {
+		if n != want {
+			t.Fatalf("row %d has %d attempts %s, want %d", id, n, when, want)
+		}
+	}
+}
+
+// assertNoDeadLetters fails the test if dead_letters holds a row.
+func assertNoDeadLetters(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
+}
+
 // A used-up quota whose reset lies beyond the drain's deadline: the claimed rows go back
 // with no attempt spent, nothing is dead-lettered, the drain stops at once instead of
 // claiming and deferring again, and a later drain before the reset claims nothing.
@@ -64,13 +81,10 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	}}
 	logger, logs := logtest.New()
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 1, Logger: logger})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	for range 12 { // more drains than MaxAttempts: none may spend an attempt
-		st, err := r.Drain(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := drain(ctx, t, r)
 		if !st.PausedUntil.Equal(reset) {
 			t.Fatalf("PausedUntil = %v, want the quota reset %v (stats %+v)", st.PausedUntil, reset, st)
 		}
@@ -78,17 +92,11 @@ func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	if offered := len(pub.records()); offered != 7 {
 		t.Fatalf("%d messages offered to the publisher, want the first wave of the first batch (7 keys): the relay kept publishing while paused", offered)
 	}
-	for id, n := range attempts(t, db) {
-		if n != 0 {
-			t.Fatalf("row %d has %d attempts after deferrals, want 0", id, n)
-		}
-	}
+	assertAttempts(t, db, 0, "after deferrals")
 	if s := states(t, db); s.pending != 300 || s.leased != 0 || s.deadLettered != 0 {
 		t.Fatalf("states %+v", s)
 	}
-	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-		t.Fatalf("%d dead letters", n)
-	}
+	assertNoDeadLetters(t, db)
 	lines := deferLines(logs)
 	if len(lines) != 1 || !strings.Contains(lines[0], `"reason":"quota"`) || !strings.Contains(lines[0], "daily quota exceeded") {
 		t.Fatalf("deferral log lines = %q, want one naming the reason and the error", lines)
@@ -107,12 +115,7 @@ func TestDeferredStatsByReason(t *testing.T) {
 			pub := &fakePublisher{fail: func(outbox.Message) error {
 				return &publish.DeferError{Reason: reason, Until: time.Now().Add(time.Hour), Err: errors.New("refused")}
 			}}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 100, Logger: quiet()}).Drain(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := drainFor(t, newRelay(t, db, pub, relay.Config{BatchSize: 100, Logger: quiet()}), time.Minute)
 			got := map[string]int{publish.DeferQuota: st.DeferredQuota, publish.DeferDeployment: st.DeferredDeployment, publish.DeferOutage: st.DeferredOutage}
 			if got[reason] != 10 || st.Released != 40 || st.PublishCalls != 1 || st.Dispatched+st.Retried+st.DeadLettered != 0 {
 				t.Fatalf("stats %+v: want 10 deferred (%s) in one call, 40 released", st, reason)
@@ -125,47 +128,32 @@ func TestDeferredStatsByReason(t *testing.T) {
 // publishes everything, and the deferred claim cost no attempt.
 func TestDeferredQuotaResumesAfterReset(t *testing.T) {
 	t.Parallel()
-	for _, conc := range []int{1, 4} {
-		t.Run(fmt.Sprintf("concurrency %d", conc), func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t)
-			seed(t, db, 200, func(i int) string { return fmt.Sprintf("k%d", i%13) })
-			reset := 300 * time.Millisecond
-			var calls atomic.Int32
-			deferFirst := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
-				if n == 1 {
-					return &publish.DeferError{Reason: publish.DeferQuota, Until: time.Now().Add(reset), Err: errors.New("qstash api: 429 quota")}
-				}
-				return nil
-			}}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			st, err := newRelay(t, db, deferFirst, relay.Config{BatchSize: 50, PublishConcurrency: conc, Logger: quiet()}).Drain(ctx)
-			if err != nil {
-				t.Fatal(err)
+	forConcurrencies(t, func(t *testing.T, db *pgtest.DB, conc int) {
+		seed(t, db, 200, func(i int) string { return fmt.Sprintf("k%d", i%13) })
+		reset := 300 * time.Millisecond
+		var calls atomic.Int32
+		deferFirst := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
+			if n == 1 {
+				return &publish.DeferError{Reason: publish.DeferQuota, Until: time.Now().Add(reset), Err: errors.New("qstash api: 429 quota")}
 			}
-			if st.Dispatched != 200 || st.DeferredQuota == 0 || !st.PausedUntil.IsZero() {
-				t.Fatalf("stats %+v", st)
+			return nil
+		}}
+		st := drainFor(t, newRelay(t, db, deferFirst, relay.Config{BatchSize: 50, PublishConcurrency: conc, Logger: quiet()}), time.Minute)
+		if st.Dispatched != 200 || st.DeferredQuota == 0 || !st.PausedUntil.IsZero() {
+			t.Fatalf("stats %+v", st)
+		}
+		assertAttempts(t, db, 1, "(the deferred claim must not count)")
+		assertNoDeadLetters(t, db)
+		if conc > 1 {
+			return // calls of batches already in flight may start during the deferral
+		}
+		times := deferFirst.after()
+		for _, at := range times[1:] {
+			if d := at.t.Sub(times[0].t); d < reset {
+				t.Fatalf("call %d went out %v after the deferral, before the %v reset", at.n, d, reset)
 			}
-			for id, n := range attempts(t, db) {
-				if n != 1 {
-					t.Fatalf("row %d: %d attempts, want 1 (the deferred claim must not count)", id, n)
-				}
-			}
-			if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-				t.Fatalf("%d dead letters", n)
-			}
-			if conc > 1 {
-				return // calls of batches already in flight may start during the deferral
-			}
-			times := deferFirst.after()
-			for _, at := range times[1:] {
-				if d := at.t.Sub(times[0].t); d < reset {
-					t.Fatalf("call %d went out %v after the deferral, before the %v reset", at.n, d, reset)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // A deployment fault names no reset: the relay pauses DeferPause, doubling, and publishes
@@ -182,13 +170,8 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 		return nil
 	}}
 	logger, logs := logtest.New()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	start := time.Now()
-	st, err := newRelay(t, db, pub, relay.Config{DeferPause: 20 * time.Millisecond, Logger: logger}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drainFor(t, newRelay(t, db, pub, relay.Config{DeferPause: 20 * time.Millisecond, Logger: logger}), time.Minute)
 	if st.Dispatched != 30 || st.DeferredDeployment != 90 || calls.Load() != 4 {
 		t.Fatalf("stats %+v after %d calls", st, calls.Load())
 	}
@@ -200,9 +183,7 @@ func TestDeferredDeploymentBacksOff(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "QSTASH_URL") || !strings.Contains(lines[0], `"reason":"deployment"`) {
 		t.Fatalf("log lines %q: want one per drain naming QSTASH_URL", lines)
 	}
-	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-		t.Fatalf("%d dead letters", n)
-	}
+	assertNoDeadLetters(t, db)
 }
 
 // callCounter fails a whole Publish call (every message) with refuse(n) for the n-th call,
@@ -244,60 +225,6 @@ func (c *callCounter) after() []callTime {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// An outage of QStash (every request 503, hanging past the publish timeout, or reset)
-// spanning several drains, with a retry budget of 2: no attempt is spent, nothing is
-// dead-lettered, each drain reports the outage, and once it ends one drain publishes
-// everything with a single attempt per event. Before, each drain charged every claimed
-// event an attempt and the second dead-lettered them all.
-func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
-	t.Parallel()
-	for _, o := range []qstashtest.Outage{qstashtest.Outage503, qstashtest.OutageHang, qstashtest.OutageReset} {
-		t.Run(string(o), func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t)
-			seed(t, db, 120, func(i int) string { return fmt.Sprintf("k%d", i%11) })
-			srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
-			pub := qstashPublisher(t, srv.URL, srv.Token, dest)
-			cfg := relay.Config{BatchSize: 50, MaxAttempts: 2, PublishTimeout: 300 * time.Millisecond, MarkTimeout: time.Second,
-				DeferPause: 20 * time.Millisecond, Ordering: publish.OrderingPublish, Logger: quiet()}
-			for drain := range 3 { // each a cold start, as Lambda invocations may be
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				st, err := newRelay(t, db, pub, cfg).Drain(ctx)
-				cancel()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if st.DeferredOutage == 0 || st.Dispatched+st.Retried+st.DeadLettered != 0 || st.DeferredDeployment+st.DeferredQuota != 0 {
-					t.Fatalf("drain %d: stats %+v: want only outage deferrals", drain, st)
-				}
-				for id, n := range attempts(t, db) {
-					if n != 0 {
-						t.Fatalf("drain %d: row %d has %d attempts during an outage", drain, id, n)
-					}
-				}
-			}
-			if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-				t.Fatalf("%d dead letters after the outage", n)
-			}
-			srv.SetFaults(qstashtest.Faults{})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			st, err := newRelay(t, db, pub, cfg).Drain(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s := states(t, db); st.Dispatched != 120 || s.dispatched != 120 || s.deadLettered != 0 {
-				t.Fatalf("after the outage: stats %+v, states %+v", st, s)
-			}
-			for id, n := range attempts(t, db) {
-				if n != 1 {
-					t.Fatalf("row %d: %d attempts, want 1", id, n)
-				}
-			}
-		})
-	}
-}
-
 // An outage ends by itself: its pause doubles from DeferPause like a deployment fault's
 // but never past MaxOutagePause, where a deployment fault may pause up to MaxDeferPause.
 func TestOutagePauseIsCapped(t *testing.T) {
@@ -310,13 +237,8 @@ func TestOutagePauseIsCapped(t *testing.T) {
 			pub := &fakePublisher{fail: func(outbox.Message) error {
 				return &publish.DeferError{Reason: reason, Err: errors.New("refused")}
 			}}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
 			start := time.Now()
-			st, err := newRelay(t, db, pub, relay.Config{DeferPause: 2 * time.Hour, Logger: quiet()}).Drain(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := drainFor(t, newRelay(t, db, pub, relay.Config{DeferPause: 2 * time.Hour, Logger: quiet()}), 30*time.Second)
 			if p := st.PausedUntil.Sub(start); p < want-time.Second || p > want+5*time.Second {
 				t.Fatalf("paused %v after one %s deferral, want %v (stats %+v)", p, reason, want, st)
 			}

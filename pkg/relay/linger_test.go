@@ -7,15 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
+// qInsertSQL and plainEvent add the same event: by plain SQL, which knows nothing of the
+// relay, and through the producer API.
 const qInsertSQL = `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`
+
+var plainEvent = outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}
 
 // lingerInBackground runs Linger for a minute with a one-minute poll interval, so only a
 // wake-up can publish an event within the tests' deadlines. It returns the published ids
@@ -71,7 +74,7 @@ func TestLingerWakesOnNotify(t *testing.T) {
 		case <-published:
 			return
 		case <-tick.C:
-			if _, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
+			if _, err := outbox.Enqueue(t.Context(), db.Pool, plainEvent); err != nil {
 				t.Fatal(err)
 			}
 		case <-deadline:
@@ -87,14 +90,12 @@ func TestLingerSleepingRelayWokenBySQLInsert(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	published := lingerInBackground(t, db)
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+	waitAsleep(t, db, 1)
 
 	for range 2 {
-		if _, err := db.Pool.Exec(context.Background(), qInsertSQL); err != nil {
-			t.Fatal(err)
-		}
+		outboxtest.Exec(t, db.Pool, qInsertSQL)
 		expectPublished(t, published, "a plain SQL insert into a sleeping relay's outbox")
-		testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+		waitAsleep(t, db, 1)
 	}
 }
 
@@ -105,13 +106,9 @@ func TestLingerSleepingRelayWokenBySQLInsert(t *testing.T) {
 func TestLingerDoesNotSleepThroughAnOpenProducer(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Topic: "t", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
+	ctx := t.Context()
+	tx := outboxtest.Begin(t, db.Pool)
+	if _, err := outbox.Enqueue(ctx, tx, plainEvent); err != nil {
 		t.Fatal(err)
 	}
 	published := lingerInBackground(t, db)
@@ -125,7 +122,7 @@ func TestLingerDoesNotSleepThroughAnOpenProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectPublished(t, published, "the event of a producer that committed after the relay went idle")
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+	waitAsleep(t, db, 1)
 }
 
 // A relay whose listening connection dies while asleep leaves nobody marked asleep (the lock
@@ -134,33 +131,26 @@ func TestLingerDoesNotSleepThroughAnOpenProducer(t *testing.T) {
 func TestLingerSleeperLockDiesWithItsConnection(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
 	published := lingerInBackground(t, db)
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+	waitAsleep(t, db, 1)
 	old := sleepers(t, db)[0]
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Terminate(t, db.Pool, old)
 	testwait.Eventually(t, 10*time.Second, func() bool { s := sleepers(t, db); return len(s) == 1 && s[0] != old }, "a relay asleep on a new connection (the old was pid %d)", old)
-	if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, db.Pool, qInsertSQL)
 	expectPublished(t, published, "an insert after the listening connection was replaced")
 }
 
 // sleepers returns the backend pids holding the sleeper lock of this schema's outbox.
 func sleepers(t *testing.T, db *pgtest.DB) []int32 {
 	t.Helper()
-	rows, err := db.Pool.Query(context.Background(), `SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+	return outboxtest.Column[int32](t, db.Pool, `SELECT pid FROM pg_locks WHERE locktype = 'advisory'
 		AND classid = 1868724343 AND objid = 'outbox'::regclass::oid AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pids
+}
+
+// waitAsleep waits until n relays hold the sleeper lock.
+func waitAsleep(t *testing.T, db *pgtest.DB, n int) {
+	t.Helper()
+	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == n }, "%d relay(s) asleep", n)
 }
 
 // A sleeping relay that producers keep busy wakes for good: it polls and lets go of the
@@ -173,9 +163,9 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 		for range published { // the fake publisher must never block
 		}
 	}()
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+	waitAsleep(t, db, 1)
 
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, stop := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Add(1)
@@ -189,8 +179,8 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 			}
 		}()
 	}
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 0 }, "0 relay(s) asleep")
+	waitAsleep(t, db, 0)
 	stop()
 	wg.Wait()
-	testwait.Eventually(t, 10*time.Second, func() bool { return len(sleepers(t, db)) == 1 }, "1 relay(s) asleep")
+	waitAsleep(t, db, 1)
 }

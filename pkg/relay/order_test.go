@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
@@ -51,10 +52,7 @@ func TestPublishModeOneCallPerBatch(t *testing.T) {
 			db := pgtest.New(t)
 			seed(t, db, 1000, func(i int) string { return fmt.Sprintf("key-%d", i%20) })
 			pub := &callLog{inner: &fakePublisher{}}
-			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 1000, Ordering: tc.ordering, Logger: quiet()}).Drain(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 1000, Ordering: tc.ordering, Logger: quiet()}))
 			calls := pub.get()
 			if st.Batches != 1 || st.Dispatched != 1000 || len(calls) != tc.calls || st.PublishCalls != tc.calls {
 				t.Fatalf("%s: stats %+v, %d calls, want 1 batch in %d calls", tc.ordering, st, len(calls), tc.calls)
@@ -125,10 +123,7 @@ func TestFIFOPermanentFailureHoldsKey(t *testing.T) {
 			if fail.max > 0 {
 				cfg.MaxAttempts = fail.max
 			}
-			st, err := newRelay(t, db, pub, cfg).Drain(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := drain(t.Context(), t, newRelay(t, db, pub, cfg))
 			if deadAt != 1 {
 				t.Fatalf("a successor of the failed head was published before its dead letter was recorded (dead letters then: %d)", deadAt)
 			}
@@ -154,7 +149,7 @@ func TestFIFOPermanentFailureHoldsKey(t *testing.T) {
 func TestUndecodableRowIsDeadLetteredAlone(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	dropHeadersConstraint(t, db)
 	seed(t, db, 50, func(i int) string { return fmt.Sprintf("k%d", i%10) })
 	var bad outbox.ID
@@ -164,10 +159,7 @@ VALUES ('order.created', 'k3', '{"order_id":"bad"}', '{"x-n": 1}') RETURNING id`
 	}
 	seed(t, db, 49, func(i int) string { return fmt.Sprintf("k%d", i%10) })
 	pub := &fakePublisher{}
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 100, Logger: quiet()}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(ctx, t, newRelay(t, db, pub, relay.Config{BatchSize: 100, Logger: quiet()}))
 	if st.Dispatched != 99 || st.DeadLettered != 1 || st.Claimed < 100 {
 		t.Fatalf("stats %+v: want 99 dispatched and the bad row dead-lettered", st)
 	}
@@ -195,25 +187,11 @@ VALUES ('order.created', 'k3', '{"order_id":"bad"}', '{"x-n": 1}') RETURNING id`
 // one, so the test can write the row an old schema (or a non-Go producer) allowed.
 func dropHeadersConstraint(t *testing.T, db *pgtest.DB) {
 	t.Helper()
-	ctx := context.Background()
-	rows, err := db.Pool.Query(ctx, `SELECT conname FROM pg_constraint
+	names := outboxtest.Column[string](t, db.Pool, `SELECT conname FROM pg_constraint
 WHERE conrelid = 'outbox'::regclass AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%headers%'`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := pgxCollectStrings(rows)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, n := range names {
-		if _, err := db.Pool.Exec(ctx, fmt.Sprintf("ALTER TABLE outbox DROP CONSTRAINT %q", n)); err != nil {
-			t.Fatal(err)
-		}
+		outboxtest.Exec(t, db.Pool, "ALTER TABLE outbox DROP CONSTRAINT "+pgx.Identifier{n}.Sanitize())
 	}
-}
-
-func pgxCollectStrings(rows pgx.Rows) ([]string, error) {
-	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // A delayed event holds its key (its later events wait, as FIFO requires) without holding
@@ -221,7 +199,7 @@ func pgxCollectStrings(rows pgx.Rows) ([]string, error) {
 func TestDelayedEventHoldsKeyAndIsNotLate(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{"n":0}`),
 		AvailableAt: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
@@ -229,10 +207,7 @@ func TestDelayedEventHoldsKeyAndIsNotLate(t *testing.T) {
 	seed(t, db, 5, func(int) string { return "k" })
 	seed(t, db, 3, func(i int) string { return fmt.Sprintf("other-%d", i) })
 	pub := &fakePublisher{}
-	st, err := newRelay(t, db, pub, relay.Config{Logger: quiet()}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(ctx, t, newRelay(t, db, pub, relay.Config{Logger: quiet()}))
 	if st.Dispatched != 3 {
 		t.Fatalf("stats %+v: want only the other keys' 3 events", st)
 	}

@@ -101,19 +101,9 @@ func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 			db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 12})
 			const keys, perKey = 24, 20 // more keys than a batch: several batches of distinct keys fit in flight
 			seed(t, db, keys*perKey, func(i int) string { return fmt.Sprintf("hot-%d", i%keys) })
-			var rngMu sync.Mutex
-			rng := rand.New(rand.NewPCG(7, 11))
-			fake := &fakePublisher{fail: func(outbox.Message) error {
-				rngMu.Lock()
-				defer rngMu.Unlock()
-				if rng.Float64() < 0.2 {
-					return &httpError{status: 503}
-				}
-				return nil
-			}}
+			rng := newLockedRand(7, 11)
+			fake := &fakePublisher{fail: failShare(rng, 0.2)}
 			guard := &keyGuard{t: t, inner: fake, delay: func() time.Duration {
-				rngMu.Lock()
-				defer rngMu.Unlock()
 				return time.Duration(2000+rng.IntN(8000)) * time.Microsecond
 			}}
 			clk := newClock()
@@ -121,7 +111,7 @@ func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 			// one batch at a time (the race detector catches it otherwise). The two relays
 			// have one source each: nothing serializes calls across relays.
 			jitters := [2]*rand.Rand{rand.New(rand.NewPCG(3, 5)), rand.New(rand.NewPCG(13, 17))}
-			ctx := context.Background()
+			ctx := t.Context()
 			for round := 0; round < 300 && states(t, db).pending > 0; round++ {
 				var wg sync.WaitGroup
 				for i := range 2 {
@@ -142,22 +132,9 @@ func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 			if guard.maxInFlight() < 2 {
 				t.Fatalf("at most %d calls in flight: the relays did not pipeline", guard.maxInFlight())
 			}
-			published := map[string]outbox.ID{}
-			done := map[outbox.ID]bool{}
-			for _, r := range fake.records() {
-				// In publish mode a key's run shares one call, so a later event may
-				// succeed while an earlier one is retried: only fifo promises this.
-				if prev, ok := published[r.key]; ok && r.id < prev && ordering == publish.OrderingFIFO {
-					t.Fatalf("key %s: event %d attempted after %d was published", r.key, r.id, prev)
-				}
-				if r.ok {
-					if done[r.id] {
-						t.Fatalf("event %d published twice", r.id)
-					}
-					done[r.id] = true
-					published[r.key] = r.id
-				}
-			}
+			// In publish mode a key's run shares one call, so a later event may succeed while an
+			// earlier one is retried: only fifo promises the attempt order.
+			assertAttemptOrder(t, fake.records(), ordering == publish.OrderingFIFO)
 		})
 	}
 }
@@ -168,7 +145,7 @@ func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	seed(t, db, 30, func(i int) string { return fmt.Sprintf("k%d", i) })
-	ctx := context.Background()
+	ctx := t.Context()
 	var inPublish atomic.Int32
 	proceed := make(chan struct{})
 	a := &fakePublisher{
@@ -177,36 +154,13 @@ func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 			return []error{nil, errors.New("timeout"), &httpError{status: 400}}[m.ID%3]
 		},
 	}
-	type result struct {
-		st  relay.Stats
-		err error
-	}
-	aDone := make(chan result, 1)
-	go func() {
-		st, err := newRelay(t, db, a, relay.Config{BatchSize: 10, PublishConcurrency: 4, Logger: quiet()}).Drain(ctx)
-		aDone <- result{st, err}
-	}()
+	aDone := drainInBackground(ctx, newRelay(t, db, a, relay.Config{BatchSize: 10, PublishConcurrency: 4, Logger: quiet()}))
 	testwait.Eventually(t, 10*time.Second, func() bool { return inPublish.Load() == 3 }, "three batches in publish")
 
-	clk := newClock()
-	clk.Add(relay.DefaultLease + time.Second)
-	stB, err := newRelay(t, db, &fakePublisher{}, relay.Config{BatchSize: 10, Now: clk.Now, Logger: quiet()}).Drain(ctx)
-	if err != nil || stB.Dispatched != 30 {
-		t.Fatalf("relay B: %+v %v", stB, err)
-	}
+	takeOver(t, db, 30)
 	close(proceed)
-	ra := <-aDone
-	if ra.err != nil {
-		t.Fatal(ra.err)
-	}
-	if ra.st.Batches != 3 || ra.st.LeaseLost != 30 || ra.st.Dispatched+ra.st.Retried+ra.st.DeadLettered+ra.st.Released != 0 {
-		t.Fatalf("relay A changed rows after losing its leases: %+v", ra.st)
-	}
-	if s := states(t, db); s.dispatched != 30 || s.deadLettered != 0 || s.leased != 0 {
-		t.Fatalf("states %+v", s)
-	}
-	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-		t.Fatalf("%d dead letters from stale leases", n)
+	if st := assertFenced(t, db, aDone, 30); st.Batches != 3 || st.LeaseLost != 30 {
+		t.Fatalf("relay A: %+v, want three batches of leases lost", st)
 	}
 }
 
@@ -235,7 +189,7 @@ func TestPipelinedCancelMarksWhatWasPublished(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i) })
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var inPublish atomic.Int32
 	pub := &fakePublisher{before: func(pctx context.Context, _ []outbox.Message) {
@@ -244,10 +198,7 @@ func TestPipelinedCancelMarksWhatWasPublished(t *testing.T) {
 		}
 		<-pctx.Done() // answered only after the cancellation
 	}}
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 10, PublishConcurrency: 3, Logger: quiet()}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(ctx, t, newRelay(t, db, pub, relay.Config{BatchSize: 10, PublishConcurrency: 3, Logger: quiet()}))
 	if st.Batches != 3 || st.Dispatched != 30 {
 		t.Fatalf("stats %+v: want the three batches in flight marked dispatched", st)
 	}

@@ -1,8 +1,8 @@
 package relay_test
 
 // The relay against the strict local QStash server over real HTTP: the deferrals the
-// publisher derives from production's answers (a used-up quota, a wrong QSTASH_URL) spend
-// no attempt, dead-letter nothing and pause the drain.
+// publisher derives from production's answers (a used-up quota, a wrong QSTASH_URL, an
+// outage) spend no attempt, dead-letter nothing and pause the drain.
 
 import (
 	"context"
@@ -46,23 +46,12 @@ func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i%9) })
 	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 40, QuotaWindow: time.Second})
 	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: publish.OrderingPublish, Logger: quiet()}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drainFor(t, newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: publish.OrderingPublish, Logger: quiet()}), time.Minute)
 	if st.Dispatched != 100 || st.DeferredQuota == 0 || st.DeadLettered != 0 {
 		t.Fatalf("stats %+v: want every event dispatched across quota windows", st)
 	}
-	for id, n := range attempts(t, db) {
-		if n != 1 {
-			t.Fatalf("row %d: %d attempts, want 1 (a 429 spends none)", id, n)
-		}
-	}
-	if n := db.Count(t, "SELECT count(*) FROM dead_letters"); n != 0 {
-		t.Fatalf("%d dead letters", n)
-	}
+	assertAttempts(t, db, 1, "(a 429 spends none)")
+	assertNoDeadLetters(t, db)
 }
 
 // The quota resets long after the drain's deadline: the drain stops early, the rows it
@@ -73,13 +62,8 @@ func TestLocalQStashQuotaPastDeadline(t *testing.T) {
 	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i) })
 	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 20, QuotaWindow: time.Hour})
 	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	start := time.Now()
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: publish.OrderingPublish, Logger: quiet()}).Drain(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drainFor(t, newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: publish.OrderingPublish, Logger: quiet()}), time.Minute)
 	if st.PausedUntil.Before(start.Add(50*time.Minute)) || st.Dispatched != 20 || st.DeadLettered != 0 || st.DeferredQuota == 0 {
 		t.Fatalf("stats %+v: want 20 dispatched, the rest deferred to the reset", st)
 	}
@@ -107,14 +91,11 @@ func TestLocalQStashWrongURL(t *testing.T) {
 	gw := qstashtest.V2Gateway(t, srv)
 	pub := qstashPublisher(t, gw, srv.Token, dest)
 	logger, logs := logtest.New()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 50, DeferPause: time.Hour, Logger: logger})
 	for range 3 {
-		st, err := r.Drain(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := drain(ctx, t, r)
 		if st.Dispatched+st.DeadLettered+st.Retried != 0 || st.PausedUntil.IsZero() {
 			t.Fatalf("stats %+v", st)
 		}
@@ -122,16 +103,46 @@ func TestLocalQStashWrongURL(t *testing.T) {
 	if s := states(t, db); s.pending != 50 || s.leased != 0 || s.deadLettered != 0 {
 		t.Fatalf("states %+v", s)
 	}
-	for id, n := range attempts(t, db) {
-		if n != 0 {
-			t.Fatalf("row %d: %d attempts after a deployment fault", id, n)
-		}
-	}
+	assertAttempts(t, db, 0, "after a deployment fault")
 	lines := deferLines(logs)
 	if len(lines) != 1 || !strings.Contains(lines[0], "QSTASH_URL") || !strings.Contains(lines[0], `"reason":"deployment"`) {
 		t.Fatalf("log lines %q: want one naming QSTASH_URL (the later drains claim nothing while paused)", lines)
 	}
 	if reqs := srv.Requests(); len(reqs) != 1 {
 		t.Fatalf("%d requests reached the server, want 1: the relay kept publishing while paused", len(reqs))
+	}
+}
+
+// An outage of QStash (every request 503, hanging past the publish timeout, or reset)
+// spanning several drains, with a retry budget of 2: no attempt is spent, nothing is
+// dead-lettered, each drain reports the outage, and once it ends one drain publishes
+// everything with a single attempt per event. Before, each drain charged every claimed
+// event an attempt and the second dead-lettered them all.
+func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	for _, o := range []qstashtest.Outage{qstashtest.Outage503, qstashtest.OutageHang, qstashtest.OutageReset} {
+		t.Run(string(o), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			seed(t, db, 120, func(i int) string { return fmt.Sprintf("k%d", i%11) })
+			srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
+			pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+			cfg := relay.Config{BatchSize: 50, MaxAttempts: 2, PublishTimeout: 300 * time.Millisecond, MarkTimeout: time.Second,
+				DeferPause: 20 * time.Millisecond, Ordering: publish.OrderingPublish, Logger: quiet()}
+			for i := range 3 { // each a cold start, as Lambda invocations may be
+				st := drainFor(t, newRelay(t, db, pub, cfg), 2*time.Second)
+				if st.DeferredOutage == 0 || st.Dispatched+st.Retried+st.DeadLettered != 0 || st.DeferredDeployment+st.DeferredQuota != 0 {
+					t.Fatalf("drain %d: stats %+v: want only outage deferrals", i, st)
+				}
+				assertAttempts(t, db, 0, fmt.Sprintf("during the outage (drain %d)", i))
+			}
+			assertNoDeadLetters(t, db)
+			srv.SetFaults(qstashtest.Faults{})
+			st := drainFor(t, newRelay(t, db, pub, cfg), time.Minute)
+			if s := states(t, db); st.Dispatched != 120 || s.dispatched != 120 || s.deadLettered != 0 {
+				t.Fatalf("after the outage: stats %+v, states %+v", st, s)
+			}
+			assertAttempts(t, db, 1, "after the outage")
+		})
 	}
 }

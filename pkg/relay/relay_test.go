@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
@@ -61,6 +62,40 @@ func (p *fakePublisher) records() []publishRecord {
 	return append([]publishRecord(nil), p.log...)
 }
 
+// lockedRand is a seeded source that relays publishing at once may share: a *rand.Rand is
+// not safe for concurrent use.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newLockedRand(seed1, seed2 uint64) *lockedRand {
+	return &lockedRand{r: rand.New(rand.NewPCG(seed1, seed2))}
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}
+
+func (l *lockedRand) IntN(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}
+
+// failShare returns a fakePublisher fail func that fails about share of the messages, at
+// random, with a retryable 503.
+func failShare(rng *lockedRand, share float64) func(outbox.Message) error {
+	return func(outbox.Message) error {
+		if rng.Float64() < share {
+			return &httpError{status: 503}
+		}
+		return nil
+	}
+}
+
 type httpError struct{ status int }
 
 func (e *httpError) Error() string    { return fmt.Sprintf("qstash answered %d", e.status) }
@@ -74,7 +109,7 @@ func (e *httpError) GoString() string { return e.Error() }
 
 func seed(t testing.TB, db *pgtest.DB, n int, key func(i int) string) []outbox.ID {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	var ids []outbox.ID
 	for start := 0; start < n; start += 1000 {
 		evs := make([]outbox.Event, 0, 1000)
@@ -111,7 +146,7 @@ type rowState struct {
 func states(t *testing.T, db *pgtest.DB) rowState {
 	t.Helper()
 	var s rowState
-	err := db.Pool.QueryRow(context.Background(), `
+	err := db.Pool.QueryRow(t.Context(), `
 SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL),
        count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
        count(*) FILTER (WHERE lease_token IS NOT NULL),
@@ -135,10 +170,7 @@ func TestDrainDispatchesEverything(t *testing.T) {
 	db := pgtest.New(t)
 	seed(t, db, 250, func(i int) string { return fmt.Sprintf("k%d", i%37) })
 	pub := &fakePublisher{}
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 100}).Drain(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 100}))
 	if st.Dispatched != 250 || st.Claimed != 250 {
 		t.Fatalf("stats = %+v", st)
 	}
@@ -157,28 +189,21 @@ func TestDrainDispatchesEverything(t *testing.T) {
 // and the drain must claim again for the other 6 rather than return with them pending.
 func TestDrainClaimsAgainAfterACutRun(t *testing.T) {
 	t.Parallel()
-	for _, concurrency := range []int{1, 4} {
-		t.Run(fmt.Sprintf("concurrency %d", concurrency), func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t)
-			// 8 keys with 2 events, then one with 10: 26 rows, fewer than the batch.
-			seed(t, db, 26, func(i int) string {
-				if i < 16 {
-					return fmt.Sprintf("k%d", i%8)
-				}
-				return "long"
-			})
-			pub := &fakePublisher{}
-			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 30, PublishConcurrency: concurrency}).Drain(context.Background())
-			if err != nil {
-				t.Fatal(err)
+	forConcurrencies(t, func(t *testing.T, db *pgtest.DB, conc int) {
+		// 8 keys with 2 events, then one with 10: 26 rows, fewer than the batch.
+		seed(t, db, 26, func(i int) string {
+			if i < 16 {
+				return fmt.Sprintf("k%d", i%8)
 			}
-			if s := states(t, db); st.Dispatched != 26 || s.dispatched != 26 {
-				t.Fatalf("one drain dispatched %d (stats %+v), want all 26", s.dispatched, st)
-			}
-			assertKeyOrder(t, pub.records())
+			return "long"
 		})
-	}
+		pub := &fakePublisher{}
+		st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 30, PublishConcurrency: conc}))
+		if s := states(t, db); st.Dispatched != 26 || s.dispatched != 26 {
+			t.Fatalf("one drain dispatched %d (stats %+v), want all 26", s.dispatched, st)
+		}
+		assertKeyOrder(t, pub.records())
+	})
 }
 
 // The publish succeeds, then the relay dies before marking. After the lease ends another
@@ -193,7 +218,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = newRelay(t, db, crashing, relay.Config{}).Drain(context.Background())
+		_, _ = newRelay(t, db, crashing, relay.Config{}).Drain(t.Context())
 	}()
 	<-done
 	if s := states(t, db); s.leased != 1 || s.dispatched != 0 {
@@ -202,17 +227,14 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 
 	// A relay whose lease has not expired yet sees nothing to do.
 	idle := &fakePublisher{}
-	if st, err := newRelay(t, db, idle, relay.Config{}).Drain(context.Background()); err != nil || st.Claimed != 0 {
+	if st, err := newRelay(t, db, idle, relay.Config{}).Drain(t.Context()); err != nil || st.Claimed != 0 {
 		t.Fatalf("claimed a leased row: %+v %v", st, err)
 	}
 
 	clk := newClock()
 	clk.Add(relay.DefaultLease + time.Second)
 	second := &fakePublisher{}
-	st, err := newRelay(t, db, second, relay.Config{Now: clk.Now}).Drain(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(t.Context(), t, newRelay(t, db, second, relay.Config{Now: clk.Now}))
 	if st.Dispatched != 1 {
 		t.Fatalf("second relay stats %+v", st)
 	}
@@ -224,7 +246,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 		t.Fatalf("final %+v", s)
 	}
 	var attempts int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT attempts FROM outbox").Scan(&attempts); err != nil {
+	if err := db.Pool.QueryRow(t.Context(), "SELECT attempts FROM outbox").Scan(&attempts); err != nil {
 		t.Fatal(err)
 	}
 	if attempts != 2 {
@@ -232,7 +254,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	}
 	// Nothing left for anyone.
 	clk.Add(time.Hour)
-	if st, _ := newRelay(t, db, idle, relay.Config{Now: clk.Now}).Drain(context.Background()); st.Claimed != 0 {
+	if st, _ := newRelay(t, db, idle, relay.Config{Now: clk.Now}).Drain(t.Context()); st.Claimed != 0 {
 		t.Fatalf("dispatched row claimed again: %+v", st)
 	}
 }
@@ -253,7 +275,7 @@ func TestStaleLeaseIsFenced(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			seed(t, db, 3, func(int) string { return "k" })
-			ctx := context.Background()
+			ctx := t.Context()
 
 			inPublish := make(chan struct{})
 			proceed := make(chan struct{})
@@ -262,61 +284,58 @@ func TestStaleLeaseIsFenced(t *testing.T) {
 				before: func(context.Context, []outbox.Message) { once.Do(func() { close(inPublish) }); <-proceed },
 				fail:   func(outbox.Message) error { return late.err },
 			}
-			type result struct {
-				st  relay.Stats
-				err error
-			}
-			aDone := make(chan result, 1)
-			go func() {
-				st, err := newRelay(t, db, a, relay.Config{BatchSize: 10}).Drain(ctx)
-				aDone <- result{st, err}
-			}()
+			aDone := drainInBackground(ctx, newRelay(t, db, a, relay.Config{BatchSize: 10}))
 			<-inPublish
 
-			clk := newClock()
-			clk.Add(relay.DefaultLease + time.Second)
-			b := &fakePublisher{}
-			stB, err := newRelay(t, db, b, relay.Config{BatchSize: 10, Now: clk.Now}).Drain(ctx)
-			if err != nil || stB.Dispatched != 3 {
-				t.Fatalf("relay B: %+v %v", stB, err)
-			}
-			var before []time.Time
-			rows, _ := db.Pool.Query(ctx, "SELECT dispatched_at FROM outbox ORDER BY id")
-			for rows.Next() {
-				var ts time.Time
-				_ = rows.Scan(&ts)
-				before = append(before, ts)
-			}
-			rows.Close()
-
+			takeOver(t, db, 3)
+			before := dispatchedAt(t, db)
 			close(proceed)
-			ra := <-aDone
-			if ra.err != nil {
-				t.Fatal(ra.err)
-			}
-			if ra.st.LeaseLost == 0 || ra.st.Dispatched+ra.st.Retried+ra.st.DeadLettered+ra.st.Released != 0 {
-				t.Fatalf("relay A changed rows after losing its lease: %+v", ra.st)
-			}
-			s := states(t, db)
-			if s.dispatched != 3 || s.deadLettered != 0 || s.leased != 0 {
-				t.Fatalf("states after A's late outcome: %+v", s)
-			}
-			var letters int
-			_ = db.Pool.QueryRow(ctx, "SELECT count(*) FROM dead_letters").Scan(&letters)
-			if letters != 0 {
-				t.Fatalf("%d dead letters from a stale lease", letters)
-			}
-			rows, _ = db.Pool.Query(ctx, "SELECT dispatched_at FROM outbox ORDER BY id")
-			for i := 0; rows.Next(); i++ {
-				var ts time.Time
-				_ = rows.Scan(&ts)
+			assertFenced(t, db, aDone, 3)
+			for i, ts := range dispatchedAt(t, db) {
 				if !ts.Equal(before[i]) {
 					t.Fatalf("dispatched_at of row %d rewritten by the stale relay", i)
 				}
 			}
-			rows.Close()
 		})
 	}
+}
+
+// takeOver runs relay B, whose clock is past the default lease, so it claims every row
+// relay A still holds, and fails the test unless B dispatches n.
+func takeOver(t *testing.T, db *pgtest.DB, n int) {
+	t.Helper()
+	clk := newClock()
+	clk.Add(relay.DefaultLease + time.Second)
+	st, err := newRelay(t, db, &fakePublisher{}, relay.Config{BatchSize: 10, Now: clk.Now, Logger: quiet()}).Drain(t.Context())
+	if err != nil || st.Dispatched != n {
+		t.Fatalf("relay B: %+v %v", st, err)
+	}
+}
+
+// assertFenced checks relay A's Drain once its late outcomes are in: they changed nothing.
+// It returns A's stats; every one of the n rows is dispatched (by B), none leased or dead.
+func assertFenced(t *testing.T, db *pgtest.DB, a <-chan drainResult, n int) relay.Stats {
+	t.Helper()
+	ra := <-a
+	if ra.err != nil {
+		t.Fatal(ra.err)
+	}
+	if ra.st.LeaseLost == 0 || ra.st.Dispatched+ra.st.Retried+ra.st.DeadLettered+ra.st.Released != 0 {
+		t.Fatalf("relay A changed rows after losing its leases: %+v", ra.st)
+	}
+	if s := states(t, db); s.dispatched != n || s.deadLettered != 0 || s.leased != 0 {
+		t.Fatalf("states after A's late outcomes: %+v", s)
+	}
+	if d := db.Count(t, "SELECT count(*) FROM dead_letters"); d != 0 {
+		t.Fatalf("%d dead letters from stale leases", d)
+	}
+	return ra.st
+}
+
+// dispatchedAt returns every row's dispatched_at, in id order.
+func dispatchedAt(t *testing.T, db *pgtest.DB) []time.Time {
+	t.Helper()
+	return outboxtest.Column[time.Time](t, db.Pool, "SELECT dispatched_at FROM outbox ORDER BY id")
 }
 
 // Four relays drain 10,000 events at once: each event is published exactly once (a row
@@ -327,7 +346,7 @@ func TestConcurrentRelays(t *testing.T) {
 	const n = 10000
 	seed(t, db, n, func(i int) string { return fmt.Sprintf("key-%d", i%500) })
 	pub := &fakePublisher{}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
@@ -394,6 +413,29 @@ func assertKeyOrder(t *testing.T, recs []publishRecord) {
 	}
 }
 
+// assertAttemptOrder fails the test if an event is published twice or, when fifo, attempted
+// after a later event of its key was published; it returns the number of failed attempts.
+func assertAttemptOrder(t *testing.T, recs []publishRecord, fifo bool) (failures int) {
+	t.Helper()
+	published := map[string]outbox.ID{}
+	done := map[outbox.ID]bool{}
+	for _, r := range recs {
+		if prev, ok := published[r.key]; ok && r.id < prev && fifo {
+			t.Fatalf("key %s: event %d attempted after %d was published", r.key, r.id, prev)
+		}
+		if !r.ok {
+			failures++
+			continue
+		}
+		if done[r.id] {
+			t.Fatalf("event %d published twice", r.id)
+		}
+		done[r.id] = true
+		published[r.key] = r.id
+	}
+	return failures
+}
+
 // 30% of publishes fail retryably at random; per key, successful publishes stay in id
 // order, nothing is attempted ahead of an earlier pending event, and all end dispatched.
 func TestPerKeyOrderSurvivesRetries(t *testing.T) {
@@ -404,19 +446,10 @@ func TestPerKeyOrderSurvivesRetries(t *testing.T) {
 			db := pgtest.New(t)
 			const keys, perKey = 20, 50
 			seed(t, db, keys*perKey, func(i int) string { return fmt.Sprintf("order:%d", i%keys) })
-			var rngMu sync.Mutex
-			rng := rand.New(rand.NewPCG(42, uint64(relays)))
-			pub := &fakePublisher{fail: func(outbox.Message) error {
-				rngMu.Lock()
-				defer rngMu.Unlock()
-				if rng.Float64() < 0.3 {
-					return &httpError{status: 503}
-				}
-				return nil
-			}}
+			pub := &fakePublisher{fail: failShare(newLockedRand(42, uint64(relays)), 0.3)}
 			clk := newClock()
 			cfg := relay.Config{BatchSize: 64, MaxAttempts: 100, Now: clk.Now}
-			ctx := context.Background()
+			ctx := t.Context()
 			for round := 0; round < 200; round++ {
 				var wg sync.WaitGroup
 				for range relays {
@@ -441,28 +474,7 @@ func TestPerKeyOrderSurvivesRetries(t *testing.T) {
 			assertKeyOrder(t, recs)
 			// Stronger: an event is never even attempted before every earlier event of its key
 			// has been published.
-			done := map[outbox.ID]bool{}
-			byKey := map[string][]outbox.ID{}
-			for _, r := range recs {
-				byKey[r.key] = append(byKey[r.key], r.id)
-			}
-			_ = byKey
-			published := map[string]outbox.ID{}
-			failures := 0
-			for _, r := range recs {
-				if prev, ok := published[r.key]; ok && r.id < prev {
-					t.Fatalf("key %s: event %d attempted after %d was published", r.key, r.id, prev)
-				}
-				if r.ok {
-					if done[r.id] {
-						t.Fatalf("event %d published twice", r.id)
-					}
-					done[r.id] = true
-					published[r.key] = r.id
-				} else {
-					failures++
-				}
-			}
+			failures := assertAttemptOrder(t, recs, true)
 			if failures == 0 {
 				t.Fatal("no failures were injected")
 			}
@@ -486,11 +498,9 @@ func TestPermanentErrorsAndExhaustedRetriesDeadLetter(t *testing.T) {
 	}}
 	clk := newClock()
 	cfg := relay.Config{MaxAttempts: 3, Now: clk.Now}
-	ctx := context.Background()
+	ctx := t.Context()
 	for range 3 {
-		if _, err := newRelay(t, db, pub, cfg).Drain(ctx); err != nil {
-			t.Fatal(err)
-		}
+		drain(ctx, t, newRelay(t, db, pub, cfg))
 		clk.Add(2 * relay.DefaultBackoffMax)
 	}
 	rows, err := db.Pool.Query(ctx, "SELECT outbox_id, source, error, attempts, status_code, payload->>'order_id' FROM dead_letters ORDER BY outbox_id")
@@ -539,10 +549,7 @@ func TestDeadLetteredHeadUnblocksKey(t *testing.T) {
 		}
 		return nil
 	}}
-	st, err := newRelay(t, db, pub, relay.Config{}).Drain(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{}))
 	if st.DeadLettered != 1 || st.Dispatched != 2 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -561,12 +568,10 @@ func TestBlockedKeyDoesNotStarveOthers(t *testing.T) {
 		}
 		return nil
 	}}
-	ctx := context.Background()
+	ctx := t.Context()
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 50})
 	for range 3 {
-		if _, err := r.Drain(ctx); err != nil {
-			t.Fatal(err)
-		}
+		drain(ctx, t, r)
 	}
 	var coldPending, hotDispatched int
 	_ = db.Pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE partition_key <> 'hot' AND dispatched_at IS NULL), count(*) FILTER (WHERE partition_key = 'hot' AND dispatched_at IS NOT NULL) FROM outbox").Scan(&coldPending, &hotDispatched)
@@ -584,10 +589,7 @@ func TestHotKeyRunInOneBatch(t *testing.T) {
 	db := pgtest.New(t)
 	seed(t, db, 120, func(int) string { return "hot" })
 	pub := &fakePublisher{}
-	st, err := newRelay(t, db, pub, relay.Config{BatchSize: 200}).Drain(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 200}))
 	if st.Batches != 1 || st.Dispatched != 120 || st.PublishCalls != 120 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -620,51 +622,88 @@ func TestDrainHonoursDeadline(t *testing.T) {
 
 func TestRunStopsCleanly(t *testing.T) {
 	t.Parallel()
+	forConcurrencies(t, func(t *testing.T, db *pgtest.DB, conc int) {
+		seed(t, db, 500, func(i int) string { return fmt.Sprintf("k%d", i) })
+		stop, cancel := context.WithCancel(t.Context())
+		var calls atomic.Int32
+		pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {
+			if calls.Add(1) == 2 {
+				cancel() // SIGTERM while a batch is in flight
+			}
+			if ctx.Err() != nil {
+				t.Error("in-flight publish was cancelled by the stop signal")
+			}
+		}}
+		st, err := newRelay(t, db, pub, relay.Config{BatchSize: 50, PublishConcurrency: conc}).Run(stop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := states(t, db)
+		if s.leased != 0 || s.dispatched != st.Dispatched || st.Dispatched != 50*int(calls.Load()) {
+			t.Fatalf("after stop: states %+v, stats %+v, %d publish calls", s, st, calls.Load())
+		}
+		// Serially, the stop lands during the second batch; pipelined, the batches
+		// already claimed when it lands are finished too, and no more.
+		if conc == 1 && st.Dispatched != 100 || st.Dispatched > 50*(1+conc) {
+			t.Fatalf("dispatched %d at concurrency %d", st.Dispatched, conc)
+		}
+	})
+}
+
+// forConcurrencies runs test as a parallel subtest, on a database of its own, for the
+// serial relay (PublishConcurrency 1) and a pipelined one (4).
+func forConcurrencies(t *testing.T, test func(t *testing.T, db *pgtest.DB, conc int)) {
 	for _, conc := range []int{1, 4} {
 		t.Run(fmt.Sprintf("concurrency %d", conc), func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
-			seed(t, db, 500, func(i int) string { return fmt.Sprintf("k%d", i) })
-			stop, cancel := context.WithCancel(context.Background())
-			var calls atomic.Int32
-			pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {
-				if calls.Add(1) == 2 {
-					cancel() // SIGTERM while a batch is in flight
-				}
-				if ctx.Err() != nil {
-					t.Error("in-flight publish was cancelled by the stop signal")
-				}
-			}}
-			st, err := newRelay(t, db, pub, relay.Config{BatchSize: 50, PublishConcurrency: conc}).Run(stop)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := states(t, db)
-			if s.leased != 0 || s.dispatched != st.Dispatched || st.Dispatched != 50*int(calls.Load()) {
-				t.Fatalf("after stop: states %+v, stats %+v, %d publish calls", s, st, calls.Load())
-			}
-			// Serially, the stop lands during the second batch; pipelined, the batches
-			// already claimed when it lands are finished too, and no more.
-			if conc == 1 && st.Dispatched != 100 || st.Dispatched > 50*(1+conc) {
-				t.Fatalf("dispatched %d at concurrency %d", st.Dispatched, conc)
-			}
+			test(t, pgtest.New(t), conc)
 		})
 	}
 }
 
-// drainWithin runs one Drain under a context that ends after d and fails the test if Drain
-// returns after that deadline or with an error.
-func drainWithin(t *testing.T, r *relay.Relay, d time.Duration) relay.Stats {
+// drain runs one Drain of r under ctx and fails the test on an error.
+func drain(ctx context.Context, t *testing.T, r *relay.Relay) relay.Stats {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
 	st, err := r.Drain(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// drainFor is drain under a context that ends after d: for a drain that may wait (for a
+// quota's reset, a deferral's pause) and must end even if the relay waits too long.
+func drainFor(t *testing.T, r *relay.Relay, d time.Duration) relay.Stats {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	return drain(ctx, t, r)
+}
+
+// drainWithin is drainFor that also fails the test if Drain returns after its deadline.
+func drainWithin(t *testing.T, r *relay.Relay, d time.Duration) relay.Stats {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	st := drainFor(t, r, d)
 	if time.Now().After(deadline) {
 		t.Fatalf("Drain returned %v after its deadline", time.Since(deadline))
 	}
 	return st
+}
+
+// drainResult is what a Drain run in the background returned.
+type drainResult struct {
+	st  relay.Stats
+	err error
+}
+
+// drainInBackground starts one Drain of r under ctx and returns where its result arrives:
+// for a relay whose publishes the test holds while another relay takes its rows over.
+func drainInBackground(ctx context.Context, r *relay.Relay) <-chan drainResult {
+	done := make(chan drainResult, 1)
+	go func() {
+		st, err := r.Drain(ctx)
+		done <- drainResult{st, err}
+	}()
+	return done
 }

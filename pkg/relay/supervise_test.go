@@ -32,7 +32,7 @@ func TestSuperviseReplacesDeadAndFailedRuns(t *testing.T) {
 		mu   sync.Mutex
 		errs []error
 	)
-	stop, cancel := context.WithCancel(context.Background())
+	stop, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
@@ -74,7 +74,7 @@ func TestSuperviseReplacesDeadAndFailedRuns(t *testing.T) {
 func TestSuperviseReturnsNextError(t *testing.T) {
 	t.Parallel()
 	want := errors.New("bad config")
-	err := relay.Supervise(context.Background(), func(int) (*relay.Relay, error) { return nil, want }, relay.SuperviseConfig{})
+	err := relay.Supervise(t.Context(), func(int) (*relay.Relay, error) { return nil, want }, relay.SuperviseConfig{})
 	if !errors.Is(err, want) {
 		t.Fatalf("got %v, want %v", err, want)
 	}

@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -26,7 +25,7 @@ func TestDrainTraced(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	rec, tr := tracingtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	const n = 25
 	producers := map[trace.SpanID]outbox.ID{}
@@ -134,13 +133,13 @@ func TestDrainUntracedRecordsNothing(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	rec, tr := tracingtest.New(t)
-	pctx, span := tr.Start(context.Background(), "place order")
+	pctx, span := tr.Start(t.Context(), "place order")
 	if _, err := outbox.Enqueue(pctx, db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	span.End()
 	r := newRelay(t, db, &fakePublisher{}, relay.Config{})
-	if st, err := r.Drain(context.Background()); err != nil || st.Dispatched != 1 {
+	if st, err := r.Drain(t.Context()); err != nil || st.Dispatched != 1 {
 		t.Fatalf("drain: %+v, %v", st, err)
 	}
 	if n := len(rec.Ended()); n != 1 {

@@ -295,7 +295,7 @@ func TestPublishBatch(t *testing.T) {
 				deadline = time.Now().Add(-time.Second)
 			}
 			var st Stats
-			out, unblocked := r.publishBatch(context.Background(), tc.claimed, deadline, &st)
+			out, unblocked := r.publishBatch(t.Context(), tc.claimed, deadline, &st)
 			if !reflect.DeepEqual(calls, tc.calls) {
 				t.Errorf("publish calls = %v, want %v", calls, tc.calls)
 			}
