@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -25,9 +26,7 @@ func hash(s string) []byte {
 func setup(t *testing.T) *pgtest.DB {
 	t.Helper()
 	db := pgtest.New(t)
-	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, db.Pool, `CREATE TABLE effects (message_id text NOT NULL)`)
 	return db
 }
 
@@ -41,7 +40,7 @@ func effect(id string) inbox.Work {
 func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	for i, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate, inbox.Duplicate} {
 		got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, effect("m1"))
@@ -68,7 +67,7 @@ func TestHandleOnceProcessesThenReportsDuplicate(t *testing.T) {
 func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	boom := errors.New("boom")
 
 	got, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("p")}, func(ctx context.Context, tx pgx.Tx) error {
@@ -98,7 +97,7 @@ func TestHandleOnceWorkErrorRollsBackEverything(t *testing.T) {
 func TestHandleOnceConflictingPayload(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	if _, err := inbox.HandleOnce(ctx, db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: hash("a")}, effect("m1")); err != nil {
 		t.Fatal(err)
@@ -129,7 +128,7 @@ func TestHandleOnceConflictingPayload(t *testing.T) {
 func TestHandleOnceRecordsRetried(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	ptr := func(v int) *int { return &v }
 	for id, retried := range map[string]*int{
 		"first": ptr(0), "third": ptr(2), "unknown": nil, "negative": ptr(-1), "huge": ptr(1 << 40),
@@ -158,7 +157,7 @@ func TestHandleOnceRejectsEmptyIDs(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	for _, c := range [][2]string{{"", "m"}, {"c", ""}} {
-		if _, err := inbox.HandleOnce(context.Background(), db.Pool, inbox.Message{Consumer: c[0], ID: c[1], PayloadHash: nil}, effect("x")); err == nil {
+		if _, err := inbox.HandleOnce(t.Context(), db.Pool, inbox.Message{Consumer: c[0], ID: c[1], PayloadHash: nil}, effect("x")); err == nil {
 			t.Fatalf("HandleOnce(%q, %q) accepted empty ids", c[0], c[1])
 		}
 	}
@@ -167,7 +166,7 @@ func TestHandleOnceRejectsEmptyIDs(t *testing.T) {
 func TestHandleOnceConcurrentDeliveriesOneEffect(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	const n = 8
 	var wg sync.WaitGroup
@@ -211,7 +210,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			db := setup(t)
-			ctx := context.Background()
+			ctx := t.Context()
 			xid := make(chan string, 1)
 			release := make(chan struct{})
 			firstErr := errors.New("first delivery failed")
@@ -267,11 +266,7 @@ func TestHandleOnceSecondDeliveryWaitsForFirst(t *testing.T) {
 			close(release)
 
 			r1, r2 := <-first, <-second
-			rows, _ := db.Pool.Query(ctx, `SELECT message_id FROM effects`)
-			effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
+			effects := outboxtest.Column[string](t, db.Pool, `SELECT message_id FROM effects`)
 			if firstCommits {
 				if r1.err != nil || r1.o != inbox.Processed || r2.err != nil || r2.o != inbox.Duplicate {
 					t.Fatalf("first %+v, second %+v; want Processed, Duplicate", r1, r2)
@@ -295,7 +290,7 @@ func TestHandleOnceDatabaseDown(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	db.Pool.Close()
-	if _, err := inbox.HandleOnce(context.Background(), db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: nil}, effect("m1")); err == nil {
+	if _, err := inbox.HandleOnce(t.Context(), db.Pool, inbox.Message{Consumer: "c", ID: "m1", PayloadHash: nil}, effect("m1")); err == nil {
 		t.Fatal("HandleOnce on a closed pool returned nil error")
 	}
 }

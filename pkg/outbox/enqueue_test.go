@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -23,10 +25,19 @@ func validEvent() outbox.Event {
 	}
 }
 
+// assertOutboxRows fails the test unless the outbox holds want rows; when says at which
+// point of the test.
+func assertOutboxRows(t *testing.T, db *pgtest.DB, want int, when string) {
+	t.Helper()
+	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != want {
+		t.Fatalf("%d outbox rows %s, want %d", n, when, want)
+	}
+}
+
 func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := db.Pool.Exec(ctx, "CREATE TABLE orders (id text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
@@ -44,9 +55,7 @@ func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	if err == nil || err.Error() != "business rule failed" {
 		t.Fatalf("BeginFunc: %v", err)
 	}
-	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 0 {
-		t.Fatalf("rolled-back transaction left %d outbox rows", n)
-	}
+	assertOutboxRows(t, db, 0, "after the rolled-back transaction")
 
 	// Committed: exactly one event.
 	var id outbox.ID
@@ -60,9 +69,7 @@ func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 1 {
-		t.Fatalf("committed transaction left %d outbox rows, want 1", n)
-	}
+	assertOutboxRows(t, db, 1, "after the committed transaction")
 	var topic, key string
 	var headers map[string]string
 	if err := db.Pool.QueryRow(ctx, "SELECT topic, partition_key, headers FROM outbox WHERE id=$1", id).Scan(&topic, &key, &headers); err != nil {
@@ -76,7 +83,7 @@ func TestEnqueueRollsBackWithBusinessTransaction(t *testing.T) {
 func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	mod := func(f func(*outbox.Event)) outbox.Event { ev := validEvent(); f(&ev); return ev }
 	cases := []struct {
 		name string
@@ -132,16 +139,14 @@ func TestEnqueueRejectsInvalidEventsAndWritesNothing(t *testing.T) {
 			}
 		})
 	}
-	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 0 {
-		t.Fatalf("invalid events wrote %d rows", n)
-	}
+	assertOutboxRows(t, db, 0, "after the invalid events")
 }
 
 // Edge values Postgres does accept must not be rejected.
 func TestEnqueueAcceptsWhatPostgresStores(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, p := range []string{`"\\u0000"`, `"\ud83d\ude00"`, `[1e131071, 1e-16383, -0.5e3]`, `{"k\u00e9":"\u00e9"}`} {
 		ev := validEvent()
 		ev.Payload = json.RawMessage(p)
@@ -154,7 +159,7 @@ func TestEnqueueAcceptsWhatPostgresStores(t *testing.T) {
 func TestEnqueueInsideTransactionLeavesItUsableAfterRejection(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Topic: "bad/topic", PartitionKey: "k", Payload: json.RawMessage(`{}`)}); !errors.Is(err, outbox.ErrInvalidTopic) {
 			t.Fatalf("want ErrInvalidTopic, got %v", err)
@@ -166,15 +171,13 @@ func TestEnqueueInsideTransactionLeavesItUsableAfterRejection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := db.Count(t, "SELECT count(*) FROM outbox"); n != 1 {
-		t.Fatalf("rows = %d, want 1", n)
-	}
+	assertOutboxRows(t, db, 1, "after the rejected and the valid event")
 }
 
 func TestEnqueueBatchReturnsIDsInInputOrder(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	evs := make([]outbox.Event, 50)
 	for i := range evs {
 		evs[i] = validEvent()
@@ -202,7 +205,7 @@ func TestEnqueueBatchReturnsIDsInInputOrder(t *testing.T) {
 func TestEnqueueDelay(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	ev := validEvent()
 	ev.AvailableAt = time.Now().Add(time.Hour)
 	id, err := outbox.Enqueue(ctx, db.Pool, ev)
@@ -223,7 +226,7 @@ func TestEnqueueDelay(t *testing.T) {
 func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	lc, err := db.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +293,7 @@ BEGIN PERFORM pg_notify('`+channel+`', ''); RETURN NULL; END; $$`); err != nil {
 func TestAvailableAtIsTheWriteNotTheTransactionStart(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	const work = 300 * time.Millisecond
 	var ids []outbox.ID
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -334,5 +337,54 @@ func TestAvailableAtIsTheWriteNotTheTransactionStart(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil || n != len(ids) {
 		t.Fatalf("read %d of %d events: %v", n, len(ids), err)
+	}
+}
+
+// TestEnqueueRecordsTheProducerSpan: an event enqueued inside a span carries its trace
+// context in the row's headers; an explicit traceparent wins; without a span nothing is
+// added.
+func TestEnqueueRecordsTheProducerSpan(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	_, tr := tracingtest.New(t)
+	ctx, span := tr.Start(t.Context(), "place order")
+	defer span.End()
+
+	const hand = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	ev := func(h map[string]string) outbox.Event {
+		e := validEvent()
+		e.Headers = h
+		return e
+	}
+	traced, err := outbox.Enqueue(ctx, db.Pool, ev(map[string]string{"X-Correlation-Id": "c"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := outbox.EnqueueBatch(ctx, db.Pool, []outbox.Event{ev(map[string]string{"traceparent": hand}), ev(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := outbox.Enqueue(t.Context(), db.Pool, ev(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := func(id outbox.ID) map[string]string {
+		var h map[string]string
+		if err := db.Pool.QueryRow(t.Context(), `SELECT headers FROM outbox WHERE id = $1`, id).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if sc := tracing.ProducerSpan(headers(traced)); sc.SpanID() != span.SpanContext().SpanID() || headers(traced)["X-Correlation-Id"] != "c" {
+		t.Fatalf("Enqueue in a span stored %v, want its trace context and the caller's header", headers(traced))
+	}
+	if h := headers(ids[0]); h["traceparent"] != hand {
+		t.Fatalf("explicit traceparent replaced: %v", h)
+	}
+	if sc := tracing.ProducerSpan(headers(ids[1])); sc.SpanID() != span.SpanContext().SpanID() {
+		t.Fatalf("EnqueueBatch in a span stored %v", headers(ids[1]))
+	}
+	if h := headers(plain); len(h) != 0 {
+		t.Fatalf("Enqueue without a span stored headers %v", h)
 	}
 }

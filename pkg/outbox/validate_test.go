@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -38,11 +39,7 @@ func FuzzLimitsValidate(f *testing.F) {
 			}
 			return
 		}
-		tx, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
+		tx := outboxtest.Begin(t, db.Pool)
 		if _, err := outbox.Enqueue(ctx, tx, ev); err != nil {
 			t.Fatalf("Validate accepted %+v but Postgres refused it: %v", ev, err)
 		}
@@ -56,18 +53,14 @@ func FuzzLimitsValidate(f *testing.F) {
 func TestEnqueueRejectsWhatPostgresRejects(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	for name, payload := range map[string]string{
 		"lone surrogate escape": `{"note":"\ud800"}`,
 		"number beyond numeric": `{"amount":1e1000000}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			_, err = outbox.Enqueue(ctx, tx, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(payload)})
+			tx := outboxtest.Begin(t, db.Pool)
+			_, err := outbox.Enqueue(ctx, tx, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(payload)})
 			var ve *outbox.ValidationError
 			if !errors.As(err, &ve) || !errors.Is(err, outbox.ErrInvalidPayload) {
 				t.Errorf("Enqueue(%s) = %v, want a *ValidationError wrapping ErrInvalidPayload", payload, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
@@ -26,7 +27,7 @@ func (f *fixture) at(d time.Duration) time.Time { return f.now.Add(-d) }
 func (f *fixture) row(t *testing.T, dispatched, deadLettered *time.Time, leased bool) int64 {
 	t.Helper()
 	var id int64
-	err := f.db.Pool.QueryRow(context.Background(), `
+	err := f.db.Pool.QueryRow(t.Context(), `
 		INSERT INTO outbox (topic, partition_key, payload, created_at, available_at, dispatched_at, dead_lettered_at, lease_token, locked_until)
 		VALUES ('t', 'k', '{}', $1, $1, $2, $3, CASE WHEN $4 THEN gen_random_uuid() END, CASE WHEN $4 THEN $5::timestamptz + interval '30 seconds' END)
 		RETURNING id`, f.at(30*day), dispatched, deadLettered, leased, f.now).Scan(&id)
@@ -38,13 +39,10 @@ func (f *fixture) row(t *testing.T, dispatched, deadLettered *time.Time, leased 
 
 func (f *fixture) letter(t *testing.T, outboxID int64, source string, resolved *time.Time) {
 	t.Helper()
-	_, err := f.db.Pool.Exec(context.Background(), `
+	outboxtest.Exec(t, f.db.Pool, `
 		INSERT INTO dead_letters (source, outbox_id, topic, error, created_at, resolved_at, resolution)
 		VALUES ($1, $2, 't', 'e', $3, $4, CASE WHEN $4::timestamptz IS NOT NULL THEN 'discarded' END)`,
 		source, outboxID, f.at(30*day), resolved)
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func ptr(t time.Time) *time.Time { return &t }
@@ -91,11 +89,8 @@ func newFixture(t *testing.T) *fixture {
 	f.letter(t, id, "delivery", ptr(f.at(day)))
 	f.keep["delivery failure inside retention"] = id
 
-	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at) VALUES
-		('webhook', 'old', $1), ('webhook', 'new', $2)`, f.at(ttl+time.Minute), f.at(ttl-time.Minute)); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id, processed_at) VALUES
+		('webhook', 'old', $1), ('webhook', 'new', $2)`, f.at(ttl+time.Minute), f.at(ttl-time.Minute))
 	return f
 }
 
@@ -105,26 +100,13 @@ func (f *fixture) cfg() retention.Config {
 
 func (f *fixture) ids(t *testing.T) []int64 {
 	t.Helper()
-	rows, err := f.db.Pool.Query(context.Background(), `SELECT id FROM outbox ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	return ids
+	return outboxtest.Column[int64](t, f.db.Pool, `SELECT id FROM outbox ORDER BY id`)
 }
 
 func TestRunBoundaries(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	plan, err := retention.Plan(ctx, f.db.Pool, f.cfg())
 	if err != nil {
@@ -155,20 +137,12 @@ func TestRunBoundaries(t *testing.T) {
 			t.Errorf("%s (id %d) was kept", label, id)
 		}
 	}
-	var processed []string
-	rows, _ := f.db.Pool.Query(ctx, `SELECT message_id FROM processed_messages`)
-	for rows.Next() {
-		var s string
-		_ = rows.Scan(&s)
-		processed = append(processed, s)
-	}
-	if rows.Err() != nil || !slices.Equal(processed, []string{"new"}) {
-		t.Fatalf("processed_messages left: %v (%v)", processed, rows.Err())
+	if processed := outboxtest.Column[string](t, f.db.Pool, `SELECT message_id FROM processed_messages`); !slices.Equal(processed, []string{"new"}) {
+		t.Fatalf("processed_messages left: %v", processed)
 	}
 	// Dead letters are the audit trail: retention never deletes them.
-	var letters int
-	if err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&letters); err != nil || letters != 8 {
-		t.Fatalf("dead letters %d (%v), want 8", letters, err)
+	if letters := f.db.Count(t, `SELECT count(*) FROM dead_letters`); letters != 8 {
+		t.Fatalf("dead letters %d, want 8", letters)
 	}
 
 	again, err := retention.Run(ctx, f.db.Pool, f.cfg())
@@ -180,15 +154,11 @@ func TestRunBoundaries(t *testing.T) {
 func TestRunBatchesAreBounded(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
-		SELECT 't', 'k' || g, '{}', now() - interval '8 days' - g * interval '1 second' FROM generate_series(1, 25) g`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at)
-		SELECT 'c', g::text, now() - interval '15 days' FROM generate_series(1, 12) g`); err != nil {
-		t.Fatal(err)
-	}
+	ctx := t.Context()
+	outboxtest.Exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
+		SELECT 't', 'k' || g, '{}', now() - interval '8 days' - g * interval '1 second' FROM generate_series(1, 25) g`)
+	outboxtest.Exec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id, processed_at)
+		SELECT 'c', g::text, now() - interval '15 days' FROM generate_series(1, 12) g`)
 	// One batch per table: exactly BatchSize rows each, oldest first, and not complete.
 	res, err := retention.Run(ctx, db.Pool, retention.Config{BatchSize: 10, MaxBatches: 1})
 	if err != nil {
@@ -216,17 +186,13 @@ func TestRunBatchesAreBounded(t *testing.T) {
 func TestRunSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	var held int64
 	if err := db.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
 		VALUES ('t', 'a', '{}', now() - interval '8 days'), ('t', 'b', '{}', now() - interval '8 days') RETURNING id`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	tx := outboxtest.Begin(t, db.Pool)
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, held); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +211,7 @@ func TestRunSkipsLockedRows(t *testing.T) {
 func TestRunStopsWhenContextEnds(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	res, err := retention.Run(ctx, db.Pool, retention.Config{})
 	if err != nil || res.Complete || res.Batches != 0 {
@@ -261,7 +227,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Validate does not name %s: %v", field, err)
 		}
 	}
-	if _, err := retention.Run(context.Background(), nil, retention.Config{BatchSize: -1}); err == nil {
+	if _, err := retention.Run(t.Context(), nil, retention.Config{BatchSize: -1}); err == nil {
 		t.Fatal("Run accepted an invalid config")
 	}
 }

@@ -2,7 +2,6 @@ package webhook_test
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -44,7 +43,7 @@ func verifier(t testing.TB) *qstash.Verifier {
 func newFixture(t testing.TB, edit func(*webhook.Config)) *fixture {
 	t.Helper()
 	f := &fixture{db: pgtest.New(t), logs: &logtest.Buffer{}}
-	if err := orders.Migrate(context.Background(), f.db.Pool); err != nil {
+	if err := orders.Migrate(t.Context(), f.db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	cfg := webhook.Config{

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
@@ -25,22 +26,13 @@ func effectFixture(t *testing.T) *fixture {
 		}}
 		c.Legacy = webhook.LegacyOutbox(c.Pool.(webhook.Querier))
 	})
-	if _, err := f.db.Pool.Exec(context.Background(), `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, f.db.Pool, `CREATE TABLE effects (message_id text NOT NULL)`)
 	return f
 }
 
 func (f *fixture) strings(t *testing.T, q string) []string {
 	t.Helper()
-	rows, err := f.db.Pool.Query(context.Background(), q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := outboxtest.Column[string](t, f.db.Pool, q)
 	slices.Sort(out)
 	return out
 }
@@ -117,7 +109,7 @@ func TestReplayWithAlteredIdentityHeaders(t *testing.T) {
 func TestLegacyDeliveries(t *testing.T) {
 	t.Parallel()
 	f := effectFixture(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	enqueue := func(orderID string) (string, []byte) {
 		p, _ := json.Marshal(map[string]any{"order_id": orderID, "amount_cents": 100, "currency": "EUR"})
 		id, err := outbox.Enqueue(ctx, f.db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "order:" + orderID, Payload: p})
@@ -139,9 +131,7 @@ func TestLegacyDeliveries(t *testing.T) {
 	if w := f.serve(legacy(a, bodyA)); w.Code != http.StatusUnauthorized {
 		t.Fatalf("legacy delivery on a new database: status %d, want 401", w.Code)
 	}
-	if _, err := f.db.Pool.Exec(ctx, `UPDATE legacy_identity SET accept_until = now() + interval '1 hour'`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, f.db.Pool, `UPDATE legacy_identity SET accept_until = now() + interval '1 hour'`)
 	if w := f.serve(legacy(a, bodyA)); w.Code != http.StatusOK {
 		t.Fatalf("legacy delivery: status %d %s", w.Code, w.Body)
 	}
@@ -167,9 +157,7 @@ func TestLegacyDeliveries(t *testing.T) {
 		t.Fatalf("processed_messages %v, want %v (none for %s)", got, want, b)
 	}
 
-	if _, err := f.db.Pool.Exec(ctx, `UPDATE legacy_identity SET accept_until = now()`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Exec(t, f.db.Pool, `UPDATE legacy_identity SET accept_until = now()`)
 	if w := f.serve(legacy(b, bodyB)); w.Code != http.StatusUnauthorized {
 		t.Fatalf("legacy delivery after the window: status %d, want 401", w.Code)
 	}

@@ -40,7 +40,7 @@ func traced(t *testing.T, handler webhook.HandlerFunc) (*fixture, *tracetest.Spa
 // the relay would forward.
 func producer(t *testing.T, tr trace.Tracer) (trace.SpanContext, string) {
 	t.Helper()
-	ctx, span := tr.Start(context.Background(), "place order")
+	ctx, span := tr.Start(t.Context(), "place order")
 	span.End()
 	return span.SpanContext(), tracing.Inject(ctx, nil)[tracing.TraceparentHeader]
 }

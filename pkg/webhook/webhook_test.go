@@ -66,7 +66,7 @@ func TestExactlyOnceEffectSequentialAndConcurrent(t *testing.T) {
 	}
 
 	var charges int
-	if err := f.db.Pool.QueryRow(context.Background(),
+	if err := f.db.Pool.QueryRow(t.Context(),
 		`SELECT count(*) FROM billing_charges WHERE (order_id, outbox_id) IN (('o-1','101'),('o-2','102'))`).Scan(&charges); err != nil {
 		t.Fatal(err)
 	}
@@ -92,111 +92,71 @@ func TestSecurityMatrix(t *testing.T) {
 	t.Parallel()
 	body := order("o-sec")
 	now := time.Now()
+	// edited is the valid delivery of body, then edit.
+	edited := func(edit func(t *testing.T, r *http.Request)) func(t *testing.T) *http.Request {
+		return func(t *testing.T) *http.Request {
+			r := delivery(t, orderPath, "1", body)
+			edit(t, r)
+			return r
+		}
+	}
+	// header is the valid delivery with one header set to value.
+	header := func(name, value string) func(t *testing.T) *http.Request {
+		return edited(func(_ *testing.T, r *http.Request) { r.Header.Set(name, value) })
+	}
+	// signedBy replaces the signature with key's over url and signedBody at at.
+	signedBy := func(key, url string, signedBody []byte, at time.Time) func(t *testing.T) *http.Request {
+		return edited(func(t *testing.T, r *http.Request) {
+			r.Header.Set("Upstash-Signature", sign(t, key, url, signedBody, at))
+		})
+	}
+	// to is a delivery of payload to path (signed, with outbox id 1 in the signed URL).
+	to := func(path string, payload []byte) func(t *testing.T) *http.Request {
+		return func(t *testing.T) *http.Request { return delivery(t, path, "1", payload) }
+	}
+	// signedFor is body signed for target, forwarding id as X-Outbox-Id unless it is empty.
+	signedFor := func(target, id string) func(t *testing.T) *http.Request {
+		return func(t *testing.T) *http.Request { return signedRequest(t, target, id, body) }
+	}
+	big := append([]byte(`{"order_id":"o","amount_cents":1,"currency":"EUR","pad":"`), bytes.Repeat([]byte("x"), 2048)...)
+	big = append(big, `"}`...)
 	cases := []struct {
 		name   string
 		req    func(t *testing.T) *http.Request
 		status int
 	}{
-		{"no signature", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Del("Upstash-Signature")
-			return r
-		}, http.StatusUnauthorized},
-		{"garbage signature", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("Upstash-Signature", "not.a.jwt")
-			return r
-		}, http.StatusUnauthorized},
-		{"signature over another body", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+orderPath, order("o-other"), now))
-			return r
-		}, http.StatusUnauthorized},
-		{"wrong subject: other path", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+"/events/order.updated", body, now))
-			return r
-		}, http.StatusUnauthorized},
-		{"wrong subject: other host, spoofed Host and X-Forwarded-Host", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
+		{"no signature", edited(func(_ *testing.T, r *http.Request) { r.Header.Del("Upstash-Signature") }), http.StatusUnauthorized},
+		{"garbage signature", header("Upstash-Signature", "not.a.jwt"), http.StatusUnauthorized},
+		{"signature over another body", signedBy(qstash.DevCurrentSigningKey, baseURL+orderPath, order("o-other"), now), http.StatusUnauthorized},
+		{"wrong subject: other path", signedBy(qstash.DevCurrentSigningKey, baseURL+"/events/order.updated", body, now), http.StatusUnauthorized},
+		{"wrong subject: other host, spoofed Host and X-Forwarded-Host", edited(func(t *testing.T, r *http.Request) {
 			r.Host = "evil.example"
 			r.Header.Set("X-Forwarded-Host", "evil.example")
 			r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, "https://evil.example"+orderPath, body, now))
-			return r
-		}, http.StatusUnauthorized},
-		{"wrong subject: query string not signed", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.URL.RawQuery = "x=1"
-			return r
-		}, http.StatusUnauthorized},
-		{"expired token", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("Upstash-Signature", sign(t, qstash.DevCurrentSigningKey, baseURL+orderPath, body, now.Add(-10*time.Minute)))
-			return r
-		}, http.StatusUnauthorized},
-		{"token signed with an unknown key", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("Upstash-Signature", sign(t, "sig_someone_else", baseURL+orderPath, body, now))
-			return r
-		}, http.StatusUnauthorized},
-		{"body over the limit, declared", func(t *testing.T) *http.Request {
-			big := append([]byte(`{"order_id":"o","amount_cents":1,"currency":"EUR","pad":"`), bytes.Repeat([]byte("x"), 2048)...)
-			big = append(big, `"}`...)
-			return delivery(t, orderPath, "1", big)
-		}, webhook.StatusNonRetryable},
+		}), http.StatusUnauthorized},
+		{"wrong subject: query string not signed", edited(func(_ *testing.T, r *http.Request) { r.URL.RawQuery = "x=1" }), http.StatusUnauthorized},
+		{"expired token", signedBy(qstash.DevCurrentSigningKey, baseURL+orderPath, body, now.Add(-10*time.Minute)), http.StatusUnauthorized},
+		{"token signed with an unknown key", signedBy("sig_someone_else", baseURL+orderPath, body, now), http.StatusUnauthorized},
+		{"body over the limit, declared", to(orderPath, big), webhook.StatusNonRetryable},
 		{"body over the limit, chunked", func(t *testing.T) *http.Request {
-			big := append([]byte(`{"order_id":"o","amount_cents":1,"currency":"EUR","pad":"`), bytes.Repeat([]byte("x"), 2048)...)
-			big = append(big, `"}`...)
 			r := delivery(t, orderPath, "1", big)
 			r.ContentLength = -1
 			r.Body = io.NopCloser(bytes.NewReader(big))
 			return r
 		}, webhook.StatusNonRetryable},
-		{"wrong method", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Method = http.MethodPut
-			return r
-		}, http.StatusMethodNotAllowed},
-		{"wrong path", func(t *testing.T) *http.Request {
-			return delivery(t, "/hooks/order.created", "1", body)
-		}, http.StatusNotFound},
-		{"nested path", func(t *testing.T) *http.Request {
-			return delivery(t, orderPath+"/x", "1", body)
-		}, http.StatusNotFound},
-		{"unknown topic", func(t *testing.T) *http.Request {
-			return delivery(t, "/events/order.deleted", "1", body)
-		}, webhook.StatusNonRetryable},
-		{"malformed JSON", func(t *testing.T) *http.Request {
-			return delivery(t, orderPath, "1", []byte(`{"order_id":`))
-		}, webhook.StatusNonRetryable},
-		{"failed validation", func(t *testing.T) *http.Request {
-			return delivery(t, orderPath, "1", []byte(`{"order_id":"o","amount_cents":0,"currency":"EUR"}`))
-		}, webhook.StatusNonRetryable},
-		{"no message id", func(t *testing.T) *http.Request {
-			return signedRequest(t, orderPath, "", body)
-		}, webhook.StatusNonRetryable},
-		{"no message id in the URL, unsigned X-Outbox-Id, no legacy check", func(t *testing.T) *http.Request {
-			return signedRequest(t, orderPath, "1", body)
-		}, webhook.StatusNonRetryable},
-		{"signed outbox_id without generation", func(t *testing.T) *http.Request {
-			return signedRequest(t, orderPath+"?outbox_id=1", "", body)
-		}, webhook.StatusNonRetryable},
-		{"signed outbox_id twice", func(t *testing.T) *http.Request {
-			return signedRequest(t, orderPath+"?outbox_id=1&outbox_id=2&generation=0", "", body)
-		}, webhook.StatusNonRetryable},
-		{"signed outbox_id not a number", func(t *testing.T) *http.Request {
-			return signedRequest(t, orderPath+"?outbox_id=x&generation=0", "", body)
-		}, webhook.StatusNonRetryable},
-		{"X-Outbox-Id contradicts the signed URL", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("X-Outbox-Id", "2")
-			return r
-		}, http.StatusUnauthorized},
-		{"X-Outbox-Generation contradicts the signed URL", func(t *testing.T) *http.Request {
-			r := delivery(t, orderPath, "1", body)
-			r.Header.Set("X-Outbox-Generation", "1")
-			return r
-		}, http.StatusUnauthorized},
+		{"wrong method", edited(func(_ *testing.T, r *http.Request) { r.Method = http.MethodPut }), http.StatusMethodNotAllowed},
+		{"wrong path", to("/hooks/order.created", body), http.StatusNotFound},
+		{"nested path", to(orderPath+"/x", body), http.StatusNotFound},
+		{"unknown topic", to("/events/order.deleted", body), webhook.StatusNonRetryable},
+		{"malformed JSON", to(orderPath, []byte(`{"order_id":`)), webhook.StatusNonRetryable},
+		{"failed validation", to(orderPath, []byte(`{"order_id":"o","amount_cents":0,"currency":"EUR"}`)), webhook.StatusNonRetryable},
+		{"no message id", signedFor(orderPath, ""), webhook.StatusNonRetryable},
+		{"no message id in the URL, unsigned X-Outbox-Id, no legacy check", signedFor(orderPath, "1"), webhook.StatusNonRetryable},
+		{"signed outbox_id without generation", signedFor(orderPath+"?outbox_id=1", ""), webhook.StatusNonRetryable},
+		{"signed outbox_id twice", signedFor(orderPath+"?outbox_id=1&outbox_id=2&generation=0", ""), webhook.StatusNonRetryable},
+		{"signed outbox_id not a number", signedFor(orderPath+"?outbox_id=x&generation=0", ""), webhook.StatusNonRetryable},
+		{"X-Outbox-Id contradicts the signed URL", header("X-Outbox-Id", "2"), http.StatusUnauthorized},
+		{"X-Outbox-Generation contradicts the signed URL", header("X-Outbox-Generation", "1"), http.StatusUnauthorized},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -248,7 +208,7 @@ func TestPayloadConflictForKnownID(t *testing.T) {
 		t.Fatalf("conflict: status %d header %q", w.Code, w.Header().Get(webhook.HeaderNonRetryable))
 	}
 	var orderID string
-	if err := f.db.Pool.QueryRow(context.Background(), `SELECT order_id FROM billing_charges`).Scan(&orderID); err != nil {
+	if err := f.db.Pool.QueryRow(t.Context(), `SELECT order_id FROM billing_charges`).Scan(&orderID); err != nil {
 		t.Fatal(err) // also fails if a second row appeared
 	}
 	if orderID != "o-a" || f.count(t, "processed_messages") != 1 {
