@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -177,27 +178,25 @@ func TestEnqueueInsideTransactionLeavesItUsableAfterRejection(t *testing.T) {
 func TestEnqueueBatchReturnsIDsInInputOrder(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := t.Context()
 	evs := make([]outbox.Event, 50)
 	for i := range evs {
 		evs[i] = validEvent()
 		evs[i].PartitionKey = "k" + strings.Repeat("x", i%5)
 		evs[i].Payload = json.RawMessage(`{"n":` + string(rune('0'+i%10)) + `}`)
 	}
-	ids, err := outbox.EnqueueBatch(ctx, db.Pool, evs)
+	ids, err := outbox.EnqueueBatch(t.Context(), db.Pool, evs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != 50 {
-		t.Fatalf("got %d ids", len(ids))
+	// The stored key of each id, in the order of ids.
+	keys := outboxtest.Column[string](t, db.Pool, `SELECT o.partition_key
+FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN outbox o USING (id) ORDER BY u.ord`, ids)
+	if len(ids) != 50 || len(keys) != 50 {
+		t.Fatalf("got %d ids, %d of them stored", len(ids), len(keys))
 	}
 	for i, id := range ids {
-		var key string
-		if err := db.Pool.QueryRow(ctx, "SELECT partition_key FROM outbox WHERE id=$1", id).Scan(&key); err != nil {
-			t.Fatal(err)
-		}
-		if key != evs[i].PartitionKey {
-			t.Fatalf("id %d has key %q, want %q", id, key, evs[i].PartitionKey)
+		if keys[i] != evs[i].PartitionKey {
+			t.Fatalf("id %d has key %q, want %q", id, keys[i], evs[i].PartitionKey)
 		}
 	}
 }
