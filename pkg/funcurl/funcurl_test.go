@@ -1,7 +1,6 @@
 package funcurl_test
 
 import (
-	"context"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -59,7 +58,7 @@ func TestNewRequest(t *testing.T) {
 	ev := event("POST", "/events/a%2Fb", "x=1&y=2", base64.StdEncoding.EncodeToString([]byte{0, 1, 2, 'h', 'i'}), true,
 		map[string]string{"upstash-signature": "sig", "content-type": "application/json", "host": "evil.example", "x-forwarded-host": "evil.example"})
 	ev.Cookies = []string{"a=1", "b=2"}
-	r, err := funcurl.NewRequest(context.Background(), ev, 0)
+	r, err := funcurl.NewRequest(t.Context(), ev, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +86,7 @@ func TestNewRequest(t *testing.T) {
 	}
 
 	// Plain body, empty path.
-	r, err = funcurl.NewRequest(context.Background(), event("GET", "", "", "hello", false, nil), 0)
+	r, err = funcurl.NewRequest(t.Context(), event("GET", "", "", "hello", false, nil), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +110,7 @@ func TestNewRequestBodyLimit(t *testing.T) {
 		{"base64 over", base64.StdEncoding.EncodeToString([]byte("123456")), true, false},
 		{"base64 way over", strings.Repeat("A", 1<<20), true, false},
 	} {
-		_, err := funcurl.NewRequest(context.Background(), event("POST", "/", "", c.body, c.b64, nil), 5)
+		_, err := funcurl.NewRequest(t.Context(), event("POST", "/", "", c.body, c.b64, nil), 5)
 		if c.ok && err != nil {
 			t.Errorf("%s: %v", c.name, err)
 		}
@@ -134,7 +133,7 @@ func TestNewRequestMalformed(t *testing.T) {
 	evilDomain.RequestContext.DomainName = "a.example/evil"
 	bad = append(bad, noDomain, evilDomain)
 	for i, ev := range bad {
-		if _, err := funcurl.NewRequest(context.Background(), ev, 0); !errors.Is(err, funcurl.ErrBadRequest) {
+		if _, err := funcurl.NewRequest(t.Context(), ev, 0); !errors.Is(err, funcurl.ErrBadRequest) {
 			t.Errorf("case %d: err %v, want ErrBadRequest", i, err)
 		}
 	}
@@ -160,7 +159,7 @@ func TestHandlerResponse(t *testing.T) {
 		}
 	})
 	fn := funcurl.New(h, funcurl.Config{MaxBodyBytes: 4, Logger: quiet()})
-	ctx := context.Background()
+	ctx := t.Context()
 
 	resp, err := fn(ctx, event("GET", "/binary", "", "", false, nil))
 	if err != nil {
@@ -205,7 +204,7 @@ func TestHandlerResponse(t *testing.T) {
 func receiverSetup(t *testing.T) (*pgtest.DB, *qstash.Verifier) {
 	t.Helper()
 	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+	if err := orders.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	v, err := qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey})
@@ -237,7 +236,7 @@ func TestWebhookThroughAdapter(t *testing.T) {
 			enc = base64.StdEncoding.EncodeToString(body)
 		}
 		// The identity is in the query, as the relay publishes it (the signed URL includes it).
-		resp, err := fn(context.Background(), event("POST", "/events/order.created", "outbox_id=77&generation=0", enc, b64, map[string]string{
+		resp, err := fn(t.Context(), event("POST", "/events/order.created", "outbox_id=77&generation=0", enc, b64, map[string]string{
 			"upstash-signature": sig, "x-outbox-id": "77", "host": "evil.example", "x-forwarded-host": "evil.example",
 		}))
 		if err != nil {
@@ -252,7 +251,7 @@ func TestWebhookThroughAdapter(t *testing.T) {
 		t.Fatalf("signature for the function url: status %d %s", resp.StatusCode, resp.Body)
 	}
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges WHERE order_id = 'o-fn' AND outbox_id = '77'`).Scan(&n); err != nil || n != 1 {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM billing_charges WHERE order_id = 'o-fn' AND outbox_id = '77'`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("billing_charges %d, %v", n, err)
 	}
 }
@@ -303,7 +302,7 @@ func TestOversizedBodyThroughAdapter(t *testing.T) {
 				t.Fatal(err)
 			}
 			fn := funcurl.New(c.h, funcurl.Config{MaxBodyBytes: adapterLimit, Logger: quiet()})
-			resp, err := fn(context.Background(), event("POST", c.path, c.query, c.body, false, map[string]string{"upstash-signature": sig}))
+			resp, err := fn(t.Context(), event("POST", c.path, c.query, c.body, false, map[string]string{"upstash-signature": sig}))
 			if err != nil || resp.StatusCode != receive.StatusNonRetryable || headerValue(resp, receive.HeaderNonRetryable) != "true" ||
 				strings.TrimSpace(resp.Body) != `{"error":"body_too_large"}` {
 				t.Fatalf("%s, adapter limit %d: %+v %v; want 489, %s: true, body_too_large", c.name, adapterLimit, resp, err, receive.HeaderNonRetryable)
@@ -311,7 +310,7 @@ func TestOversizedBodyThroughAdapter(t *testing.T) {
 		}
 	}
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM processed_messages) +
+	if err := db.Pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM processed_messages) +
 		(SELECT count(*) FROM billing_charges)`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("oversized bodies wrote %d rows (%v)", n, err)
 	}
