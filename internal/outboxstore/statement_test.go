@@ -64,7 +64,7 @@ func TestStatementRetriedWhenTheSessionWasEnded(t *testing.T) {
 			insertReady(t, db, 20, func(i int) string { return "k" + string(rune('a'+i)) })
 			pool := onePool(t, db, true, nil)
 			s := outboxstore.NewStore(pool)
-			ctx := context.Background()
+			ctx := t.Context()
 			if bounded {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, time.Minute)
@@ -106,7 +106,7 @@ func TestStatementNotRetriedWhenItRan(t *testing.T) {
 	insertReady(t, db, 5, func(i int) string { return "k" })
 	pool := onePool(t, db, true, nil)
 	s := outboxstore.NewStore(pool)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	lease, _ := outboxstore.NewLease()
 	if c, err := s.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 5, KeyRun: 5, For: time.Minute}); err != nil || c.Len() != 5 {

@@ -173,9 +173,7 @@ func TestClaimWalksStayFlatUnderAPinnedHorizon(t *testing.T) {
 			t.Parallel()
 			r := newWalkRig(t)
 			if redriven {
-				if _, err := r.db.Pool.Exec(context.Background(), "SELECT nextval('outbox_reopened_seq')"); err != nil {
-					t.Fatal(err)
-				}
+				outboxtest.Exec(t, r.db.Pool, "SELECT nextval('outbox_reopened_seq')")
 			}
 			pin(t, r.db)
 			claimWalksStayFlat(t, r)
