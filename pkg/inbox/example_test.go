@@ -18,11 +18,8 @@ import (
 // yourself in a consumer that is not an HTTP handler.
 func ExampleHandleOnce() {
 	ctx := context.Background()
-	db := pgtest.MustOpen(ctx)
+	db := pgtest.MustOpen(ctx, `CREATE TABLE credits (account text PRIMARY KEY, cents bigint NOT NULL)`)
 	defer db.Close()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE credits (account text PRIMARY KEY, cents bigint NOT NULL)`); err != nil {
-		log.Fatal(err)
-	}
 
 	body := []byte(`{"account":"a-1","cents":500}`)
 	hash := sha256.Sum256(body)

@@ -19,12 +19,9 @@ func ExampleEnqueue() {
 	ctx := context.Background()
 	// A migrated schema of its own on DATABASE_URL's server; in an application this is
 	// the pool it already has, migrated with postgres.Migrate.
-	db := pgtest.MustOpen(ctx)
+	db := pgtest.MustOpen(ctx, `CREATE TABLE orders (id text PRIMARY KEY, amount_cents bigint)`)
 	defer db.Close()
 	pool := db.Pool
-	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, amount_cents bigint)`); err != nil {
-		log.Fatal(err)
-	}
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The business change ...

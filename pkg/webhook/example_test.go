@@ -27,14 +27,10 @@ import (
 // pkg/funcurl, and http.ListenAndServe serves it anywhere else.
 func ExampleNew() {
 	ctx := context.Background()
-	db := pgtest.MustOpen(ctx) // in production: the application's pool
+	db := pgtest.MustOpen(ctx, // in production: the application's pool
+		`CREATE TABLE invoices (id text PRIMARY KEY, paid boolean NOT NULL)`,
+		`INSERT INTO invoices VALUES ('inv-1', false)`)
 	defer db.Close()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE invoices (id text PRIMARY KEY, paid boolean NOT NULL)`); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO invoices VALUES ('inv-1', false)`); err != nil {
-		log.Fatal(err)
-	}
 
 	verifier, err := qstash.NewVerifier(qstash.VerifierConfig{
 		CurrentSigningKey: qstash.DevCurrentSigningKey, // QSTASH_CURRENT_SIGNING_KEY

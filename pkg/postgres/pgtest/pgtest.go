@@ -91,15 +91,22 @@ func NewWithOptions(tb testing.TB, opts Options) *DB {
 }
 
 // MustOpen is New for code without a testing.TB, such as an Example function: a fresh
-// migrated schema on the server of URL, which Close drops. Unlike New it neither skips
-// nor fails a test: it panics when the server cannot be reached or migrated, so an
-// example without a database fails with the reason.
-func MustOpen(ctx context.Context) *DB {
+// migrated schema on the server of URL, which Close drops, with the setup statements
+// (an example's own tables and rows) run in it. Unlike New it neither skips nor fails a
+// test: it panics when the server cannot be reached or migrated or a setup statement
+// fails, so an example without a database fails with the reason.
+func MustOpen(ctx context.Context, setup ...string) *DB {
 	db, closeDB, err := open(ctx, Options{})
 	if err != nil {
 		panic(fmt.Sprintf("pgtest: DATABASE_URL=%q: %v", URL(), err))
 	}
 	db.close = closeDB
+	for _, q := range setup {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			_ = closeDB()
+			panic(fmt.Sprintf("pgtest: setup %q: %v", q, err))
+		}
+	}
 	return db
 }
 
