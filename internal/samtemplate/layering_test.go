@@ -8,8 +8,10 @@ import (
 
 // libraryInternals are the internal packages a library package under pkg/ may link: code
 // the library runs but a user never calls (the relay's SQL, the receive step of both QStash
-// receivers, the trusted origin, W3C trace context). No pkg/ API names their types.
+// receivers, the trusted origin, W3C trace context, the configurations' field checks). No
+// pkg/ API names their types.
 var libraryInternals = map[string]bool{
+	modulePath + "/internal/configcheck": true,
 	modulePath + "/internal/outboxstore": true,
 	modulePath + "/internal/receive":     true,
 	modulePath + "/internal/origin":      true,

@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -91,23 +92,8 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	var errs []error
-	if cfg.Pool == nil {
-		errs = append(errs, errors.New("missing Pool"))
-	}
-	if cfg.Verifier == nil {
-		errs = append(errs, errors.New("missing Verifier"))
-	}
-	if cfg.MaxBodyBytes < 0 {
-		errs = append(errs, errors.New("MaxBodyBytes is negative"))
-	}
-	if cfg.FailureURL != "" {
-		if u, err := url.Parse(cfg.FailureURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("FailureURL %q must be an absolute URL like https://hooks.example.com/failure", cfg.FailureURL))
-		}
-	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid failure callback config: %w", errors.Join(errs...))
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.LegacyWindow == nil {
 		cfg.LegacyWindow = legacyOpen(cfg.Pool)
@@ -119,6 +105,30 @@ func NewCallbackHandler(cfg CallbackConfig) (*CallbackHandler, error) {
 		Name:         "failure callback",
 		ConfigHint:   "set FAILURE_CALLBACK_URL",
 	}}, nil
+}
+
+// validate reports every invalid field, each a *publish.ConfigError.
+func (c CallbackConfig) validate() error {
+	bad := configcheck.For("failure callback")
+	if c.Pool == nil {
+		bad.Bad("Pool", "is nil; it must be the pool the letters are recorded in (a *pgxpool.Pool)")
+	}
+	if c.Verifier == nil {
+		bad.Bad("Verifier", "is nil; it must check the callbacks' signatures (qstash.NewVerifier)")
+	}
+	if c.MaxBodyBytes < 0 {
+		bad.Bad("MaxBodyBytes", "%d is negative (0 means DefaultCallbackMaxBodyBytes)", c.MaxBodyBytes)
+	}
+	if c.FailureURL != "" && !absoluteHTTPURL(c.FailureURL) {
+		bad.Bad("FailureURL", "%q must be an absolute URL like https://hooks.example.com/failure", c.FailureURL)
+	}
+	return bad.Err()
+}
+
+// absoluteHTTPURL reports whether s is an absolute http(s) URL.
+func absoluteHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
 // The callback's rows of the status table; the receive step adds 401, 489 body_too_large

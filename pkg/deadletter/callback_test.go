@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
@@ -205,11 +206,7 @@ func TestCallbackDatabaseDown(t *testing.T) {
 func TestNewCallbackHandlerValidates(t *testing.T) {
 	t.Parallel()
 	_, err := deadletter.NewCallbackHandler(deadletter.CallbackConfig{FailureURL: "nope", MaxBodyBytes: -1})
-	for _, want := range []string{"Pool", "Verifier", "FailureURL", "MaxBodyBytes"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("error %v does not mention %s", err, want)
-		}
-	}
+	configchecktest.RequireFields(t, err, "failure callback", "Pool", "Verifier", "FailureURL", "MaxBodyBytes")
 }
 
 // The docs' variant: sourceHeader values as strings, timestamps as quoted strings.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -69,19 +70,16 @@ func (c SyncConfig) WithDefaults() SyncConfig {
 	return c
 }
 
-// Validate reports every invalid field.
+// Validate reports every invalid field, each a *publish.ConfigError.
 func (c SyncConfig) Validate() error {
-	var errs []error
+	bad := configcheck.For("dlq sync")
 	if c.DLQ == nil {
-		errs = append(errs, errors.New("DLQ is nil"))
+		bad.Bad("DLQ", "is nil; it must be QStash's dead-letter queue ((*qstash.Publisher).DLQ)")
 	}
-	if u, err := url.Parse(c.DestinationBaseURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("DestinationBaseURL %q must be the webhook's absolute base URL, e.g. https://hooks.example.com", c.DestinationBaseURL))
+	if !absoluteHTTPURL(c.DestinationBaseURL) {
+		bad.Bad("DestinationBaseURL", "%q must be the webhook's absolute base URL, e.g. https://hooks.example.com", c.DestinationBaseURL)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid dlq sync config: %w", errors.Join(errs...))
-	}
-	return nil
+	return bad.Err()
 }
 
 // SyncResult counts what Sync did with the DLQ entries it read.

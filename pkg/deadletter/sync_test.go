@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -323,9 +324,7 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 func TestSyncConfigValidate(t *testing.T) {
 	t.Parallel()
 	_, err := deadletter.Sync(context.Background(), nil, deadletter.SyncConfig{DestinationBaseURL: "hooks.example.com"})
-	if err == nil || !strings.Contains(err.Error(), "DLQ is nil") || !strings.Contains(err.Error(), "DestinationBaseURL") {
-		t.Fatalf("err = %v", err)
-	}
+	configchecktest.RequireFields(t, err, "dlq sync", "DLQ", "DestinationBaseURL")
 }
 
 // TestSyncAPIErrors: a QStash error stops the sync with an error naming the answer, and

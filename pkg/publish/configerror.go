@@ -1,11 +1,14 @@
 package publish
 
-// ConfigError is one invalid field of a configuration (relay.Config, the QStash publisher's,
-// retention's). Callers that fill a field from their own source (an environment variable,
+// ConfigError is one invalid field of a configuration: every configuration in this module
+// (relay.Config, the QStash publisher's and verifier's, retention's, the webhook's, the
+// failure callback's, the DLQ sync's) reports each invalid field as one, joined with
+// errors.Join. Callers that fill a field from their own source (an environment variable,
 // a flag) find the field with errors.As and say which setting to fix, without reading the
 // message.
 type ConfigError struct {
-	// Config names the configuration ("relay", "qstash publisher", "retention").
+	// Config names the configuration ("relay", "qstash publisher", "qstash verifier",
+	// "retention", "webhook", "failure callback", "dlq sync").
 	Config string
 	// Field is the Go field name, e.g. "Lease".
 	Field string

@@ -1,7 +1,7 @@
 // Package publish is the contract between the relay and the queue it publishes to: what
 // one message's publish came to (Result, classified by Outcome as Published, Retryable,
 // PermanentFailure or Deferred) and the errors that classify it (Permanent, *DeferError),
-// plus *ConfigError, which the relay's configurable parts use to name an invalid field.
+// plus *ConfigError, which every configuration in the module uses to name an invalid field.
 // It imports nothing of the project, so a publisher (package qstash) implements
 // relay.Publisher without linking the relay engine into programs that only receive.
 package publish

@@ -2,13 +2,13 @@ package qstash
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
@@ -130,84 +130,81 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 
 // Validate reports every invalid field of c (call it after WithDefaults).
 func (c PublisherConfig) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, &publish.ConfigError{Config: "qstash publisher", Field: field, Reason: fmt.Sprintf(format, args...)})
-	}
+	bad := configcheck.For("qstash publisher")
 	if err := checkBaseURL(c.BaseURL); err != nil {
-		bad("BaseURL", "%v", err)
+		bad.Bad("BaseURL", "%v", err)
 	}
 	if c.Tokens == nil || c.Tokens.get() == "" {
-		bad("Token", "is empty")
+		bad.Bad("Token", "is empty")
 	}
 	if c.DestinationBaseURL == "" {
-		bad("DestinationBaseURL", "is empty")
+		bad.Bad("DestinationBaseURL", "is empty")
 	} else if err := checkHTTPURL(c.DestinationBaseURL); err != nil {
-		bad("DestinationBaseURL", "%v", err)
+		bad.Bad("DestinationBaseURL", "%v", err)
 	} else if u, _ := url.Parse(c.DestinationBaseURL); u.RawQuery != "" || u.Fragment != "" {
-		bad("DestinationBaseURL", "%q must not have a query or fragment", c.DestinationBaseURL)
+		bad.Bad("DestinationBaseURL", "%q must not have a query or fragment", c.DestinationBaseURL)
 	}
 	if c.FailureCallbackURL != "" {
 		if err := checkHTTPURL(c.FailureCallbackURL); err != nil {
-			bad("FailureCallbackURL", "%v", err)
+			bad.Bad("FailureCallbackURL", "%v", err)
 		}
 	}
 	if c.Retries < NoRetries {
-		bad("Retries", "%d is negative (use NoRetries for a single attempt)", c.Retries)
+		bad.Bad("Retries", "%d is negative (use NoRetries for a single attempt)", c.Retries)
 	}
 	switch c.Ordering {
 	case publish.OrderingPublish:
 	case publish.OrderingFIFO:
 		if c.FlowControlParallelism != 0 || c.FlowControlRate != 0 || c.FlowControlPeriod != 0 {
-			bad("FlowControlParallelism", "flow control is for publish ordering; FIFO queues already deliver one message per queue at a time")
+			bad.Bad("FlowControlParallelism", "flow control is for publish ordering; FIFO queues already deliver one message per queue at a time")
 		}
 	default:
-		bad("Ordering", "%q is neither %q nor %q", c.Ordering, publish.OrderingPublish, publish.OrderingFIFO)
+		bad.Bad("Ordering", "%q is neither %q nor %q", c.Ordering, publish.OrderingPublish, publish.OrderingFIFO)
 	}
 	limits, err := c.Plan.Limits()
 	if err != nil {
-		bad("Plan", "%v", err)
+		bad.Bad("Plan", "%v", err)
 	}
 	if c.FIFOQueues < 1 {
-		bad("FIFOQueues", "%d must be at least 1", c.FIFOQueues)
+		bad.Bad("FIFOQueues", "%d must be at least 1", c.FIFOQueues)
 	} else if err == nil && c.Ordering == publish.OrderingFIFO && c.FIFOQueues > limits.MaxQueues {
-		bad("FIFOQueues", "%d is more than the %d queues QStash's %s plan allows (set the plan, or fewer queues)", c.FIFOQueues, limits.MaxQueues, c.Plan)
+		bad.Bad("FIFOQueues", "%d is more than the %d queues QStash's %s plan allows (set the plan, or fewer queues)", c.FIFOQueues, limits.MaxQueues, c.Plan)
 	}
 	if !validQueueName(c.QueuePrefix) {
-		bad("QueuePrefix", "%q must be letters, digits, '-' or '_'", c.QueuePrefix)
+		bad.Bad("QueuePrefix", "%q must be letters, digits, '-' or '_'", c.QueuePrefix)
 	}
 	if !ValidName(c.Name) {
-		bad("Name", "%q must be 1-%d letters, digits, '-' or '_' (it goes into deduplication ids and queue names)", c.Name, MaxNameLen)
+		bad.Bad("Name", "%q must be 1-%d letters, digits, '-' or '_' (it goes into deduplication ids and queue names)", c.Name, MaxNameLen)
 	}
 	if c.MaxMessageBytes < 1 && !(err != nil && c.MaxMessageBytes == 0) {
-		bad("MaxMessageBytes", "%d must be positive", c.MaxMessageBytes)
+		bad.Bad("MaxMessageBytes", "%d must be positive", c.MaxMessageBytes)
 	} else if err == nil && c.MaxMessageBytes > limits.MaxMessageBytes {
-		bad("MaxMessageBytes", "%d is above the %d-byte message limit of QStash's %s plan", c.MaxMessageBytes, limits.MaxMessageBytes, c.Plan)
+		bad.Bad("MaxMessageBytes", "%d is above the %d-byte message limit of QStash's %s plan", c.MaxMessageBytes, limits.MaxMessageBytes, c.Plan)
 	}
 	if c.MaxRequestBytes < MinRequestBytes || c.MaxRequestBytes > MaxRequestBytes {
-		bad("MaxRequestBytes", "%d is outside %d..%d (QStash refuses requests over 100 MB)", c.MaxRequestBytes, MinRequestBytes, MaxRequestBytes)
+		bad.Bad("MaxRequestBytes", "%d is outside %d..%d (QStash refuses requests over 100 MB)", c.MaxRequestBytes, MinRequestBytes, MaxRequestBytes)
 	}
 	if c.FlowControlParallelism < 0 {
-		bad("FlowControlParallelism", "%d is negative", c.FlowControlParallelism)
+		bad.Bad("FlowControlParallelism", "%d is negative", c.FlowControlParallelism)
 	}
 	if c.FlowControlRate < 0 {
-		bad("FlowControlRate", "%d is negative", c.FlowControlRate)
+		bad.Bad("FlowControlRate", "%d is negative", c.FlowControlRate)
 	}
 	if c.FlowControlPeriod < 0 || c.FlowControlPeriod > MaxFlowControlPeriod {
-		bad("FlowControlPeriod", "%v is outside 0..%v", c.FlowControlPeriod, MaxFlowControlPeriod)
+		bad.Bad("FlowControlPeriod", "%v is outside 0..%v", c.FlowControlPeriod, MaxFlowControlPeriod)
 	} else if c.FlowControlPeriod%time.Second != 0 {
-		bad("FlowControlPeriod", "%v is not a whole number of seconds", c.FlowControlPeriod)
+		bad.Bad("FlowControlPeriod", "%v is not a whole number of seconds", c.FlowControlPeriod)
 	}
 	if c.FlowControlPeriod != 0 && c.FlowControlRate == 0 {
-		bad("FlowControlPeriod", "is set without FlowControlRate")
+		bad.Bad("FlowControlPeriod", "is set without FlowControlRate")
 	}
 	if c.RequestTimeout <= 0 {
-		bad("RequestTimeout", "%v must be positive", c.RequestTimeout)
+		bad.Bad("RequestTimeout", "%v must be positive", c.RequestTimeout)
 	}
 	if c.MaxBatchItems < 1 {
-		bad("MaxBatchItems", "%d must be at least 1", c.MaxBatchItems)
+		bad.Bad("MaxBatchItems", "%d must be at least 1", c.MaxBatchItems)
 	}
-	return errors.Join(errs...)
+	return bad.Err()
 }
 
 func checkHTTPURL(s string) error {

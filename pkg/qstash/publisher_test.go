@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/internal/localqstash"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
@@ -163,13 +164,9 @@ func TestPublisherConfig(t *testing.T) {
 		"MaxBatchItems":          {Token: "t", DestinationBaseURL: "https://x", MaxBatchItems: -1},
 		"QueuePrefix":            {Token: "t", DestinationBaseURL: "https://x", QueuePrefix: "a b"},
 	} {
-		err := cfg.WithDefaults().Validate()
-		if err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("%s: Validate = %v, want an error naming it", field, err)
-		}
-		if _, err := qstash.NewPublisher(cfg); err == nil {
-			t.Errorf("%s: NewPublisher accepted it", field)
-		}
+		configchecktest.RequireFields(t, cfg.WithDefaults().Validate(), "qstash publisher", field)
+		_, err := qstash.NewPublisher(cfg)
+		configchecktest.RequireFields(t, err, "qstash publisher", field)
 	}
 	p := newPublisher(t, ok)
 	if got := p.Destination("order.created"); got != "https://x.lambda-url.us-east-1.on.aws/events/order.created" {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 )
 
 // Dev server credentials, published by Upstash for its local QStash server. The project's
@@ -127,20 +129,21 @@ type Verifier struct {
 	now       func() time.Time
 }
 
-// NewVerifier returns a Verifier, or an error naming each missing key.
+// NewVerifier returns a Verifier, or an error naming each invalid field (each a
+// *publish.ConfigError).
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
-	var errs []error
+	bad := configcheck.For("qstash verifier")
 	if cfg.CurrentSigningKey == "" {
-		errs = append(errs, errors.New("CurrentSigningKey is empty"))
+		bad.Bad("CurrentSigningKey", "is empty; it must be QStash's current signing key")
 	}
 	if cfg.NextSigningKey == "" {
-		errs = append(errs, errors.New("NextSigningKey is empty (an empty key would accept forged tokens)"))
+		bad.Bad("NextSigningKey", "is empty; it must be QStash's next signing key (an empty key would accept forged tokens)")
 	}
 	if cfg.Tolerance < 0 {
-		errs = append(errs, errors.New("signature tolerance is negative"))
+		bad.Bad("Tolerance", "%v is negative (0 means DefaultTolerance)", cfg.Tolerance)
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("build qstash verifier: %w", errors.Join(errs...))
+	if err := bad.Err(); err != nil {
+		return nil, err
 	}
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = DefaultTolerance

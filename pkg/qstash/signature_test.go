@@ -11,6 +11,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
@@ -121,16 +122,21 @@ func TestVerifierRejects(t *testing.T) {
 
 func TestNewVerifierRefusesEmptyKeys(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]qstash.VerifierConfig{
-		"no current": {NextSigningKey: qstash.DevNextSigningKey},
-		"no next":    {CurrentSigningKey: qstash.DevCurrentSigningKey},
-		"neither":    {},
-		"negative tolerance": {CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey,
-			Tolerance: -time.Second},
+	for _, c := range []struct {
+		cfg    qstash.VerifierConfig
+		fields []string
+	}{
+		{qstash.VerifierConfig{NextSigningKey: qstash.DevNextSigningKey}, []string{"CurrentSigningKey"}},
+		{qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey}, []string{"NextSigningKey"}},
+		{qstash.VerifierConfig{CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey, Tolerance: -time.Second},
+			[]string{"Tolerance"}},
+		{qstash.VerifierConfig{Tolerance: -time.Second}, []string{"CurrentSigningKey", "NextSigningKey", "Tolerance"}},
 	} {
-		if v, err := qstash.NewVerifier(cfg); err == nil || v != nil {
-			t.Errorf("%s: NewVerifier = %v, %v; want an error", name, v, err)
+		v, err := qstash.NewVerifier(c.cfg)
+		if v != nil {
+			t.Errorf("%v: NewVerifier returned a verifier", c.fields)
 		}
+		configchecktest.RequireFields(t, err, "qstash verifier", c.fields...)
 	}
 }
 

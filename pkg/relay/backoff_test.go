@@ -1,9 +1,10 @@
 package relay
 
 import (
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 )
 
 func TestBackoff(t *testing.T) {
@@ -46,15 +47,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	bad := Config{BatchSize: -1, Lease: time.Second, PublishTimeout: 2 * time.Second, MaxAttempts: -3, BackoffBase: time.Millisecond}.WithDefaults()
-	err := bad.Validate()
-	if err == nil {
-		t.Fatal("want errors")
-	}
-	for _, field := range []string{"BatchSize", "Lease", "MaxAttempts", "BackoffBase"} {
-		if !strings.Contains(err.Error(), field) {
-			t.Errorf("error %q does not name %s", err, field)
-		}
-	}
+	configchecktest.RequireFields(t, bad.Validate(), "relay", "BatchSize", "Lease", "MaxAttempts", "BackoffBase")
 	if _, err := New(nil, nil, Config{}); err == nil {
 		t.Fatal("New without db and publisher succeeded")
 	}

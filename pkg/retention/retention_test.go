@@ -3,10 +3,10 @@ package retention_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
@@ -222,11 +222,7 @@ func TestRunStopsWhenContextEnds(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	err := retention.Config{OutboxRetention: time.Second, DedupeTTL: -time.Hour, BatchSize: retention.MaxBatchSize + 1, MaxBatches: -1}.WithDefaults().Validate()
-	for _, field := range []string{"OutboxRetention", "DedupeTTL", "BatchSize", "MaxBatches"} {
-		if err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("Validate does not name %s: %v", field, err)
-		}
-	}
+	configchecktest.RequireFields(t, err, "retention", "OutboxRetention", "DedupeTTL", "BatchSize", "MaxBatches")
 	if _, err := retention.Run(t.Context(), nil, retention.Config{BatchSize: -1}); err == nil {
 		t.Fatal("Run accepted an invalid config")
 	}

@@ -20,6 +20,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/internal/receive"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/pkg/inbox"
@@ -126,38 +127,35 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every invalid field.
+// Validate reports every invalid field, each a *publish.ConfigError.
 func (c Config) Validate() error {
-	var errs []error
+	bad := configcheck.For("webhook")
 	if c.Pool == nil {
-		errs = append(errs, errors.New("missing Pool"))
+		bad.Bad("Pool", "is nil; it must be the pool the inbox transactions run on (a *pgxpool.Pool)")
 	}
 	if c.Verifier == nil {
-		errs = append(errs, errors.New("missing Verifier"))
+		bad.Bad("Verifier", "is nil; it must check the deliveries' signatures (qstash.NewVerifier)")
 	}
 	if len(c.Handlers) == 0 {
-		errs = append(errs, errors.New("Handlers is empty; register at least one topic"))
+		bad.Bad("Handlers", "is empty; register at least one topic")
 	}
 	for topic, fn := range c.Handlers {
 		if err := outbox.ValidTopic(topic); err != nil {
-			errs = append(errs, fmt.Errorf("Handlers: topic %q: %v", topic, err))
+			bad.Bad("Handlers", "topic %q: %v", topic, err)
 		}
 		if fn == nil {
-			errs = append(errs, fmt.Errorf("Handlers: topic %q has a nil handler", topic))
+			bad.Bad("Handlers", "topic %q has a nil handler", topic)
 		}
 	}
 	if c.MaxBodyBytes < 0 {
-		errs = append(errs, errors.New("MaxBodyBytes is negative"))
+		bad.Bad("MaxBodyBytes", "%d is negative (0 means DefaultMaxBodyBytes)", c.MaxBodyBytes)
 	}
 	if c.PublicBaseURL != "" {
 		if err := validBaseURL(c.PublicBaseURL); err != nil {
-			errs = append(errs, fmt.Errorf("PublicBaseURL: %w", err))
+			bad.Bad("PublicBaseURL", "%v", err)
 		}
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid webhook config: %w", errors.Join(errs...))
-	}
-	return nil
+	return bad.Err()
 }
 
 // validBaseURL accepts an absolute http(s) URL without query or fragment.
