@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
+	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
@@ -35,6 +37,19 @@ func TestBuildServesWebhook(t *testing.T) {
 	receivertest.ServeSigned(t, h, public+target, target, []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`))
 	if spans := rec.Ended(); len(spans) != 2 || spans[1].Name() != "process order.created" {
 		t.Fatalf("%d spans; want the delivery and its inbox commit", len(spans))
+	}
+}
+
+// TestStartNamesRefusedVariable: a PUBLIC_BASE_URL the environment reader lets through
+// but the webhook refuses (a fragment) stops the cold start with an error naming the
+// variable, not the library field.
+func TestStartNamesRefusedVariable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg := receivertest.LoadConfig(t, readConfig, map[string]string{"DATABASE_URL": db.URL, "PUBLIC_BASE_URL": "https://hooks.example.com/#top"})
+	h, _, err := receiverfunc.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), build)
+	if got := envconfig.Vars(err); h != nil || !slices.Equal(got, []string{"PUBLIC_BASE_URL"}) {
+		t.Fatalf("variables %v in: %v", got, err)
 	}
 }
 

@@ -3,8 +3,9 @@
 // built on this package's Reader, the relay Lambda and `outboxctl relay`. (The relay's
 // reader sits apart so the receivers do not link the relay engine.) Each reader reports every missing, invalid or inconsistent
 // variable at once, each error a *VarError naming the variable; the libraries' own
-// validation (relay.Config, the QStash publisher's, retention's) is mapped to variables
-// through the fields their *publish.ConfigError names, never by reading messages. Defaults
+// validation (relay.Config, the QStash publisher's, retention's; the receivers' handlers
+// and verifier, through ReceiverConfig.ByVariable) is mapped to variables through the
+// fields their *publish.ConfigError names, never by reading messages. Defaults
 // are applied once, here; no message repeats a value that may hold a secret.
 //
 // Durations are Go durations (30s, 15m, 1h) or a whole number of days (7d). Every variable
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,23 +152,29 @@ func (r *Reader) AbsoluteURL(name, example string, fields ...string) string {
 // check adds err's problems: each *publish.ConfigError whose field a variable sets is
 // reported under that variable; anything else as it is.
 func (r *Reader) Check(err error) {
+	errs, _ := byVariable(err, r.fields)
+	r.errs = append(r.errs, errs...)
+}
+
+// byVariable splits err into its problems, each *publish.ConfigError whose field a
+// variable sets (fields) as a *VarError naming that variable; mapped says whether any was.
+func byVariable(err error, fields map[string]string) (errs []error, mapped bool) {
 	if err == nil {
-		return
+		return nil, false
 	}
-	errs := []error{err}
+	errs = []error{err}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
+		errs = slices.Clone(j.Unwrap())
 	}
-	for _, e := range errs {
+	for i, e := range errs {
 		var ce *publish.ConfigError
 		if errors.As(e, &ce) {
-			if v, ok := r.fields[ce.Field]; ok {
-				r.errs = append(r.errs, &VarError{Var: v, Reason: ce.Error(), Err: e})
-				continue
+			if v, ok := fields[ce.Field]; ok {
+				errs[i], mapped = &VarError{Var: v, Reason: ce.Error(), Err: e}, true
 			}
 		}
-		r.errs = append(r.errs, e)
 	}
+	return errs, mapped
 }
 
 func (r *Reader) Err() error { return errors.Join(r.errs...) }

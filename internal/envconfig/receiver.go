@@ -1,6 +1,7 @@
 package envconfig
 
 import (
+	"errors"
 	"log/slog"
 	"strconv"
 
@@ -24,26 +25,37 @@ type ReceiverConfig struct {
 	// PublicURL is the webhook's PUBLIC_BASE_URL or the failure callback's
 	// FAILURE_CALLBACK_URL: the signed URL's base (or whole URL), when not the Function URL's.
 	PublicURL string
+	// fields maps the library fields these variables set to the variables (Reader.Sets), so
+	// ByVariable can name the variable behind a handler's or verifier's own check.
+	fields map[string]string
+}
+
+// ByVariable returns err, an error of the signature verifier or the handler built from c,
+// with each *publish.ConfigError about a field one of c's variables sets reported as a
+// *VarError naming that variable (a PUBLIC_BASE_URL the webhook refuses reads
+// "PUBLIC_BASE_URL: webhook config PublicBaseURL: ..."); err as it is when there is none.
+func (c ReceiverConfig) ByVariable(err error) error {
+	if errs, mapped := byVariable(err, c.fields); mapped {
+		return errors.Join(errs...)
+	}
+	return err
 }
 
 // ReadWebhook reads the webhook's configuration; maxBody is its default body limit.
 func ReadWebhook(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	r := NewReader(getenv)
-	c := readReceiver(r, maxBody)
-	c.PublicURL = r.AbsoluteURL("PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
-	return c, r.Err()
+	return readReceiver(getenv, maxBody, "PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
 }
 
 // ReadFailure reads the failure-callback recorder's configuration; maxBody is its default
 // body limit. FAILURE_CALLBACK_URL is the same variable the relay publishes.
 func ReadFailure(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	r := NewReader(getenv)
-	c := readReceiver(r, maxBody)
-	c.PublicURL = r.AbsoluteURL("FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
-	return c, r.Err()
+	return readReceiver(getenv, maxBody, "FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
 }
 
-func readReceiver(r *Reader, maxBody int64) ReceiverConfig {
+// readReceiver reads a receiver's variables; its public URL is urlVar, which sets the
+// handler's field urlField.
+func readReceiver(getenv func(string) string, maxBody int64, urlVar, urlExample, urlField string) (ReceiverConfig, error) {
+	r := NewReader(getenv)
 	c := ReceiverConfig{
 		DatabaseURL:       r.DatabaseURL(),
 		CurrentSigningKey: r.Required("QSTASH_CURRENT_SIGNING_KEY", "QStash console, Signing keys", "CurrentSigningKey"),
@@ -61,7 +73,9 @@ func readReceiver(r *Reader, maxBody int64) ReceiverConfig {
 		}
 	}
 	c.LogLevel = r.LogLevel()
-	return c
+	c.PublicURL = r.AbsoluteURL(urlVar, urlExample, urlField)
+	c.fields = r.fields
+	return c, r.Err()
 }
 
 // Verifier builds the hardened signature verifier from the two signing keys.

@@ -1,10 +1,17 @@
 package envconfig
 
 import (
+	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
@@ -74,6 +81,47 @@ func TestReceiverURLs(t *testing.T) {
 	}
 	if _, err := ReadWebhook(env(m), 1); !vars(err)["PUBLIC_BASE_URL"] {
 		t.Fatalf("PUBLIC_BASE_URL without a scheme: %v", err)
+	}
+}
+
+// TestByVariableNamesReceiverVariables: a field the webhook, the failure callback or the
+// verifier refuses is reported under the variable that set it; a field no variable sets
+// stays the library's *publish.ConfigError.
+func TestByVariableNamesReceiverVariables(t *testing.T) {
+	t.Parallel()
+	m := map[string]string{
+		"DATABASE_URL": "postgres://u@127.0.0.1:5432/db", "QSTASH_CURRENT_SIGNING_KEY": "c", "QSTASH_NEXT_SIGNING_KEY": "n",
+		"PUBLIC_BASE_URL": "https://hooks.example.com/#top", // the reader lets a fragment through; the webhook does not
+	}
+	w, err := ReadWebhook(env(m), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = webhook.New(webhook.Config{PublicBaseURL: w.PublicURL, Handlers: webhook.Handlers{"t": nil}})
+	err = w.ByVariable(err)
+	if got := Vars(err); !slices.Equal(got, []string{"PUBLIC_BASE_URL"}) || !strings.Contains(err.Error(), "PUBLIC_BASE_URL: webhook config PublicBaseURL:") {
+		t.Fatalf("variables %v in:\n%v", got, err)
+	}
+	var ce *publish.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Pool" {
+		t.Fatalf("the first problem is not the Pool's ConfigError: %v", err)
+	}
+
+	f, err := ReadFailure(env(m), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{FailureURL: "nope", MaxBodyBytes: -1})
+	if got := Vars(f.ByVariable(err)); !slices.Equal(got, []string{"MAX_BODY_BYTES", "FAILURE_CALLBACK_URL"}) {
+		t.Fatalf("failure callback: variables %v in:\n%v", got, err)
+	}
+	_, err = qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: "c"})
+	if got := Vars(f.ByVariable(err)); !slices.Equal(got, []string{"QSTASH_NEXT_SIGNING_KEY"}) {
+		t.Fatalf("verifier: variables %v in:\n%v", got, err)
+	}
+	plain := errors.New("connect: refused")
+	if got := f.ByVariable(plain); got != plain {
+		t.Fatalf("an error without a ConfigError changed: %v", got)
 	}
 }
 

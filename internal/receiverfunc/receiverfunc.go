@@ -60,7 +60,8 @@ func LoadConfig(read Read, getenv func(string) string) (Config, error) {
 }
 
 // Start opens the pool (refreshing rotated credentials) and the verifier of cfg's signing
-// keys, and builds the handler on them. On error nothing stays open.
+// keys, and builds the handler on them. A field the verifier or the handler refuses is
+// reported under the variable that set it. On error nothing stays open.
 func Start(ctx context.Context, cfg Config, logger *slog.Logger, build Build) (http.Handler, *pgxpool.Pool, error) {
 	pool, err := NewPool(ctx, cfg, logger)
 	if err != nil {
@@ -74,7 +75,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, build Build) (h
 		}
 	}
 	pool.Close()
-	return nil, nil, err
+	return nil, nil, cfg.ByVariable(err)
 }
 
 // Observer returns an Observe func that writes one EMF line per counted outcome:
