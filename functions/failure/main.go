@@ -11,40 +11,33 @@
 package main
 
 import (
-	"log/slog"
 	"net/http"
-	"os"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
 
-// readConfig reads the environment through getenv and reports every missing or invalid
-// variable at once.
-func readConfig(getenv func(string) string) (envconfig.ReceiverConfig, error) {
-	return envconfig.ReadFailure(getenv, deadletter.DefaultCallbackMaxBodyBytes)
-}
+func main() { receiver.Main() }
 
-func main() { receiverfunc.Main("outbox-failure", readConfig, build) }
-
-// build makes the callback handler on the pool and verifier of the cold start.
-func build(cfg receiverfunc.Config, pool *pgxpool.Pool, v *qstash.Verifier, logger *slog.Logger) (http.Handler, error) {
-	obs := receiverfunc.Observer(metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}), logger,
-		metrics.FunctionFailure, outcomeMetric)
-	return deadletter.NewCallbackHandler(deadletter.CallbackConfig{
-		Pool:         pool,
-		Verifier:     v,
-		FailureURL:   cfg.PublicURL,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		Logger:       logger,
-		Tracer:       cfg.Tracer,
-		Observe:      func(outcome string) { obs("", outcome) },
-	})
+// receiver is this function: its variables, its metrics and its handler.
+var receiver = receiverfunc.Receiver{
+	Function: metrics.FunctionFailure,
+	Read:     envconfig.ReadFailure(deadletter.DefaultCallbackMaxBodyBytes),
+	Outcomes: outcomeMetric,
+	// Handler makes the callback handler on the pool and verifier of the cold start.
+	Handler: func(p receiverfunc.Parts) (http.Handler, error) {
+		return deadletter.NewCallbackHandler(deadletter.CallbackConfig{
+			Pool:         p.Pool,
+			Verifier:     p.Verifier,
+			FailureURL:   p.PublicURL,
+			MaxBodyBytes: p.MaxBodyBytes,
+			Logger:       p.Logger,
+			Tracer:       p.Tracer,
+			Observe:      func(outcome string) { p.Observe("", outcome) },
+		})
+	},
 }
 
 // outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead

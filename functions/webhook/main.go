@@ -10,50 +10,46 @@
 package main
 
 import (
-	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"slices"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// readConfig reads the environment through getenv and reports every missing or invalid
-// variable at once.
-func readConfig(getenv func(string) string) (envconfig.ReceiverConfig, error) {
-	return envconfig.ReadWebhook(getenv, webhook.DefaultMaxBodyBytes)
-}
+func main() { receiver.Main() }
 
-func main() { receiverfunc.Main("outbox-webhook", readConfig, build) }
+// handlers are the topics this webhook serves. Register your topics here; order.created is
+// the example (examples/orders; its table comes from `outboxctl migrate up --example`).
+var handlers = orders.Handlers()
 
-// build makes the webhook handler on the pool and verifier of the cold start. This is
-// where your own topic handlers are registered.
-func build(cfg receiverfunc.Config, pool *pgxpool.Pool, v *qstash.Verifier, logger *slog.Logger) (http.Handler, error) {
-	// Register your topics here; order.created is the example (examples/orders; its table
-	// comes from `outboxctl migrate up --example`).
-	handlers := orders.Handlers()
-	em := metrics.NewEMF(os.Stdout, metrics.EMFConfig{Namespace: cfg.MetricsNamespace, Topics: slices.Collect(maps.Keys(handlers))})
-	return webhook.New(webhook.Config{
-		Pool:          pool,
-		Verifier:      v,
-		Handlers:      handlers,
-		MaxBodyBytes:  cfg.MaxBodyBytes,
-		PublicBaseURL: cfg.PublicURL,
-		Logger:        logger,
-		Tracer:        cfg.Tracer,
-		// The outbox shares this database: deliveries published before the message id
-		// moved into the signed URL are checked against it (README, Message identity).
-		Legacy:  webhook.LegacyOutbox(pool),
-		Observe: receiverfunc.Observer(em, logger, metrics.FunctionWebhook, outcomeMetric),
-	})
+// receiver is this function: its variables, its metrics (with a Topic dimension for the
+// registered topics) and its handler.
+var receiver = receiverfunc.Receiver{
+	Function: metrics.FunctionWebhook,
+	Read:     envconfig.ReadWebhook(webhook.DefaultMaxBodyBytes),
+	Outcomes: outcomeMetric,
+	Topics:   slices.Collect(maps.Keys(handlers)),
+	// Handler makes the webhook handler on the pool and verifier of the cold start.
+	Handler: func(p receiverfunc.Parts) (http.Handler, error) {
+		return webhook.New(webhook.Config{
+			Pool:          p.Pool,
+			Verifier:      p.Verifier,
+			Handlers:      handlers,
+			MaxBodyBytes:  p.MaxBodyBytes,
+			PublicBaseURL: p.PublicURL,
+			Logger:        p.Logger,
+			Tracer:        p.Tracer,
+			// The outbox shares this database: deliveries published before the message id
+			// moved into the signed URL are checked against it (README, Message identity).
+			Legacy:  webhook.LegacyOutbox(p.Pool),
+			Observe: p.Observe,
+		})
+	},
 }
 
 // outcomeMetric maps webhook outcomes to the consumer metrics the alarms and dashboard use

@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"slices"
 	"testing"
@@ -12,32 +10,27 @@ import (
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-func TestLoadConfig(t *testing.T) {
-	t.Parallel()
-	receivertest.RequireConfig(t, readConfig, receivertest.Vars{
-		PublicURL: "PUBLIC_BASE_URL", Good: "https://hooks.example.com", Bad: "hooks.example.com", DefaultMaxBodyBytes: 1 << 20,
-	})
+// vars are the function's own variables, for the checks every receiver passes.
+var vars = receivertest.Vars{
+	PublicURL: "PUBLIC_BASE_URL", Good: "https://hooks.example.com", Bad: "hooks.example.com", DefaultMaxBodyBytes: 1 << 20,
 }
 
-func TestBuildServesWebhook(t *testing.T) {
+// TestReceiver: the function reads its environment as every receiver does, and its cold
+// start serves the webhook, traced: the delivery and its inbox commit.
+func TestReceiver(t *testing.T) {
 	t.Parallel()
-	const public = "https://hooks.example.com"
-	h, db, rec := receivertest.Start(t, readConfig, build, map[string]string{"PUBLIC_BASE_URL": public}, "/events/order.created")
-	// The tracer telemetry.Setup returned reaches the handler: a signed request is traced.
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
+	h, db, rec := receivertest.StartReceiver(t, receiver, vars, "/events/order.created")
+	if err := orders.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	target := "/events/order.created?outbox_id=1&generation=0"
-	receivertest.ServeSigned(t, h, public+target, target, []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`))
-	if spans := rec.Ended(); len(spans) != 2 || spans[1].Name() != "process order.created" {
-		t.Fatalf("%d spans; want the delivery and its inbox commit", len(spans))
-	}
+	receivertest.ServeTraced(t, h, rec, vars.Good+target, target, []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`),
+		"inbox commit", "process order.created")
 }
 
 // TestStartNamesRefusedVariable: a PUBLIC_BASE_URL the environment reader lets through
@@ -56,8 +49,7 @@ func TestStartNamesRefusedVariable(t *testing.T) {
 func TestObserverEmitsConsumerMetrics(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	obs := receiverfunc.Observer(metrics.NewEMF(&buf, metrics.EMFConfig{Topics: []string{"order.created"}}), slog.New(slog.NewTextHandler(io.Discard, nil)),
-		metrics.FunctionWebhook, outcomeMetric)
+	obs := receiver.Observer(&buf, "", slog.New(slog.DiscardHandler))
 	for outcome, names := range outcomeMetric {
 		buf.Reset()
 		obs("order.created", outcome)

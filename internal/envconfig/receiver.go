@@ -41,15 +41,21 @@ func (c ReceiverConfig) ByVariable(err error) error {
 	return err
 }
 
-// ReadWebhook reads the webhook's configuration; maxBody is its default body limit.
-func ReadWebhook(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	return readReceiver(getenv, maxBody, "PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
+// ReadWebhook returns the reader of the webhook's configuration (through getenv, every
+// missing or invalid variable reported at once); maxBody is its default body limit.
+func ReadWebhook(maxBody int64) func(getenv func(string) string) (ReceiverConfig, error) {
+	return func(getenv func(string) string) (ReceiverConfig, error) {
+		return readReceiver(getenv, maxBody, "PUBLIC_BASE_URL", "https://hooks.example.com", "PublicBaseURL")
+	}
 }
 
-// ReadFailure reads the failure-callback recorder's configuration; maxBody is its default
-// body limit. FAILURE_CALLBACK_URL is the same variable the relay publishes.
-func ReadFailure(getenv func(string) string, maxBody int64) (ReceiverConfig, error) {
-	return readReceiver(getenv, maxBody, "FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
+// ReadFailure returns the reader of the failure-callback recorder's configuration, as
+// ReadWebhook does the webhook's; maxBody is its default body limit. FAILURE_CALLBACK_URL
+// is the same variable the relay publishes.
+func ReadFailure(maxBody int64) func(getenv func(string) string) (ReceiverConfig, error) {
+	return func(getenv func(string) string) (ReceiverConfig, error) {
+		return readReceiver(getenv, maxBody, "FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureURL")
+	}
 }
 
 // readReceiver reads a receiver's variables; its public URL is urlVar, which sets the

@@ -20,7 +20,7 @@ func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
 		"QSTASH_CURRENT_SIGNING_KEY": "cur",
 		"QSTASH_NEXT_SIGNING_KEY":    "next",
 	}
-	c, err := ReadWebhook(env(m), 4096)
+	c, err := ReadWebhook(4096)(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
 		t.Fatalf("verifier from valid keys: %v", err)
 	}
 	m["MAX_BODY_BYTES"], m["LOG_LEVEL"], m["LISTEN_ADDR"], m["METRICS_NAMESPACE"] = "10", "WARN", "127.0.0.1:0", "Ns"
-	if c, err = ReadWebhook(env(m), 4096); err != nil {
+	if c, err = ReadWebhook(4096)(env(m)); err != nil {
 		t.Fatal(err)
 	}
 	if c.MaxBodyBytes != 10 || c.LogLevel != slog.LevelWarn || c.ListenAddr != "127.0.0.1:0" || c.MetricsNamespace != "Ns" {
@@ -40,11 +40,11 @@ func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
 }
 
 func TestReadReceiverReportsEveryProblemWithoutSecrets(t *testing.T) {
-	_, err := ReadWebhook(env(map[string]string{
+	_, err := ReadWebhook(4096)(env(map[string]string{
 		"DATABASE_URL":   "postgres://u:hunter2@host:notaport/db",
 		"MAX_BODY_BYTES": "-1",
 		"LOG_LEVEL":      "loud",
-	}), 4096)
+	}))
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -67,19 +67,19 @@ func TestReceiverURLs(t *testing.T) {
 		"DATABASE_URL": "postgres://u@127.0.0.1:5432/db", "QSTASH_CURRENT_SIGNING_KEY": "c", "QSTASH_NEXT_SIGNING_KEY": "n",
 		"PUBLIC_BASE_URL": "https://hooks.example.com", "FAILURE_CALLBACK_URL": "https://fail.example.com/cb",
 	}
-	w, err := ReadWebhook(env(m), 1)
+	w, err := ReadWebhook(1)(env(m))
 	if err != nil || w.PublicURL != "https://hooks.example.com" {
 		t.Fatalf("webhook: %+v %v", w, err)
 	}
-	f, err := ReadFailure(env(m), 1)
+	f, err := ReadFailure(1)(env(m))
 	if err != nil || f.PublicURL != "https://fail.example.com/cb" {
 		t.Fatalf("failure: %+v %v", f, err)
 	}
 	m["FAILURE_CALLBACK_URL"], m["PUBLIC_BASE_URL"] = "/cb", "hooks.example.com"
-	if _, err := ReadFailure(env(m), 1); !vars(err)["FAILURE_CALLBACK_URL"] {
+	if _, err := ReadFailure(1)(env(m)); !vars(err)["FAILURE_CALLBACK_URL"] {
 		t.Fatalf("relative FAILURE_CALLBACK_URL: %v", err)
 	}
-	if _, err := ReadWebhook(env(m), 1); !vars(err)["PUBLIC_BASE_URL"] {
+	if _, err := ReadWebhook(1)(env(m)); !vars(err)["PUBLIC_BASE_URL"] {
 		t.Fatalf("PUBLIC_BASE_URL without a scheme: %v", err)
 	}
 }
@@ -93,7 +93,7 @@ func TestByVariableNamesReceiverVariables(t *testing.T) {
 		"DATABASE_URL": "postgres://u@127.0.0.1:5432/db", "QSTASH_CURRENT_SIGNING_KEY": "c", "QSTASH_NEXT_SIGNING_KEY": "n",
 		"PUBLIC_BASE_URL": "https://hooks.example.com/#top", // the reader lets a fragment through; the webhook does not
 	}
-	w, err := ReadWebhook(env(m), 1)
+	w, err := ReadWebhook(1)(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestByVariableNamesReceiverVariables(t *testing.T) {
 		t.Fatalf("the first problem is not the Pool's ConfigError: %v", err)
 	}
 
-	f, err := ReadFailure(env(m), 1)
+	f, err := ReadFailure(1)(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,9 +129,9 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 		case "relay":
 			_, _ = relayenv.Read(record)
 		case "webhook":
-			_, _ = envconfig.ReadWebhook(record, 1)
+			_, _ = envconfig.ReadWebhook(1)(record)
 		case "failure":
-			_, _ = envconfig.ReadFailure(record, 1)
+			_, _ = envconfig.ReadFailure(1)(record)
 		default:
 			t.Fatalf("%s imports envconfig but has no reader here", dir)
 		}

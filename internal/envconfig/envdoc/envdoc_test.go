@@ -62,8 +62,8 @@ func TestEnvTableMatchesTheReaders(t *testing.T) {
 		read func(getenv func(string) string)
 	}{
 		{envdoc.Relay, func(g func(string) string) { _, _ = relayenv.Read(g) }},
-		{envdoc.WebhookFunction, func(g func(string) string) { _, _ = envconfig.ReadWebhook(g, 1) }},
-		{envdoc.FailureFunction, func(g func(string) string) { _, _ = envconfig.ReadFailure(g, 1) }},
+		{envdoc.WebhookFunction, func(g func(string) string) { _, _ = envconfig.ReadWebhook(1)(g) }},
+		{envdoc.FailureFunction, func(g func(string) string) { _, _ = envconfig.ReadFailure(1)(g) }},
 	} {
 		var r recorder
 		rd.read(r.getenv)
