@@ -8,11 +8,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/gosrc"
 )
 
 // TestExportedNamesDocumented fails with the list of exported identifiers in pkg/ (types,
@@ -36,25 +37,13 @@ func TestExportedNamesDocumented(t *testing.T) {
 func walkLibrary(t *testing.T, fn func(path, rel string)) {
 	t.Helper()
 	root := filepath.Join("..", "..")
-	err := filepath.WalkDir(filepath.Join(root, "pkg"), func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if d.Name() == "testdata" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
+	files, err := gosrc.Files(filepath.Join(root, "pkg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range files {
 		rel, _ := filepath.Rel(root, path)
 		fn(path, filepath.ToSlash(rel))
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("walk pkg: %v", err)
 	}
 }
 

@@ -5,11 +5,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/gosrc"
 )
 
 // maxFuncLines is the longest a function may be, counted from its func line to its closing
@@ -27,27 +28,18 @@ func TestNoLongFunctions(t *testing.T) {
 	var offenders []string
 	checked := 0
 	for _, dir := range []string{"pkg", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				if d.Name() == "testdata" {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return nil
-			}
-			long, err := longFuncs(path, nil, maxFuncLines)
-			checked++
-			offenders = append(offenders, long...)
-			return err
-		})
+		files, err := gosrc.Files(filepath.Join(root, dir))
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, path := range files {
+			long, err := longFuncs(path, nil, maxFuncLines)
+			if err != nil {
+				t.Fatal(err)
+			}
+			offenders = append(offenders, long...)
+		}
+		checked += len(files)
 	}
 	if checked < 50 {
 		t.Fatalf("checked only %d files: is root (%s) the repository?", checked, root)
