@@ -86,27 +86,38 @@ func env(s ...Source) []Source { return s }
 
 var ec = env(SourceEnvconfig)
 
+// resolved is a variable awsenv.Resolve reads for every program before its configuration
+// is read: a reference to a secret, or a part of the database URL built from one.
+func resolved(name, group, def, doc string) Var {
+	return Var{name, group, def, All, env(SourceAWSEnv), doc}
+}
+
+// otel is a variable the OpenTelemetry SDK reads for every program (telemetry.Setup).
+func otel(name, def, doc string) Var {
+	return Var{name, "Observability", def, All, env(SourceTelemetry), doc}
+}
+
 // Vars is the reference, in the order it is printed within each group.
 var Vars = []Var{
 	{"DATABASE_URL", "Database", "required (or `DB_SECRET_ARN` / `DB_HOST`)", All, ec,
 		"Postgres connection string, `postgres://user:pass@host:5432/db?sslmode=require`. In AWS it is built from `DB_SECRET_ARN` and the `DB_*` variables below; set one or the other, never both. Never repeated in an error message."},
-	{"DB_SECRET_ARN", "Database", "unset", All, env(SourceAWSEnv),
-		"Secrets Manager secret holding the database credentials as JSON `{\"username\",\"password\",\"host\",\"port\",\"dbname\"}` (the RDS rotation shape); an RDS-managed secret holds only username and password, and `DB_HOST`, `DB_PORT`, `DB_NAME` supply the rest. Read once per cold start and again when the server refuses the password (a rotation)."},
-	{"DB_HOST", "Database", "the secret's host", All, env(SourceAWSEnv), "Database or RDS Proxy endpoint; overrides the secret's host."},
-	{"DB_PORT", "Database", "the secret's port, else 5432", All, env(SourceAWSEnv), "Database port; overrides the secret's port."},
-	{"DB_NAME", "Database", "the secret's dbname, else `postgres`", All, env(SourceAWSEnv), "Database name; overrides the secret's dbname."},
-	{"DB_USER", "Database", "unset", All, env(SourceAWSEnv), "With `DB_IAM_AUTH` and no secret: the database user."},
-	{"DB_SSLMODE", "Database", "`require`", All, env(SourceAWSEnv), "libpq `sslmode` of the built connection string."},
-	{"DB_IAM_AUTH", "Database", "`false`", All, env(SourceAWSEnv), "`true`: authenticate with an RDS IAM token built for every connection instead of a password."},
-	{"DB_PROXY", "Database", "`false`", All, env(SourceAWSEnv), "`true`: the endpoint is RDS Proxy or PgBouncer, so no server-side prepared statements (`default_query_exec_mode=exec`)."},
+	resolved("DB_SECRET_ARN", "Database", "unset",
+		"Secrets Manager secret holding the database credentials as JSON `{\"username\",\"password\",\"host\",\"port\",\"dbname\"}` (the RDS rotation shape); an RDS-managed secret holds only username and password, and `DB_HOST`, `DB_PORT`, `DB_NAME` supply the rest. Read once per cold start and again when the server refuses the password (a rotation)."),
+	resolved("DB_HOST", "Database", "the secret's host", "Database or RDS Proxy endpoint; overrides the secret's host."),
+	resolved("DB_PORT", "Database", "the secret's port, else 5432", "Database port; overrides the secret's port."),
+	resolved("DB_NAME", "Database", "the secret's dbname, else `postgres`", "Database name; overrides the secret's dbname."),
+	resolved("DB_USER", "Database", "unset", "With `DB_IAM_AUTH` and no secret: the database user."),
+	resolved("DB_SSLMODE", "Database", "`require`", "libpq `sslmode` of the built connection string."),
+	resolved("DB_IAM_AUTH", "Database", "`false`", "`true`: authenticate with an RDS IAM token built for every connection instead of a password."),
+	resolved("DB_PROXY", "Database", "`false`", "`true`: the endpoint is RDS Proxy or PgBouncer, so no server-side prepared statements (`default_query_exec_mode=exec`)."),
 
 	{"QSTASH_TOKEN", "QStash", "required", Relay, ec, "QStash API token (Upstash console, QStash). In AWS from `QSTASH_TOKEN_PARAM`."},
-	{"QSTASH_TOKEN_PARAM", "QStash", "unset", All, env(SourceAWSEnv),
-		"SSM SecureString parameter name that holds `QSTASH_TOKEN`; the relay re-reads it once when QStash answers 401/403 (a rotated token). Set it or `QSTASH_TOKEN`, not both."},
+	resolved("QSTASH_TOKEN_PARAM", "QStash", "unset",
+		"SSM SecureString parameter name that holds `QSTASH_TOKEN`; the relay re-reads it once when QStash answers 401/403 (a rotated token). Set it or `QSTASH_TOKEN`, not both."),
 	{"QSTASH_CURRENT_SIGNING_KEY", "QStash", "required", Receivers, ec, "QStash current signing key (console, Signing keys): verifies every delivery and failure callback. In AWS from `QSTASH_CURRENT_SIGNING_KEY_PARAM`."},
-	{"QSTASH_CURRENT_SIGNING_KEY_PARAM", "QStash", "unset", All, env(SourceAWSEnv), "SSM SecureString parameter name that holds `QSTASH_CURRENT_SIGNING_KEY`."},
+	resolved("QSTASH_CURRENT_SIGNING_KEY_PARAM", "QStash", "unset", "SSM SecureString parameter name that holds `QSTASH_CURRENT_SIGNING_KEY`."),
 	{"QSTASH_NEXT_SIGNING_KEY", "QStash", "required", Receivers, ec, "QStash next signing key; required because an empty key would accept forged tokens. Both keys are accepted, so a key rotation loses no delivery. In AWS from `QSTASH_NEXT_SIGNING_KEY_PARAM`."},
-	{"QSTASH_NEXT_SIGNING_KEY_PARAM", "QStash", "unset", All, env(SourceAWSEnv), "SSM SecureString parameter name that holds `QSTASH_NEXT_SIGNING_KEY`."},
+	resolved("QSTASH_NEXT_SIGNING_KEY_PARAM", "QStash", "unset", "SSM SecureString parameter name that holds `QSTASH_NEXT_SIGNING_KEY`."),
 	{"QSTASH_URL", "QStash", "`" + qstash.DefaultBaseURL + "`", Relay, ec,
 		"QStash API origin: a regional URL, the official dev server or the built-in one (`outboxctl qstash-dev`). Refused at startup with a path (e.g. `/v2`), a query, or plain `http` to a host that is not loopback."},
 	{"QSTASH_PLAN", "QStash", "`" + string(qstash.DefaultPlan) + "`", Relay, ec,
@@ -158,16 +169,16 @@ var Vars = []Var{
 
 	{"LOG_LEVEL", "Observability", "`info`", All, ec, "`debug`, `info`, `warn` or `error`."},
 	{"METRICS_NAMESPACE", "Observability", "`" + metrics.DefaultNamespace + "`", All, ec, "CloudWatch namespace of the Embedded Metric Format lines."},
-	{"OTEL_EXPORTER_OTLP_ENDPOINT", "Observability", "unset (tracing off)", All, env(SourceTelemetry), "OTLP/HTTP collector; setting it turns tracing on (see [observability](observability.md))."},
-	{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "Observability", "unset", All, env(SourceTelemetry), "Traces-only OTLP endpoint; also turns tracing on."},
-	{"OTEL_TRACES_EXPORTER", "Observability", "`otlp` when an endpoint is set", All, env(SourceTelemetry), "`otlp` turns tracing on; any other value turns it off."},
-	{"OTEL_SDK_DISABLED", "Observability", "`false`", All, env(SourceTelemetry), "`true` turns tracing off whatever else is set."},
-	{"OTEL_EXPORTER_OTLP_PROTOCOL", "Observability", "`http/protobuf`", All, env(SourceTelemetry), "Only `http/protobuf` is supported; anything else is a startup error."},
-	{"OTEL_SERVICE_NAME", "Observability", "`outbox-relay` (both relays), `outbox-webhook`, `outbox-failure`", All, env(SourceTelemetry), "Service name on the spans (read by the OpenTelemetry SDK)."},
-	{"OTEL_RESOURCE_ATTRIBUTES", "Observability", "unset", All, env(SourceTelemetry), "Extra resource attributes, as the OpenTelemetry specification says."},
-	{"OTEL_EXPORTER_OTLP_HEADERS", "Observability", "unset", All, env(SourceTelemetry), "Headers sent to the collector, as the specification says."},
-	{"OTEL_TRACES_SAMPLER", "Observability", "`parentbased_always_on`", All, env(SourceTelemetry), "Sampler: deliveries follow the producer's sampling decision by default."},
-	{"OTEL_TRACES_SAMPLER_ARG", "Observability", "unset", All, env(SourceTelemetry), "The sampler's argument (e.g. a ratio)."},
+	otel("OTEL_EXPORTER_OTLP_ENDPOINT", "unset (tracing off)", "OTLP/HTTP collector; setting it turns tracing on (see [observability](observability.md))."),
+	otel("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "unset", "Traces-only OTLP endpoint; also turns tracing on."),
+	otel("OTEL_TRACES_EXPORTER", "`otlp` when an endpoint is set", "`otlp` turns tracing on; any other value turns it off."),
+	otel("OTEL_SDK_DISABLED", "`false`", "`true` turns tracing off whatever else is set."),
+	otel("OTEL_EXPORTER_OTLP_PROTOCOL", "`http/protobuf`", "Only `http/protobuf` is supported; anything else is a startup error."),
+	otel("OTEL_SERVICE_NAME", "`outbox-relay` (both relays), `outbox-webhook`, `outbox-failure`", "Service name on the spans (read by the OpenTelemetry SDK)."),
+	otel("OTEL_RESOURCE_ATTRIBUTES", "unset", "Extra resource attributes, as the OpenTelemetry specification says."),
+	otel("OTEL_EXPORTER_OTLP_HEADERS", "unset", "Headers sent to the collector, as the specification says."),
+	otel("OTEL_TRACES_SAMPLER", "`parentbased_always_on`", "Sampler: deliveries follow the producer's sampling decision by default."),
+	otel("OTEL_TRACES_SAMPLER_ARG", "unset", "The sampler's argument (e.g. a ratio)."),
 
 	{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "Lambda runtime", "set by Lambda (MB)", Relay, env(SourceEnvconfig, SourceRelayMain),
 		"The function's memory: `IN_FLIGHT_BYTES` defaults to an eighth of it and `GOMEMLIMIT` to 80 %. Unset outside Lambda."},

@@ -24,11 +24,7 @@ func TestReadByteBudgets(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			m := minimal()
-			for k, v := range c.set {
-				m[k] = v
-			}
-			cfg, err := Read(env(m))
+			cfg, err := Read(env(minimal(c.set)))
 			if err != nil {
 				t.Fatal(err)
 			}

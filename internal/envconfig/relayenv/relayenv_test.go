@@ -1,6 +1,7 @@
 package relayenv
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -12,17 +13,21 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-func minimal() map[string]string {
-	return map[string]string{
+// minimal is the environment with only the required variables, plus set (which may
+// override them).
+func minimal(set map[string]string) map[string]string {
+	m := map[string]string{
 		"DATABASE_URL":    "postgres://relay@db.internal:5432/app?sslmode=require",
 		"QSTASH_TOKEN":    "tok",
 		"PUBLIC_BASE_URL": "https://abc.lambda-url.eu-west-1.on.aws/",
 	}
+	maps.Copy(m, set)
+	return m
 }
 
 func TestReadDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := Read(env(minimal()))
+	c, err := Read(env(minimal(nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,16 +53,13 @@ func TestReadDefaults(t *testing.T) {
 
 func TestReadEverySetting(t *testing.T) {
 	t.Parallel()
-	m := minimal()
-	for k, v := range map[string]string{
+	m := minimal(map[string]string{
 		"QSTASH_URL": "http://127.0.0.1:8080", "FAILURE_CALLBACK_URL": "https://fail.example.com/",
 		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
 		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
 		"LINGER": "40s", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
 		"OUTBOX_NAME": "shop-prod", "QSTASH_PLAN": "Free", "QSTASH_MAX_MESSAGE_BYTES": "500000", "QSTASH_MAX_REQUEST_BYTES": "1048576",
-	} {
-		m[k] = v
-	}
+	})
 	c, err := Read(env(m))
 	if err != nil {
 		t.Fatal(err)
@@ -142,11 +144,7 @@ func TestReadConsistency(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			m := minimal()
-			for k, v := range c.set {
-				m[k] = v
-			}
-			_, err := Read(env(m))
+			_, err := Read(env(minimal(c.set)))
 			if err == nil {
 				t.Fatal("no error")
 			}
