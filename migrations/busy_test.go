@@ -102,7 +102,7 @@ func TestMigrateBesideAnOpenOutboxTransaction(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		applied, err := postgres.MigrateWithOptions(context.Background(), db.Pool, postgres.MigrateOptions{
+		applied, err := postgres.MigrateWithOptions(t.Context(), db.Pool, postgres.MigrateOptions{
 			Logger: logger, LockTimeout: 200 * time.Millisecond, LockBackoff: 100 * time.Millisecond,
 			MaxLockBackoff: 200 * time.Millisecond, LockAttempts: 100})
 		done <- result{applied, err}
@@ -146,12 +146,11 @@ func TestMigrateBesideAnOpenOutboxTransaction(t *testing.T) {
 // next run applies it.
 func TestMigrateLockWaitIsBounded(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	migrateTo(t, db.Pool, 5)
+	db := deployed(t, 5)
 	end := holdOutbox(t, db.Pool)
 	logger, logs := logtest.New()
 	opts := postgres.MigrateOptions{Logger: logger, LockTimeout: 100 * time.Millisecond, LockBackoff: 50 * time.Millisecond, LockAttempts: 3}
-	_, err := postgres.MigrateWithOptions(context.Background(), db.Pool, opts)
+	_, err := postgres.MigrateWithOptions(t.Context(), db.Pool, opts)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("migrate beside a transaction that never ends: %v, want lock_not_available", err)
@@ -160,7 +159,7 @@ func TestMigrateLockWaitIsBounded(t *testing.T) {
 		t.Errorf("%d lock waits logged, want 2 (3 attempts)", n)
 	}
 	end()
-	if applied, err := postgres.MigrateWithOptions(context.Background(), db.Pool, opts); err != nil || len(applied) == 0 || applied[0] != 6 {
+	if applied, err := postgres.MigrateWithOptions(t.Context(), db.Pool, opts); err != nil || len(applied) == 0 || applied[0] != 6 {
 		t.Fatalf("migrate after the transaction ended: %v %v", applied, err)
 	}
 }

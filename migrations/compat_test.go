@@ -1,7 +1,6 @@
 package migrations_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
@@ -65,12 +63,12 @@ func readSQL(t *testing.T, dir, name string) string {
 	return string(b)
 }
 
-// runOldRelease runs rel's statements through one life of five events on pool and returns
+// runOldRelease runs rel's statements through one life of five events on db and returns
 // each step's error (nil entries for the steps that succeeded). tag keeps the rows of
 // repeated runs apart.
-func runOldRelease(t *testing.T, pool *pgxpool.Pool, rel oldRelease, tag string) map[string]error {
+func runOldRelease(t *testing.T, db *pgtest.DB, rel oldRelease, tag string) map[string]error {
 	t.Helper()
-	ctx := context.Background()
+	ctx, pool := t.Context(), db.Pool
 	// Earlier runs' rows must not enter this run's claim.
 	exec(t, pool, `UPDATE outbox SET dispatched_at = now(), lease_token = NULL WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`)
 	errs := map[string]error{}
@@ -113,7 +111,7 @@ func runOldRelease(t *testing.T, pool *pgxpool.Pool, rel oldRelease, tag string)
 		[]int32{400, 400}, token, nil)
 	if errs["relay_dead_letter_after_callback"] != nil {
 		// Nothing is lost: d is still leased, so it is claimed again when the lease ends.
-		if n := count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND lease_token = $2::uuid AND dead_lettered_at IS NULL`, d, token); n != 1 {
+		if n := db.Count(t, `SELECT count(*) FROM outbox WHERE id = $1 AND lease_token = $2::uuid AND dead_lettered_at IS NULL`, d, token); n != 1 {
 			t.Errorf("%s: after the failed dead-letter statement row %d is not leased and pending", rel.name, d)
 		}
 	}
@@ -126,7 +124,7 @@ func runOldRelease(t *testing.T, pool *pgxpool.Pool, rel oldRelease, tag string)
 	_, errs["inbox_claim"] = pool.Exec(ctx, readSQL(t, rel.inbox, "inbox_claim"), args...)
 	// Whatever failed, every event that was dead-lettered has exactly one open letter.
 	for _, id := range []int64{b, c} {
-		if n := count(t, pool, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NULL`, id); n < 1 {
+		if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NULL`, id); n < 1 {
 			t.Errorf("%s: event %d has no open letter", rel.name, id)
 		}
 	}
@@ -160,11 +158,10 @@ func checkOldRelease(t *testing.T, rel oldRelease, schema string, has func(versi
 // statements run a batch's life: only the known breaks of 0005 fail.
 func TestFirstReleaseAgainstEachLaterSchema(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	migrateTo(t, db.Pool, 4)
+	db := deployed(t, 4)
 	upTo := func(top int64) func(int64) bool { return func(v int64) bool { return v <= top } }
-	checkOldRelease(t, firstRelease, "0004", upTo(4), runOldRelease(t, db.Pool, firstRelease, "v4"))
-	st, err := postgres.Status(context.Background(), db.Pool)
+	checkOldRelease(t, firstRelease, "0004", upTo(4), runOldRelease(t, db, firstRelease, "v4"))
+	st, err := postgres.Status(t.Context(), db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +171,7 @@ func TestFirstReleaseAgainstEachLaterSchema(t *testing.T) {
 		}
 		migrateTo(t, db.Pool, s.Version)
 		checkOldRelease(t, firstRelease, fmt.Sprintf("%04d", s.Version), upTo(s.Version),
-			runOldRelease(t, db.Pool, firstRelease, fmt.Sprintf("v%d", s.Version)))
+			runOldRelease(t, db, firstRelease, fmt.Sprintf("v%d", s.Version)))
 	}
 }
 
@@ -183,15 +180,14 @@ func TestFirstReleaseAgainstEachLaterSchema(t *testing.T) {
 // binaries: only the known breaks of 0005 fail.
 func TestWindowReleaseAgainstTheUpgradedSchema(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	migrateWindow(t, db.Pool)
+	db := windowDB(t)
 	window := func(v int64) bool { return v <= 4 || (v >= 10 && v <= 12) }
-	checkOldRelease(t, windowRelease, "of the window", window, runOldRelease(t, db.Pool, windowRelease, "window"))
-	if _, err := postgres.Migrate(context.Background(), db.Pool, nil); err != nil {
+	checkOldRelease(t, windowRelease, "of the window", window, runOldRelease(t, db, windowRelease, "window"))
+	if _, err := postgres.Migrate(t.Context(), db.Pool, nil); err != nil {
 		t.Fatalf("upgrade the window's database: %v", err)
 	}
 	all := func(int64) bool { return true }
-	checkOldRelease(t, windowRelease, "at the head", all, runOldRelease(t, db.Pool, windowRelease, "head"))
+	checkOldRelease(t, windowRelease, "at the head", all, runOldRelease(t, db, windowRelease, "head"))
 }
 
 // TestCurrentCodeAcrossTheFillfactorMigrations: the releases at 0011 and at the first
@@ -202,9 +198,8 @@ func TestCurrentCodeAcrossTheFillfactorMigrations(t *testing.T) {
 	for _, from := range []int64{11, 12} {
 		t.Run(fmt.Sprintf("from %04d", from), func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-			ctx := context.Background()
-			migrateTo(t, db.Pool, from)
+			db := deployed(t, from)
+			ctx := t.Context()
 			if from == 12 {
 				// What 0012 was for a database migrated after 18:43 UTC on Dec 3.
 				exec(t, db.Pool, `ALTER TABLE outbox SET (fillfactor = 50)`)
@@ -244,7 +239,7 @@ func TestCurrentCodeAcrossTheFillfactorMigrations(t *testing.T) {
 			if _, err := store.DeadLetter(ctx, lease, []outboxstore.Failure{{ID: ids[1], Error: "HTTP 400"}, {ID: ids[2], Error: "HTTP 400"}}, nil); err != nil {
 				t.Fatalf("relay after the callback's letter: %v", err)
 			}
-			if n := count(t, db.Pool, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 3 {
+			if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 3 {
 				t.Fatalf("%d open letters, want one per event", n)
 			}
 			var opts string

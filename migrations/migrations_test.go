@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -32,31 +33,38 @@ import (
 // ones would have them.
 func migrateTo(t *testing.T, pool *pgxpool.Pool, version int64) {
 	t.Helper()
+	upTo(t, pool, migrations.FS, version)
+}
+
+// upTo runs goose alone (no window handling, unlike postgres.Migrate) over fsys's
+// migrations up to version.
+func upTo(t *testing.T, pool *pgxpool.Pool, fsys fs.FS, version int64) {
+	t.Helper()
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithDisableGlobalRegistry(true))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.UpTo(context.Background(), version); err != nil {
+	if _, err := p.UpTo(t.Context(), version); err != nil {
 		t.Fatalf("migrate to %d: %v", version, err)
 	}
 }
 
-func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+// deployed is a fresh schema migrated up to version, as a database deployed before the
+// later migrations has it.
+func deployed(t *testing.T, version int64) *pgtest.DB {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
+	migrateTo(t, db.Pool, version)
+	return db
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if _, err := pool.Exec(t.Context(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
-	return n
 }
 
 // TestHeadersConstraintOnDeployedTable: a table migrated before the headers constraint
@@ -67,9 +75,8 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 // Before this migration that row made every claim fail after taking the lease.
 func TestHeadersConstraintOnDeployedTable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	ctx := context.Background()
-	migrateTo(t, db.Pool, 5)
+	db := deployed(t, 5)
+	ctx := t.Context()
 	for i := range 99 {
 		if i == 50 {
 			exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, headers) VALUES ('order.created', 'bad', '{"n":50}', '{"x-n": 1, "x-ok": "y"}')`)
@@ -118,7 +125,7 @@ func TestHeadersConstraintOnDeployedTable(t *testing.T) {
 	if err != nil || st.Dispatched != 99 {
 		t.Fatalf("drain %+v %v, want 99 dispatched", st, err)
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`); n != 0 {
+	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`); n != 0 {
 		t.Fatalf("%d rows still pending", n)
 	}
 }
@@ -128,7 +135,7 @@ func TestHeadersConstraintOnDeployedTable(t *testing.T) {
 func TestHeadersConstraintRefusesBadRows(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, h := range []string{`{"x-n": 1}`, `{"x": null}`, `{"x": {"y": "z"}}`, `[]`, `"s"`, `null`} {
 		_, err := db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload, headers) VALUES ('t', 'k', '{}', $1::jsonb)`, h)
 		var pgErr *pgconn.PgError
@@ -143,6 +150,28 @@ func TestHeadersConstraintRefusesBadRows(t *testing.T) {
 	}
 }
 
+// TestFingerprintOnDeployedTable: letters written before migration 0010 get their
+// fingerprint when it runs, the same one a letter of the same cause written after it gets;
+// and processed_messages rows written before 0011 have no retry count.
+func TestFingerprintOnDeployedTable(t *testing.T) {
+	t.Parallel()
+	db := deployed(t, 7)
+	exec(t, db.Pool, `INSERT INTO dead_letters (source, topic, status_code, error) VALUES
+		('delivery', 'a', 500, 'timeout after 3s on order 1'), ('delivery', 'a', 500, 'timeout after 9s on order 22'),
+		('delivery', 'b', 500, 'timeout after 3s on order 1')`)
+	exec(t, db.Pool, `INSERT INTO processed_messages (consumer, message_id) VALUES ('webhook', '1')`)
+	if _, err := postgres.Migrate(t.Context(), db.Pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, db.Pool, `INSERT INTO dead_letters (source, topic, status_code, error) VALUES ('delivery', 'a', 500, 'timeout after 1s on order 5')`)
+	if n := db.Count(t, `SELECT count(DISTINCT fingerprint) FROM dead_letters`); n != 2 {
+		t.Fatalf("%d fingerprints, want 2 (topic a before and after the migration, topic b)", n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM processed_messages WHERE retried IS NULL`); n != 1 {
+		t.Fatalf("%d rows without a retry count, want 1", n)
+	}
+}
+
 // TestOneOpenLetterOnDeployedTable: a table migrated before the open-letter index holds
 // two open letters for one event (the relay's and the callback's) and two for another
 // generation's redrive history. The migration keeps the oldest open letter per event
@@ -150,9 +179,8 @@ func TestHeadersConstraintRefusesBadRows(t *testing.T) {
 // for the same generation is skipped (0015), the index refusing one that races past.
 func TestOneOpenLetterOnDeployedTable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	ctx := context.Background()
-	migrateTo(t, db.Pool, 4)
+	db := deployed(t, 4)
+	ctx := t.Context()
 	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, dead_lettered_at, generation) VALUES ('t', 'a', '{}', now(), 0), ('t', 'b', '{}', now(), 2)`)
 	exec(t, db.Pool, `INSERT INTO dead_letters (source, outbox_id, topic, error, resolved_at, resolution) VALUES
 		('relay', 1, 't', 'first', NULL, NULL),

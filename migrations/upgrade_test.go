@@ -1,7 +1,6 @@
 package migrations_test
 
 import (
-	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -9,8 +8,6 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
@@ -28,14 +25,11 @@ import (
 // example's own schema step is a no-op on it.
 func TestUpgradeFromTheFirstRelease(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	ctx := context.Background()
-	migrateTo(t, db.Pool, 4)
-	// What 0004 created before the example moved to examples/orders.
-	exec(t, db.Pool, `CREATE TABLE billing_charges (
-	    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text NOT NULL UNIQUE,
-	    amount_cents bigint NOT NULL CHECK (amount_cents > 0), currency text NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
-	    outbox_id text NOT NULL, charged_at timestamptz NOT NULL DEFAULT now())`)
+	db := deployed(t, 4)
+	ctx := t.Context()
+	// What 0004 created before the example moved to examples/orders: the released file,
+	// which the window's migrations also had.
+	exec(t, db.Pool, readSQL(t, "window", "0004_billing_charges"))
 	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, headers) SELECT 'order.created', 'k' || (g % 10), jsonb_build_object('n', g), '{"x-a": "b"}' FROM generate_series(1, 200) g`)
 	exec(t, db.Pool, `UPDATE outbox SET dispatched_at = now() WHERE id <= 100`)
 	exec(t, db.Pool, `UPDATE outbox SET dead_lettered_at = now() WHERE id = 150`)
@@ -58,19 +52,20 @@ func TestUpgradeFromTheFirstRelease(t *testing.T) {
 		`SELECT count(*) FROM dead_letters WHERE outbox_id = 150`:                              2,
 		`SELECT count(*) FROM dead_letters WHERE outbox_id = 150 AND resolved_at IS NULL`:      1,
 	} {
-		if n := count(t, db.Pool, q); n != want {
+		if n := db.Count(t, q); n != want {
 			t.Errorf("%s = %d, want %d", q, n, want)
 		}
 	}
 }
 
-// migrateWindow builds the schema of a database migrated between 07:39 and 08:05 UTC on
+// windowDB is a fresh schema migrated as a database was between 07:39 and 08:05 UTC on
 // 2026-12-03: the migrations of 6d217bb, which were 1-4, 10 (with the error_pattern column
 // 09b9554 dropped), 11 and the first 12 (dead_letters.generation). testdata/window holds
 // those that differ from today's files (git show 6d217bb:migrations/<file>); 0001-0003
 // and 0011 are today's.
-func migrateWindow(t *testing.T, pool *pgxpool.Pool) {
+func windowDB(t *testing.T) *pgtest.DB {
 	t.Helper()
+	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
 	window := fstest.MapFS{}
 	for _, dir := range []fs.FS{migrations.FS, os.DirFS("testdata/window")} {
 		entries, err := fs.Glob(dir, "*.sql")
@@ -88,15 +83,8 @@ func migrateWindow(t *testing.T, pool *pgxpool.Pool) {
 			window[name] = &fstest.MapFile{Data: b}
 		}
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, window, goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Up(context.Background()); err != nil {
-		t.Fatalf("migrate the window's schema: %v", err)
-	}
+	upTo(t, db.Pool, window, goose.MaxVersion)
+	return db
 }
 
 // TestUpgradeFromTheWindow: a database migrated in the Dec 3 window holds 12 (as the
@@ -106,9 +94,8 @@ func migrateWindow(t *testing.T, pool *pgxpool.Pool) {
 // rows) and the fillfactor.
 func TestUpgradeFromTheWindow(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	ctx := context.Background()
-	migrateWindow(t, db.Pool)
+	db := windowDB(t)
+	ctx := t.Context()
 	exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload, dead_lettered_at) VALUES ('t', 'a', '{}', now()), ('t', 'b', '{}', NULL)`)
 	exec(t, db.Pool, `INSERT INTO dead_letters (source, outbox_id, topic, error) VALUES ('relay', 1, 't', 'one'), ('delivery', 1, 't', 'two')`)
 
@@ -130,7 +117,7 @@ func TestUpgradeFromTheWindow(t *testing.T) {
 		`SELECT count(*) FROM legacy_identity WHERE accept_until > now()`:                                                                1,
 		`SELECT count(*) FROM pg_class WHERE oid = 'outbox'::regclass AND reloptions @> '{fillfactor=50}'`:                               1,
 	} {
-		if n := count(t, db.Pool, q); n != want {
+		if n := db.Count(t, q); n != want {
 			t.Errorf("%s = %d, want %d", q, n, want)
 		}
 	}
@@ -145,7 +132,7 @@ func TestUnknownGapIsRefused(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	exec(t, db.Pool, `DELETE FROM goose_db_version WHERE version_id = 11`)
-	_, err := postgres.Migrate(context.Background(), db.Pool, nil)
+	_, err := postgres.Migrate(t.Context(), db.Pool, nil)
 	if err == nil || !strings.Contains(err.Error(), "versions [11] are missing") {
 		t.Fatalf("migrate with 11 missing: %v, want an error naming 11", err)
 	}

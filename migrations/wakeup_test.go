@@ -19,7 +19,7 @@ import (
 // with every other test's schema, and notifications of one session arrive in commit order.
 func insertNotifies(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	listen, err := pool.Acquire(ctx)
 	if err != nil {
@@ -71,18 +71,17 @@ func sleep(t *testing.T, pool *pgxpool.Pool) {
 // every insert. Rows written before the upgrade stay.
 func TestWakeUpUpgrade(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	migrateTo(t, db.Pool, 12)
+	db := deployed(t, 12)
 	if !insertNotifies(t, db.Pool) {
 		t.Fatal("before 0014 an insert sent no NOTIFY")
 	}
-	if _, err := postgres.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if _, err := postgres.Migrate(t.Context(), db.Pool, nil); err != nil {
 		t.Fatalf("upgrade to 0014: %v", err)
 	}
 	if insertNotifies(t, db.Pool) {
 		t.Fatal("after 0014 an insert sent a NOTIFY although no relay sleeps")
 	}
-	if n := count(t, db.Pool, `SELECT count(*) FROM outbox`); n != 2 {
+	if n := db.Count(t, `SELECT count(*) FROM outbox`); n != 2 {
 		t.Fatalf("%d rows after the upgrade, want 2", n)
 	}
 	// The escape hatch in 0014's comment.
@@ -116,9 +115,8 @@ func TestNotifyOnlyWhileARelaySleeps(t *testing.T) {
 // the producer has committed.
 func TestWakeUpMigrationYieldsToProducers(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWithOptions(t, pgtest.Options{NoMigrate: true})
-	ctx := context.Background()
-	migrateTo(t, db.Pool, 12)
+	db := deployed(t, 12)
+	ctx := t.Context()
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
