@@ -39,6 +39,16 @@ func resolver(t *testing.T) (awsenv.Resolver, *awstest.Account) {
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
+// resolve is r.Resolve over vars, failing the test on an error.
+func resolve(t *testing.T, r awsenv.Resolver, vars map[string]string) func(string) string {
+	t.Helper()
+	getenv, err := r.Resolve(t.Context(), envOf(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return getenv
+}
+
 func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -59,10 +69,7 @@ func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
 	if strings.Contains(db.URL, "sslmode=disable") {
 		sslmode = "disable"
 	}
-	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: sslmode}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	getenv := resolve(t, r, map[string]string{awsenv.VarDBSecretARN: secretARN, awsenv.VarDBSSLMode: sslmode})
 	dsn := getenv("DATABASE_URL")
 	pool, err := awsenv.NewPool(context.Background(), dsn, awsenv.PoolConfig{})
 	if err != nil {
@@ -83,10 +90,7 @@ func TestResolveDSNEscapesEveryPart(t *testing.T) {
 	r, acct := resolver(t)
 	password := `p@ss:w/rd?#%20&x y'"\`
 	secretARN := acct.CreateSecret(t, secretName, `{"username":"app user","password":`+jsonString(password)+`,"host":"db.internal","port":"6432","dbname":"my db"}`)
-	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	getenv := resolve(t, r, map[string]string{awsenv.VarDBSecretARN: secretARN})
 	cc, err := pgx.ParseConfig(getenv("DATABASE_URL"))
 	if err != nil {
 		t.Fatalf("parse resolved DSN: %v", err)
@@ -110,13 +114,10 @@ func TestResolveRDSManagedSecretWithEndpointVariables(t *testing.T) {
 	r, acct := resolver(t)
 	// ManageMasterUserPassword secrets hold only username and password.
 	secretARN := acct.CreateSecret(t, secretName, `{"username":"relay","password":"pw"}`)
-	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+	getenv := resolve(t, r, map[string]string{
 		awsenv.VarDBSecretARN: secretARN, awsenv.VarDBHost: "proxy.proxy-abc.eu-west-1.rds.amazonaws.com",
 		awsenv.VarDBPort: "5433", awsenv.VarDBName: "outbox", awsenv.VarDBProxy: "true",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	cc, err := pgx.ParseConfig(getenv("DATABASE_URL"))
 	if err != nil {
 		t.Fatal(err)
@@ -132,12 +133,9 @@ func TestResolveRDSManagedSecretWithEndpointVariables(t *testing.T) {
 func TestResolveIAMAuthWithoutSecret(t *testing.T) {
 	t.Parallel()
 	r, acct := resolver(t)
-	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+	getenv := resolve(t, r, map[string]string{
 		awsenv.VarDBHost: "db.internal", awsenv.VarDBUser: "relay", awsenv.VarDBIAMAuth: "true",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	u, err := url.Parse(getenv("DATABASE_URL"))
 	if err != nil {
 		t.Fatal(err)
@@ -156,15 +154,12 @@ func TestResolveQStashParametersInOneCall(t *testing.T) {
 	acct.PutParameter(t, "/outbox/qstash/token", "tok-123\n")
 	acct.PutParameter(t, "/outbox/qstash/current", "sig_current")
 	acct.PutParameter(t, "/outbox/qstash/next", "sig_next")
-	getenv, err := r.Resolve(context.Background(), envOf(map[string]string{
+	getenv := resolve(t, r, map[string]string{
 		"QSTASH_TOKEN_PARAM":               "/outbox/qstash/token",
 		"QSTASH_CURRENT_SIGNING_KEY_PARAM": "/outbox/qstash/current",
 		"QSTASH_NEXT_SIGNING_KEY_PARAM":    "/outbox/qstash/next",
 		"QSTASH_URL":                       "http://127.0.0.1:1",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	for i := 0; i < 3; i++ { // the overlay never calls AWS again
 		for k, want := range map[string]string{
 			"QSTASH_TOKEN": "tok-123", "QSTASH_CURRENT_SIGNING_KEY": "sig_current",
@@ -208,10 +203,7 @@ func TestResolveWithoutReferencesCallsNothing(t *testing.T) {
 	t.Parallel()
 	// No AWSConfig: loading one would be the bug (local runs have no AWS configuration).
 	env := map[string]string{"DATABASE_URL": "postgres://u@h/db", "QSTASH_TOKEN": "t"}
-	getenv, err := awsenv.Resolver{}.Resolve(context.Background(), envOf(env))
-	if err != nil {
-		t.Fatal(err)
-	}
+	getenv := resolve(t, awsenv.Resolver{}, env)
 	if getenv("DATABASE_URL") != env["DATABASE_URL"] || getenv("QSTASH_TOKEN") != "t" {
 		t.Fatal("values not passed through")
 	}

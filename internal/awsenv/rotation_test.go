@@ -52,6 +52,31 @@ func startAppDB(t *testing.T, ctx context.Context) *appDB {
 	return a
 }
 
+// open opens a pool on a's resolved DATABASE_URL with cfg and credentials of its own that
+// re-read the secret, as a function's cold start does; it closes when the test ends.
+func (a *appDB) open(t *testing.T, ctx context.Context, cfg awsenv.PoolConfig) (*pgxpool.Pool, *awsenv.Credentials) {
+	t.Helper()
+	cfg.Credentials = awsenv.NewCredentials(a.r.DatabaseURLReader(a.env))
+	pool, err := awsenv.NewPool(ctx, a.getenv("DATABASE_URL"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, cfg.Credentials
+}
+
+// admin connects to a's database as the superuser, over the socket the rotations leave
+// alone; it closes when the test ends.
+func (a *appDB) admin(t *testing.T, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, a.AppAdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 // failures records what failed and when.
 type failures struct {
 	mu sync.Mutex
@@ -117,22 +142,12 @@ func deliver(ctx context.Context, base string, fails *failures, msgs []outbox.Me
 // connection stays refused until the environment is recycled.
 func TestPasswordRotationWhileRunning(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	a := startAppDB(t, ctx)
-	r, env, getenv := a.r, a.env, a.getenv
 	// Two pools with their own credentials, as the relay and webhook functions have.
-	open := func() (*pgxpool.Pool, *awsenv.Credentials) {
-		creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
-		pool, err := awsenv.NewPool(ctx, getenv("DATABASE_URL"), awsenv.PoolConfig{MaxConns: 3, Credentials: creds})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return pool, creds
-	}
-	relayPool, relayCreds := open()
-	hookPool, hookCreds := open()
+	relayPool, relayCreds := a.open(t, ctx, awsenv.PoolConfig{MaxConns: 3})
+	hookPool, hookCreds := a.open(t, ctx, awsenv.PoolConfig{MaxConns: 3})
 	if _, err := postgres.Migrate(ctx, relayPool, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -198,11 +213,7 @@ func TestPasswordRotationWhileRunning(t *testing.T) {
 			invocations.Add(1)
 		}
 	}()
-	appAdmin, err := pgx.Connect(ctx, a.AppAdminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer appAdmin.Close(context.Background())
+	appAdmin := a.admin(t, ctx)
 	processed := func() int64 {
 		var n int64
 		if err := appAdmin.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
@@ -368,20 +379,13 @@ func (p *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) 
 // once, one re-read, the pool the one opened at the start.
 func TestRotationWithOldSessionsOpen(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	a := startAppDB(t, ctx)
-	r, env, getenv := a.r, a.env, a.getenv
-	creds := awsenv.NewCredentials(r.DatabaseURLReader(env))
 	const concurrency = 4
 	var logs logtest.Buffer
 	// The relay function's sizing: claim, one mark per batch in flight, the gauge.
-	pool, err := awsenv.NewPool(ctx, getenv("DATABASE_URL"), awsenv.PoolConfig{MaxConns: 2 + concurrency, Credentials: creds,
-		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, creds := a.open(t, ctx, awsenv.PoolConfig{MaxConns: 2 + concurrency, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if _, err := postgres.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -420,11 +424,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("drain after the rotation: %v (stats %+v)", err, st)
 	}
-	appAdmin, err := pgx.Connect(ctx, a.AppAdminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer appAdmin.Close(context.Background())
+	appAdmin := a.admin(t, ctx)
 	var dispatched, leased int
 	if err := appAdmin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*) FILTER (WHERE lease_token IS NOT NULL) FROM outbox`).Scan(&dispatched, &leased); err != nil {
 		t.Fatal(err)
