@@ -46,7 +46,7 @@ func newStack(t *testing.T, handlers webhook.Handlers, retries int) *stack {
 func newStackTraced(t *testing.T, handlers webhook.Handlers, retries int, tr trace.Tracer) *stack {
 	t.Helper()
 	s := &stack{db: pgtest.New(t)}
-	if err := orders.Migrate(context.Background(), s.db.Pool); err != nil {
+	if err := orders.Migrate(t.Context(), s.db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	pl, err := localstack.StartPipeline(context.Background(), localstack.PipelineConfig{
@@ -72,7 +72,7 @@ func newStackTraced(t *testing.T, handlers webhook.Handlers, retries int, tr tra
 // retries and failure callbacks all done).
 func (s *stack) deliver(t *testing.T) relay.Stats {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	st, err := s.relay.Drain(ctx)
 	if err != nil {
@@ -87,6 +87,26 @@ func (s *stack) deliver(t *testing.T) relay.Stats {
 func (s *stack) count(t *testing.T, q string, args ...any) int {
 	t.Helper()
 	return s.db.Count(t, q, args...)
+}
+
+// enqueue writes ev to the outbox outside any business transaction.
+func (s *stack) enqueue(t *testing.T, ev outbox.Event) outbox.ID {
+	t.Helper()
+	id, err := outbox.Enqueue(t.Context(), s.db.Pool, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// onlyLetter returns the one dead letter, failing the test unless there is exactly one.
+func (s *stack) onlyLetter(t *testing.T) deadletter.Letter {
+	t.Helper()
+	letters, err := deadletter.List(t.Context(), s.db.Pool, deadletter.Filter{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("letters %+v %v", letters, err)
+	}
+	return letters[0]
 }
 
 // attempts returns the delivery attempts to the webhook and the failure callbacks.
@@ -114,7 +134,7 @@ var orderHandlers = webhook.Handlers{"order.created": orders.OrderCreated}
 func TestEventAppliedOnce(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, orderHandlers, 3)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.db.Pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
@@ -186,11 +206,8 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 		return orders.OrderCreated(ctx, tx, d)
 	}}
 	s := newStack(t, handlers, 3)
-	ctx := context.Background()
-	id, err := outbox.Enqueue(ctx, s.db.Pool, orderEvent("o-poison", 990))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := t.Context()
+	id := s.enqueue(t, orderEvent("o-poison", 990))
 
 	s.deliver(t)
 	deliveries, callbacks := s.attempts()
@@ -201,11 +218,7 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 	if len(callbacks) != 1 || callbacks[0].Status != http.StatusOK {
 		t.Fatalf("failure callbacks %+v, want one answered 200", callbacks)
 	}
-	letters, err := deadletter.List(ctx, s.db.Pool, deadletter.Filter{})
-	if err != nil || len(letters) != 1 {
-		t.Fatalf("letters %+v %v", letters, err)
-	}
-	l := letters[0]
+	l := s.onlyLetter(t)
 	var p map[string]any
 	if json.Unmarshal(l.Payload, &p) != nil || p["order_id"] != "o-poison" || l.OutboxID != id ||
 		l.Source != deadletter.SourceDelivery || l.StatusCode != webhook.StatusNonRetryable ||
@@ -282,11 +295,7 @@ func TestRetriesExhaustedDeadLetter(t *testing.T) {
 		return errors.New("downstream unavailable")
 	}}
 	s := newStack(t, handlers, 2)
-	ctx := context.Background()
-	id, err := outbox.Enqueue(ctx, s.db.Pool, orderEvent("o-flaky", 10))
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := s.enqueue(t, orderEvent("o-flaky", 10))
 	s.deliver(t)
 	deliveries, callbacks := s.attempts()
 	if len(deliveries) != 3 || len(callbacks) != 1 {
@@ -297,11 +306,7 @@ func TestRetriesExhaustedDeadLetter(t *testing.T) {
 			t.Fatalf("delivery %d: %+v", i, a)
 		}
 	}
-	letters, err := deadletter.List(ctx, s.db.Pool, deadletter.Filter{})
-	if err != nil || len(letters) != 1 {
-		t.Fatalf("letters %+v %v", letters, err)
-	}
-	l := letters[0]
+	l := s.onlyLetter(t)
 	if l.OutboxID != id || l.Attempts != 2 || l.StatusCode != http.StatusInternalServerError ||
 		l.ResponseBody == "" || bytes.Contains([]byte(l.ResponseBody), []byte("downstream")) {
 		t.Fatalf("letter %+v", l)
@@ -318,15 +323,12 @@ func TestRetriesExhaustedDeadLetter(t *testing.T) {
 func TestRedriveOfProcessedEventIsNotAppliedTwice(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, orderHandlers, 3)
-	ctx := context.Background()
-	id, err := outbox.Enqueue(ctx, s.db.Pool, orderEvent("o-twice", 500))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := t.Context()
+	id := s.enqueue(t, orderEvent("o-twice", 500))
 	s.deliver(t)
 	// Simulate the ambiguous failure: the row dead-lettered by the relay after delivery.
 	var letterID int64
-	err = s.db.Pool.QueryRow(ctx, `WITH o AS (UPDATE outbox SET dead_lettered_at = now(), dispatched_at = NULL WHERE id = $1 RETURNING id, topic, partition_key, payload)
+	err := s.db.Pool.QueryRow(ctx, `WITH o AS (UPDATE outbox SET dead_lettered_at = now(), dispatched_at = NULL WHERE id = $1 RETURNING id, topic, partition_key, payload)
 		INSERT INTO dead_letters (source, outbox_id, topic, partition_key, payload, error) SELECT 'relay', id, topic, partition_key, payload, 'publish timed out' FROM o RETURNING id`, id).Scan(&letterID)
 	if err != nil {
 		t.Fatal(err)
