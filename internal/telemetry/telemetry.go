@@ -46,22 +46,22 @@ func (p *Provider) Tracer() trace.Tracer {
 // Flush exports every finished span; a Lambda calls it before each invocation returns,
 // because the environment may be frozen right after.
 func (p *Provider) Flush(ctx context.Context) error {
-	if p == nil {
-		return nil
-	}
-	if err := p.tp.ForceFlush(ctx); err != nil {
-		return fmt.Errorf("flush spans: %w", err)
-	}
-	return nil
+	return p.do(ctx, (*sdktrace.TracerProvider).ForceFlush, "flush spans")
 }
 
 // Shutdown flushes and stops the exporter.
 func (p *Provider) Shutdown(ctx context.Context) error {
+	return p.do(ctx, (*sdktrace.TracerProvider).Shutdown, "shut down tracing")
+}
+
+// do runs op on the SDK's provider, what naming it in the error; with tracing off there is
+// nothing to do.
+func (p *Provider) do(ctx context.Context, op func(*sdktrace.TracerProvider, context.Context) error, what string) error {
 	if p == nil {
 		return nil
 	}
-	if err := p.tp.Shutdown(ctx); err != nil {
-		return fmt.Errorf("shut down tracing: %w", err)
+	if err := op(p.tp, ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
