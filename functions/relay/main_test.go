@@ -44,14 +44,26 @@ func newStack(t *testing.T) *stack {
 	}}
 }
 
+// handler is the invocation handler a cold start on s.env builds.
 func (s *stack) handler(t *testing.T) *handler {
 	t.Helper()
-	cfg, err := loadConfig(func(k string) string { return s.env[k] })
+	return s.handlerOn(t, s.config(t), s.db.Pool, slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+// config is s.env read as the cold start reads the environment.
+func (s *stack) config(t *testing.T) config {
+	t.Helper()
+	cfg, err := loadConfig(mapEnv(s.env))
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	h, err := newHandler(cfg, s.db.Pool, nil, s.metrics, logger)
+	return cfg
+}
+
+// handlerOn builds the invocation handler on cfg and pool, writing its metrics to s.metrics.
+func (s *stack) handlerOn(t *testing.T, cfg config, pool *pgxpool.Pool, logger *slog.Logger) *handler {
+	t.Helper()
+	h, err := newHandler(cfg, pool, nil, s.metrics, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +76,7 @@ func (s *stack) enqueue(t *testing.T, n int) {
 	for i := range evs {
 		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", i%7), Payload: json.RawMessage(`{"n":1}`)}
 	}
-	if _, err := outbox.EnqueueBatch(context.Background(), s.db.Pool, evs); err != nil {
+	if _, err := outbox.EnqueueBatch(t.Context(), s.db.Pool, evs); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -76,7 +88,7 @@ func (s *stack) count(t *testing.T, where string) int {
 
 func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (result, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	return h.handle(ctx, json.RawMessage(payload))
 }
@@ -85,9 +97,7 @@ func TestDrainTask(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.enqueue(t, 230)
-	h := s.handler(t)
-
-	res, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
+	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +107,7 @@ func TestDrainTask(t *testing.T) {
 	if n := s.count(t, "dispatched_at IS NULL OR lease_token IS NOT NULL"); n != 0 {
 		t.Fatalf("%d rows not dispatched or still leased", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	if err := s.qs.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
@@ -188,8 +198,7 @@ func TestUnknownTaskChangesNothing(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.enqueue(t, 3)
-	h := s.handler(t)
-	_, err := invoke(t, h, 10*time.Second, `{"task":"drian"}`)
+	_, err := invoke(t, s.handler(t), 10*time.Second, `{"task":"drian"}`)
 	if err == nil || !strings.Contains(err.Error(), `unknown relay task "drian"`) {
 		t.Fatalf("err = %v", err)
 	}
@@ -214,7 +223,7 @@ func TestEnvelopeDrains(t *testing.T) {
 func TestRetentionTask(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload, dispatched_at)
 		SELECT 't', 'k', '{}', now() - interval '8 days' FROM generate_series(1, 12)`); err != nil {
 		t.Fatal(err)
@@ -255,7 +264,7 @@ func TestDLQSyncTask(t *testing.T) {
 	if res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`); err != nil || res.Drain.Dispatched != 3 {
 		t.Fatalf("drain: %+v %v", res, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := s.qs.WaitIdle(ctx); err != nil || len(s.qs.DLQ()) != 3 {
 		t.Fatalf("QStash DLQ: %d entries, %v", len(s.qs.DLQ()), err)
@@ -279,9 +288,8 @@ func TestDLQSyncTask(t *testing.T) {
 	if err != nil || res.DLQSync.Recorded != 0 || res.DLQSync.AlreadyRecorded != 3 {
 		t.Fatalf("second sync: %+v %v", res.DLQSync, err)
 	}
-	var letters int
-	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM dead_letters`).Scan(&letters); err != nil || letters != 3 {
-		t.Fatalf("%d dead letters, %v", letters, err)
+	if n := s.db.Count(t, `SELECT count(*) FROM dead_letters`); n != 3 {
+		t.Fatalf("%d dead letters, want 3", n)
 	}
 }
 
@@ -356,19 +364,12 @@ func TestLinger(t *testing.T) {
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	cfg, err := loadConfig(func(k string) string { return s.env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := newHandler(cfg, pool, nil, s.metrics, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := s.handlerOn(t, s.config(t), pool, slog.New(slog.DiscardHandler))
 	_, err = invoke(t, h, 30*time.Second, `{"task":"drain"}`)
 	if err == nil || !strings.Contains(err.Error(), "drain outbox") {
 		t.Fatalf("err = %v", err)
@@ -472,19 +473,13 @@ func TestRotatedTokenRereadOnce(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.enqueue(t, 120)
-	cfg, err := loadConfig(func(k string) string { return s.env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := s.config(t)
 	var reads atomic.Int32
 	cfg.rereadToken = func(context.Context) (string, error) {
 		reads.Add(1)
 		return "rotated", nil
 	}
-	h, err := newHandler(cfg, s.db.Pool, nil, s.metrics, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := s.handlerOn(t, cfg, s.db.Pool, slog.New(slog.DiscardHandler))
 	s.qs.SetToken("rotated")
 	res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`)
 	if err != nil || res.Drain.Dispatched != 120 || res.Drain.DeferredDeployment != 0 {
