@@ -37,8 +37,6 @@ func resolver(t *testing.T) (awsenv.Resolver, *awstest.Account) {
 	return awsenv.Resolver{AWSConfig: &cfg}, acct
 }
 
-func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
 // resolve is r.Resolve over vars, failing the test on an error.
 func resolve(t *testing.T, r awsenv.Resolver, vars map[string]string) func(string) string {
 	t.Helper()
@@ -48,6 +46,8 @@ func resolve(t *testing.T, r awsenv.Resolver, vars map[string]string) func(strin
 	}
 	return getenv
 }
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestResolveRDSSecretIntoWorkingDSN(t *testing.T) {
 	t.Parallel()

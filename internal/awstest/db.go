@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
 )
 
 // DB is a database whose password lives in a Secrets Manager secret, as an RDS instance's
@@ -36,24 +36,10 @@ const (
 )
 
 // StartDB starts a DB whose secret is in a; both go away when the test ends. Without the
-// Postgres server binaries the test is skipped, or fails under CI=true.
+// Postgres server binaries the test is skipped, or fails under CI.
 func (a *Account) StartDB(tb testing.TB) *DB {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dir, err := os.MkdirTemp("", "awstest-db") // not TempDir: the postgres user must reach it
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
-	cluster, err := localstack.StartPasswordCluster(ctx, dir)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(err)
-		}
-		tb.Skip(err)
-	}
-	tb.Cleanup(func() { _ = cluster.Stop() })
+	cluster := clustertest.StartPassword(tb)
 	d := &DB{Cluster: cluster, acct: a,
 		AppAdminURL: fmt.Sprintf("postgres://postgres@/app?host=%s&port=%d&sslmode=disable", cluster.Dir, cluster.Port)}
 	d.exec(tb, cluster.AdminURL(), `CREATE ROLE `+DBUser+` LOGIN PASSWORD '`+FirstPassword+`'`)

@@ -1,47 +1,35 @@
-package localstack
+package localstack_test
 
 import (
-	"context"
-	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
 )
 
+// TestThrowawayCluster: a started cluster answers queries, and again after a restart.
 func TestThrowawayCluster(t *testing.T) {
 	t.Parallel()
-	if _, err := FindPostgresBin(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+	c := clustertest.Start(t)
+	selectOne(t, c)
+	if err := c.Restart(t.Context()); err != nil {
+		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "outbox-pg-")
+	selectOne(t, c)
+}
+
+// selectOne connects to c and runs SELECT 1.
+func selectOne(t *testing.T, c *localstack.Cluster) {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), c.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ctx := context.Background()
-	c, err := StartCluster(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	conn, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer conn.Close(t.Context())
 	var one int
-	if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+	if err := conn.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("query: %v", err)
 	}
-	conn.Close(ctx)
-	if err := c.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err = pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatalf("after restart: %v", err)
-	}
-	conn.Close(ctx)
 }

@@ -132,6 +132,26 @@ func urlResponse(t *testing.T, r lambdatest.Response) lambdatest.URLResponse {
 	return out
 }
 
+// exampleDB is a fresh schema with the outbox's tables and the example consumer's, as
+// `outboxctl migrate up --example` leaves a deployment's database.
+func exampleDB(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.New(t)
+	if err := orders.Migrate(t.Context(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// startReceiver starts the receiver function built from pkg, named as the template names
+// it, under the emulator on an exampleDB with receiverEnv.
+func startReceiver(t *testing.T, pkg, name string) (*lambdatest.Function, *pgtest.DB) {
+	t.Helper()
+	bin := binary(t, pkg)
+	db := exampleDB(t)
+	return lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: name, Timeout: 15 * time.Second, Env: receiverEnv(db)}), db
+}
+
 func count(t *testing.T, pool *pgxpool.Pool, q string, args ...any) int {
 	t.Helper()
 	var n int
@@ -326,10 +346,7 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 func TestRIERetention(t *testing.T) {
 	t.Parallel()
 	relayBin := binary(t, "./functions/relay")
-	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
+	db := exampleDB(t)
 	ctx := ctxT(t, time.Minute)
 	// Dispatched 8 and 1 days ago; processed 15 and 1 days ago. Defaults: 7d / 14d.
 	_, err := db.Pool.Exec(ctx, `
@@ -352,22 +369,17 @@ VALUES ('webhook', 'old', now() - interval '15 days'), ('webhook', 'new', now() 
 	if res.Task != "retention" || res.OutboxDeleted != 2 || res.ProcessedDeleted != 1 || res.Complete == nil || !*res.Complete {
 		t.Fatalf("retention result %+v, want 2 outbox and 1 processed deleted, complete", res)
 	}
-	if n := count(t, db.Pool, "select count(*) from outbox"); n != 2 {
+	if n := db.Count(t, "select count(*) from outbox"); n != 2 {
 		t.Errorf("%d outbox rows left, want 2 (recent and pending)", n)
 	}
-	if n := count(t, db.Pool, "select count(*) from processed_messages where message_id = 'new'"); n != 1 {
+	if n := db.Count(t, "select count(*) from processed_messages where message_id = 'new'"); n != 1 {
 		t.Errorf("recent dedupe record deleted")
 	}
 }
 
 func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 	t.Parallel()
-	bin := binary(t, "./functions/webhook")
-	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "WebhookFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
+	f, db := startReceiver(t, "./functions/webhook", "WebhookFunction")
 
 	// The committed sample's signature has long expired: refused, nothing applied.
 	if r := urlResponse(t, invoke(t, f, readFile(t, "events/webhook.json"))); r.StatusCode != http.StatusUnauthorized {
@@ -382,7 +394,7 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 	if again.StatusCode != http.StatusOK || !strings.Contains(again.Body, "duplicate") {
 		t.Errorf("repeated delivery: %d %s, want 200 duplicate", again.StatusCode, again.Body)
 	}
-	if n := count(t, db.Pool, "select count(*) from billing_charges where order_id = 'ord_1001' and amount_cents = 4200"); n != 1 {
+	if n := db.Count(t, "select count(*) from billing_charges where order_id = 'ord_1001' and amount_cents = 4200"); n != 1 {
 		t.Errorf("%d charges for ord_1001, want exactly 1", n)
 	}
 	// Signed with the next key (rotation in progress): still accepted, still once.
@@ -399,12 +411,7 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 
 func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
 	t.Parallel()
-	bin := binary(t, "./functions/failure")
-	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: bin, Name: "FailureFunction", Timeout: 15 * time.Second, Env: receiverEnv(db)})
+	f, db := startReceiver(t, "./functions/failure", "FailureFunction")
 	signed := signEvent(t, "events/failure.json")
 	for i, want := range []string{"recorded", "duplicate"} {
 		r := urlResponse(t, invoke(t, f, signed))
@@ -412,7 +419,7 @@ func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
 			t.Fatalf("callback %d: %d %s, want 200 %s\n%s", i, r.StatusCode, r.Body, want, f.Log())
 		}
 	}
-	if n := count(t, db.Pool, `select count(*) from dead_letters where source = 'delivery'
+	if n := db.Count(t, `select count(*) from dead_letters where source = 'delivery'
 		and qstash_message_id = 'msg_26hZCxZCuWyyTWPmSVBrNB882AMRP1TsgzpygELRcLWep' and status_code = 489`); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
@@ -427,10 +434,7 @@ func TestRIEFailureEventRecordsOneDeadLetter(t *testing.T) {
 func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
 	t.Parallel()
 	relayBin := binary(t, "./functions/relay")
-	db := pgtest.New(t)
-	if err := orders.Migrate(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
+	db := exampleDB(t)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(1500 * time.Millisecond):
@@ -476,7 +480,7 @@ func TestRIERelayReturnsBeforeFunctionTimeout(t *testing.T) {
 	if !res.StoppedAtDeadline || res.Claimed < 1 || res.Claimed >= 20 || res.Dispatched != 0 {
 		t.Errorf("result %+v: want some rows claimed, none dispatched, stopped at the deadline", res)
 	}
-	if n := count(t, db.Pool, "select count(*) from outbox where dispatched_at is null and dead_lettered_at is null"); n != 20 {
+	if n := db.Count(t, "select count(*) from outbox where dispatched_at is null and dead_lettered_at is null"); n != 20 {
 		t.Errorf("%d pending rows, want all 20 still pending", n)
 	}
 }

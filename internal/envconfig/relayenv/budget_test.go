@@ -24,7 +24,7 @@ func TestReadByteBudgets(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := Read(env(minimal(c.set)))
+			cfg, err := readWith(c.set)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,21 +13,24 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
-// minimal is the environment with only the required variables, plus set (which may
-// override them).
-func minimal(set map[string]string) map[string]string {
-	m := map[string]string{
+func minimal() map[string]string {
+	return map[string]string{
 		"DATABASE_URL":    "postgres://relay@db.internal:5432/app?sslmode=require",
 		"QSTASH_TOKEN":    "tok",
 		"PUBLIC_BASE_URL": "https://abc.lambda-url.eu-west-1.on.aws/",
 	}
+}
+
+// readWith reads the minimal environment with set added (set may override it).
+func readWith(set map[string]string) (Config, error) {
+	m := minimal()
 	maps.Copy(m, set)
-	return m
+	return Read(env(m))
 }
 
 func TestReadDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := Read(env(minimal(nil)))
+	c, err := Read(env(minimal()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +56,8 @@ func TestReadDefaults(t *testing.T) {
 
 func TestReadEverySetting(t *testing.T) {
 	t.Parallel()
-	m := minimal(map[string]string{
+	m := minimal()
+	maps.Copy(m, map[string]string{
 		"QSTASH_URL": "http://127.0.0.1:8080", "FAILURE_CALLBACK_URL": "https://fail.example.com/",
 		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
 		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
@@ -144,7 +148,7 @@ func TestReadConsistency(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			_, err := Read(env(minimal(c.set)))
+			_, err := readWith(c.set)
 			if err == nil {
 				t.Fatal("no error")
 			}

@@ -1,0 +1,50 @@
+// Package clustertest starts throwaway Postgres clusters (package localstack) for tests
+// that need a server of their own: one they restart, or one that demands a password.
+package clustertest
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/localstack"
+)
+
+// Start starts a cluster that trusts every connection (localstack.StartCluster); it stops
+// when the test ends. Without the Postgres server binaries the test is skipped, or fails
+// under CI.
+func Start(tb testing.TB) *localstack.Cluster {
+	tb.Helper()
+	return start(tb, localstack.StartCluster)
+}
+
+// StartPassword is Start with a cluster that demands a password over TCP
+// (localstack.StartPasswordCluster).
+func StartPassword(tb testing.TB) *localstack.Cluster {
+	tb.Helper()
+	return start(tb, localstack.StartPasswordCluster)
+}
+
+func start(tb testing.TB, startCluster func(context.Context, string) (*localstack.Cluster, error)) *localstack.Cluster {
+	tb.Helper()
+	if _, err := localstack.FindPostgresBin(); err != nil {
+		if os.Getenv("CI") != "" {
+			tb.Fatal(err)
+		}
+		tb.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "clustertest-") // not TempDir: the postgres user must reach it
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c, err := startCluster(ctx, dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = c.Stop() })
+	return c
+}
