@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"log/slog"
 	"slices"
 	"testing"
 
@@ -15,21 +12,19 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
-// vars are the function's own variables, for the checks every receiver passes.
-var vars = receivertest.Vars{
-	PublicURL: "PUBLIC_BASE_URL", Good: "https://hooks.example.com", Bad: "hooks.example.com", DefaultMaxBodyBytes: 1 << 20,
-}
-
 // TestReceiver: the function reads its environment as every receiver does, and its cold
 // start serves the webhook, traced: the delivery and its inbox commit.
 func TestReceiver(t *testing.T) {
 	t.Parallel()
-	h, db, rec := receivertest.StartReceiver(t, receiver, vars, "/events/order.created")
+	const public = "https://hooks.example.com"
+	target := "/events/order.created?outbox_id=1&generation=0"
+	h, db, rec := receivertest.StartReceiver(t, receiver, receivertest.Vars{
+		PublicURL: "PUBLIC_BASE_URL", Good: public, Bad: "hooks.example.com", DefaultMaxBodyBytes: 1 << 20,
+	}, "/events/order.created")
 	if err := orders.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	target := "/events/order.created?outbox_id=1&generation=0"
-	receivertest.ServeTraced(t, h, rec, vars.Good+target, target, []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`),
+	receivertest.ServeTraced(t, h, rec, public+target, target, []byte(`{"order_id":"o-1","amount_cents":1,"currency":"EUR"}`),
 		"inbox commit", "process order.created")
 }
 
@@ -48,15 +43,9 @@ func TestStartNamesRefusedVariable(t *testing.T) {
 
 func TestObserverEmitsConsumerMetrics(t *testing.T) {
 	t.Parallel()
-	var buf bytes.Buffer
-	obs := receiver.Observer(&buf, "", slog.New(slog.DiscardHandler))
+	emit := receivertest.Metrics(t, receiver)
 	for outcome, names := range outcomeMetric {
-		buf.Reset()
-		obs("order.created", outcome)
-		var doc map[string]any
-		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
-			t.Fatalf("%s: not one EMF line: %v: %q", outcome, err, buf.String())
-		}
+		doc := emit("order.created", outcome)
 		for _, name := range names {
 			if doc[name] != float64(1) || doc["Function"] != "webhook" || doc["Topic"] != "order.created" {
 				t.Fatalf("%s: EMF line %v lacks %s=1 with Function=webhook, Topic=order.created", outcome, doc, name)
@@ -69,9 +58,7 @@ func TestObserverEmitsConsumerMetrics(t *testing.T) {
 			t.Errorf("outcome %s is not counted as %s", outcome, metrics.RejectedDeliveries)
 		}
 	}
-	buf.Reset()
-	obs("order.created", "no-such-outcome")
-	if buf.Len() != 0 {
-		t.Fatalf("unknown outcome emitted %q", buf.String())
+	if doc := emit("order.created", "no-such-outcome"); doc != nil {
+		t.Fatalf("unknown outcome emitted %v", doc)
 	}
 }

@@ -1,6 +1,9 @@
 package receivertest
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"net/http"
 	"slices"
 	"testing"
@@ -30,5 +33,25 @@ func ServeTraced(t *testing.T, h http.Handler, rec *tracetest.SpanRecorder, sign
 	}
 	if !slices.Equal(names, spans) {
 		t.Fatalf("spans %q, want %q", names, spans)
+	}
+}
+
+// Metrics returns a func that counts one outcome through r's Observer, as the cold start
+// wires it, and returns the EMF line it wrote, decoded: nil when it wrote none.
+func Metrics(t *testing.T, r receiverfunc.Receiver) func(topic, outcome string) map[string]any {
+	var buf bytes.Buffer
+	obs := r.Observer(&buf, "", slog.New(slog.DiscardHandler))
+	return func(topic, outcome string) map[string]any {
+		t.Helper()
+		buf.Reset()
+		obs(topic, outcome)
+		if buf.Len() == 0 {
+			return nil
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+			t.Fatalf("%s: not one EMF line: %v: %q", outcome, err, buf.String())
+		}
+		return doc
 	}
 }
