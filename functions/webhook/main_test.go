@@ -1,12 +1,14 @@
 package main
 
 import (
+	"log/slog"
 	"slices"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
 	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/webhook"
@@ -34,8 +36,8 @@ func TestReceiver(t *testing.T) {
 func TestStartNamesRefusedVariable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	cfg := receivertest.LoadConfig(t, readConfig, map[string]string{"DATABASE_URL": db.URL, "PUBLIC_BASE_URL": "https://hooks.example.com/#top"})
-	h, _, err := receiverfunc.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), build)
+	cfg := receivertest.LoadConfig(t, receiver.Read, map[string]string{"DATABASE_URL": db.URL, "PUBLIC_BASE_URL": "https://hooks.example.com/#top"})
+	h, _, err := receiverfunc.Start(t.Context(), cfg, slog.New(slog.DiscardHandler), receiver.Build)
 	if got := envconfig.Vars(err); h != nil || !slices.Equal(got, []string{"PUBLIC_BASE_URL"}) {
 		t.Fatalf("variables %v in: %v", got, err)
 	}
