@@ -44,6 +44,29 @@ func childSpawner(ctx context.Context) *exec.Cmd {
 
 func logf(t *testing.T) func(string) { return func(s string) { t.Log(s) } }
 
+// tiny runs a scenario at its tiny size, changed by tune if given, in a schema of its own,
+// and fails the test if the scenario fails.
+func tiny[C, R any](t *testing.T, configFor func(bench.Size) C, run func(context.Context, string, C, func(string)) (R, error), tune ...func(*C)) (*pgtest.DB, C, R) {
+	t.Helper()
+	db := pgtest.New(t)
+	cfg := configFor(bench.Tiny)
+	for _, f := range tune {
+		f(&cfg)
+	}
+	res, err := run(t.Context(), db.URL, cfg, logf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, cfg, res
+}
+
+// spawning gives a scenario that starts child processes the test binary as its child.
+func spawning[C, R any](run func(context.Context, string, C, bench.Spawner, func(string)) (R, error)) func(context.Context, string, C, func(string)) (R, error) {
+	return func(ctx context.Context, url string, cfg C, progress func(string)) (R, error) {
+		return run(ctx, url, cfg, childSpawner, progress)
+	}
+}
+
 // The relay's round trips take turns, round by round, and its RTT 0 run is kept even when
 // the batch table has no place for it (RTTBatch not among Batches; RTTMillis without 0).
 func TestDrainRoundTripsTakeTurns(t *testing.T) {
@@ -89,12 +112,7 @@ func TestDrainRoundTripsTakeTurns(t *testing.T) {
 
 func TestDrain(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.DrainConfigFor(bench.Tiny)
-	res, err := bench.Drain(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, res := tiny(t, bench.DrainConfigFor, bench.Drain)
 	rtts := 0
 	for _, rtt := range cfg.RTTMillis {
 		if rtt > 0 {
@@ -172,12 +190,7 @@ func TestDrain(t *testing.T) {
 
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.ClaimConfigFor(bench.Tiny)
-	res, err := bench.Claim(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, cfg, res := tiny(t, bench.ClaimConfigFor, bench.Claim)
 	if len(res.Cases) != len(cfg.History)*len(cfg.Pending) {
 		t.Fatalf("got %d cases, want %d", len(res.Cases), len(cfg.History)*len(cfg.Pending))
 	}
@@ -232,12 +245,7 @@ func TestConsumer(t *testing.T) {
 
 func TestMemory(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.MemoryConfigFor(bench.Tiny)
-	res, err := bench.Memory(context.Background(), db.URL, cfg, childSpawner, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, res := tiny(t, bench.MemoryConfigFor, spawning(bench.Memory))
 	if res.PeakRSSMiB <= 0 || res.RusageMaxRSSMiB < res.PeakRSSMiB || res.CPUSeconds <= 0 {
 		t.Errorf("memory figures inconsistent: %+v", res)
 	}
@@ -315,12 +323,7 @@ func TestSummaryAndMarkdown(t *testing.T) {
 
 func TestFIFO(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.FIFOConfigFor(bench.Tiny)
-	res, err := bench.FIFO(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, res := tiny(t, bench.FIFOConfigFor, bench.FIFO)
 	if len(res.Runs) != len(cfg.Keys)*len(cfg.Modes) {
 		t.Fatalf("got %d runs, want %d", len(res.Runs), len(cfg.Keys)*len(cfg.Modes))
 	}
@@ -341,12 +344,7 @@ func TestFIFO(t *testing.T) {
 
 func TestBacklog(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.BacklogConfigFor(bench.Tiny)
-	res, err := bench.Backlog(context.Background(), db.URL, cfg, childSpawner, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, res := tiny(t, bench.BacklogConfigFor, spawning(bench.Backlog))
 	if res.Drained != cfg.Events || res.EventsPerSec <= 0 || res.PublishCalls < cfg.Events/cfg.Batch || res.PeakRSSMiB <= 0 {
 		t.Fatalf("backlog %+v", res)
 	}
@@ -354,12 +352,7 @@ func TestBacklog(t *testing.T) {
 
 func TestE2E(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.E2EConfigFor(bench.Tiny)
-	res, err := bench.E2E(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, cfg, res := tiny(t, bench.E2EConfigFor, bench.E2E)
 	want := int(float64(cfg.Rate) * cfg.Duration.Seconds())
 	for _, mode := range []string{bench.ModeLinger, bench.ModePoll} {
 		m := res.Mode(mode)
@@ -413,14 +406,10 @@ func TestBacklogDefaultsVsBest(t *testing.T) {
 // the median's.
 func TestBacklogSweepRounds(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.BacklogConfigFor(bench.Tiny)
-	cfg.Sweep = []bench.BacklogSetting{{Batch: 50, Concurrency: 2}, {Batch: 500, Concurrency: 4}}
-	cfg.SweepEvents, cfg.SweepRounds = 500, 2
-	res, err := bench.Backlog(context.Background(), db.URL, cfg, childSpawner, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, res := tiny(t, bench.BacklogConfigFor, spawning(bench.Backlog), func(cfg *bench.BacklogConfig) {
+		cfg.Sweep = []bench.BacklogSetting{{Batch: 50, Concurrency: 2}, {Batch: 500, Concurrency: 4}}
+		cfg.SweepEvents, cfg.SweepRounds = 500, 2
+	})
 	for _, x := range res.Sweep {
 		if len(x.Rounds) != 2 || x.EventsPerSec != min(x.Rounds[0], x.Rounds[1]) || x.PeakRSSMiB <= 0 {
 			t.Errorf("sweep run %+v: want two rounds and the lower middle of them", x)
@@ -436,12 +425,7 @@ func TestBacklogSweepRounds(t *testing.T) {
 // trigger is left as migration 0014 made it.
 func TestProducer(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.ProducerConfigFor(bench.Tiny)
-	res, err := bench.Producer(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, cfg, res := tiny(t, bench.ProducerConfigFor, bench.Producer)
 	for _, arm := range []string{bench.ArmNotifyEveryInsert, bench.ArmNoWakeUp, bench.ArmSleeper, bench.ArmGoEnqueue} {
 		a := res.Find(arm, cfg.Clients[0])
 		if a == nil || a.CommitsPerSec <= 0 || len(a.Rounds) != cfg.Rounds || (a.RelayDispatched <= 0 && arm != bench.ArmNoWakeUp) {
@@ -462,12 +446,7 @@ func TestProducer(t *testing.T) {
 // summary and targets are filled.
 func TestPinned(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.PinnedConfigFor(bench.Tiny)
-	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, cfg, res := tiny(t, bench.PinnedConfigFor, bench.Pinned)
 	production := cfg.Clean + cfg.Hold + cfg.Recovery
 	if want := int(production / cfg.Window); len(res.Windows) != want {
 		t.Fatalf("%d windows, want %d: %+v", len(res.Windows), want, res.Windows)
@@ -566,14 +545,10 @@ CREATE TRIGGER stall_marks BEFORE UPDATE ON outbox FOR EACH ROW
 // events than planned, none abandoned mid-insert, and no failure.
 func TestPinnedProducersBehindStopAtTheEnd(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	cfg := bench.PinnedConfigFor(bench.Tiny)
-	cfg.Rate, cfg.Producers = 50_000, 1
-	cfg.Warmup, cfg.Clean, cfg.Hold, cfg.Recovery, cfg.Window = 0, time.Second, time.Second, time.Second, time.Second
-	res, err := bench.Pinned(context.Background(), db.URL, cfg, logf(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, res := tiny(t, bench.PinnedConfigFor, bench.Pinned, func(cfg *bench.PinnedConfig) {
+		cfg.Rate, cfg.Producers = 50_000, 1
+		cfg.Warmup, cfg.Clean, cfg.Hold, cfg.Recovery, cfg.Window = 0, time.Second, time.Second, time.Second, time.Second
+	})
 	if res.Produced == 0 || res.Produced >= res.Planned || res.InsertsStuck != 0 {
 		t.Errorf("produced %d of %d planned, %d inserts stuck: want the producer stopped at the end, behind", res.Produced, res.Planned, res.InsertsStuck)
 	}
