@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -89,10 +90,7 @@ func TestBenchArgumentErrors(t *testing.T) {
 func TestBenchThrowawayCluster(t *testing.T) {
 	t.Parallel()
 	if _, err := localstack.FindPostgresBin(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		prereq.Missing(t, "%v", err)
 	}
 	code, stdout, stderr := runCLIEnv(t, map[string]string{}, "bench", "--size", "tiny", "--scenarios", "claim")
 	if code != 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
@@ -34,10 +35,7 @@ func requirePostgres(t *testing.T) {
 	defer cancel()
 	c, err := pgx.Connect(ctx, pgtest.URL())
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("Postgres at %s: %v", pgtest.URL(), err)
-		}
-		t.Skipf("Postgres at %s: %v", pgtest.URL(), err)
+		prereq.Missing(t, "Postgres at %s: %v", pgtest.URL(), err)
 	}
 	c.Close(ctx)
 }

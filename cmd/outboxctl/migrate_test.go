@@ -45,12 +45,12 @@ func TestMigrateExample(t *testing.T) {
 	}
 }
 
-// TestMigrateLockWait: with 0013-0016 pending beside an open producer transaction, 0013
+// TestMigrateLockWait: with 0013-0017 pending beside an open producer transaction, 0013
 // (the outbox's fillfactor: its lock lets writers go on) applies and 0014 (the outbox
 // trigger, which must wait for the producer) gives up after --lock-attempts with the lock
 // timeout instead of queueing producers behind it; a transaction holding the lock VACUUM or
 // ANALYZE takes makes migrate up log each wait on stderr and fail the same way; once both
-// transactions end, the rest applies.
+// transactions end, the rest applies. 0017 alone waits the same way.
 func TestMigrateLockWait(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -99,8 +99,22 @@ func TestMigrateLockWait(t *testing.T) {
 		t.Fatalf("migrate up behind a held lock: %d %q %q, want one logged wait, then the lock timeout", code, out, stderr)
 	}
 	_ = vacuum.Rollback(ctx)
-	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0013") || !strings.Contains(out, "applied 0016") {
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0013") || !strings.Contains(out, "applied 0017") {
 		t.Fatalf("migrate up after the lock was released: %d %s %s", code, out, stderr)
+	}
+
+	// 0017 (available_at's default: ACCESS EXCLUSIVE for an instant) gives up on the lock
+	// timeout beside an open producer transaction too, and applies once it has ended.
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 17`); err != nil {
+		t.Fatal(err)
+	}
+	producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 3 || strings.Contains(out, "applied 0017") || !strings.Contains(stderr, "SQLSTATE 55P03") {
+		t.Fatalf("0017 beside an open producer transaction: %d %q %q, want it given up on the lock timeout", code, out, stderr)
+	}
+	_ = producer.Rollback(ctx)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0017") {
+		t.Fatalf("0017 after the producer ended: %d %s %s", code, out, stderr)
 	}
 	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
 		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {

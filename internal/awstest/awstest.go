@@ -15,7 +15,7 @@
 //	func TestMain(m *testing.M) { os.Exit(awstest.Main(m)) }
 //
 // Without moto_server (pip install 'moto[server]'; the CI image has it) a test that calls
-// New is skipped, and fails under CI=true.
+// New is skipped, and fails under CI.
 package awstest
 
 import (
@@ -41,6 +41,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 )
 
 // Region and the dummy credentials every Account uses. moto accepts any signature; the SDK
@@ -102,7 +103,7 @@ type Account struct {
 }
 
 // New returns a fresh account on the package's moto_server, starting the server on first
-// use. Without moto_server the test is skipped, or fails under CI=true. The account's
+// use. Without moto_server the test is skipped, or fails under CI. The account's
 // endpoint closes when the test ends.
 func New(tb testing.TB) *Account {
 	tb.Helper()
@@ -112,10 +113,7 @@ func New(tb testing.TB) *Account {
 	}
 	base, err := shared()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(err)
-		}
-		tb.Skip(err)
+		prereq.Missing(tb, "%v", err)
 	}
 	a := &Account{ID: fmt.Sprintf("%012d", 100_000_000_000+accounts.Add(1)), requests: map[string]int{}}
 	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 )
 
 // InvokePath is the emulator's invoke endpoint.
@@ -54,16 +55,13 @@ func RIEPath() (string, error) {
 	return "", errors.New("aws-lambda-rie not found (go install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@latest)")
 }
 
-// RequireRIE returns RIEPath, failing the test under CI=true and skipping it otherwise when
+// RequireRIE returns RIEPath, failing the test under CI and skipping it otherwise when
 // the emulator is not installed.
 func RequireRIE(tb testing.TB) string {
 	tb.Helper()
 	p, err := RIEPath()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(err)
-		}
-		tb.Skip(err)
+		prereq.Missing(tb, "%v", err)
 	}
 	return p
 }

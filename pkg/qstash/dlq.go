@@ -38,7 +38,7 @@ type DLQEntry struct {
 }
 
 // DLQ reads and deletes the entries of QStash's dead-letter queue over its REST API
-// (qstash-contract.md §9) with its Publisher's client: the same base URL, the same token
+// (qstash-contract.md §13) with its Publisher's client: the same base URL, the same token
 // (re-read once when QStash refuses it), 429s waited out as for the queue calls, and a
 // non-2xx answer an *APIError. It implements deadletter.DLQ.
 type DLQ struct{ p *Publisher }

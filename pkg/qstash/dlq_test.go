@@ -44,7 +44,7 @@ func deadLettered(t *testing.T, srv *qstashtest.Server, n int, tr http.RoundTrip
 }
 
 // TestDLQListAndDelete: the DLQ of the local server as the publisher's client reads it
-// (qstash-contract.md §9): each dead-lettered message with its destination, headers, body
+// (qstash-contract.md §13): each dead-lettered message with its destination, headers, body
 // and last answer; a delete by ids waits out a 429 and sends the ids once; a 429 that does
 // not end is an *APIError after maxAPIRetries.
 func TestDLQListAndDelete(t *testing.T) {
@@ -86,6 +86,33 @@ func TestDLQListAndDelete(t *testing.T) {
 	var ae *qstash.APIError
 	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || tr.limited.Load() != 1+6 {
 		t.Fatalf("lasting 429: %v after %d tries, want an *APIError after 6", err, tr.limited.Load()-1)
+	}
+}
+
+// TestDLQWaitsOutTheBurstLimit: the local server's one-second burst limit on management
+// calls answers as production does (429, Burst-RateLimit-* and no Retry-After), and the
+// DLQ calls wait for its reset instead of failing: a sync lists and deletes back to back.
+func TestDLQWaitsOutTheBurstLimit(t *testing.T) {
+	t.Parallel()
+	srv := qstashtest.NewTestServer(t, qstashtest.Options{ManagementBurst: 1})
+	p := deadLettered(t, srv, 2, nil)
+	ctx := context.Background()
+	entries, _, err := p.DLQ().List(ctx, "")
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("list: %d entries, %v", len(entries), err)
+	}
+	ids := []string{entries[0].DLQID, entries[1].DLQID}
+	if n, err := p.DLQ().Delete(ctx, ids); err != nil || n != 2 {
+		t.Fatalf("delete within the list's second: %d, %v", n, err)
+	}
+	limited := 0
+	for _, r := range srv.Requests() {
+		if r.Status == http.StatusTooManyRequests {
+			limited++
+		}
+	}
+	if limited == 0 {
+		t.Fatal("no request was over the burst limit: the test proves nothing")
 	}
 }
 

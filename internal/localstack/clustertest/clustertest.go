@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 )
 
 // Start starts a cluster that trusts every connection (localstack.StartCluster); it stops
@@ -29,10 +30,7 @@ func StartPassword(tb testing.TB) *localstack.Cluster {
 func start(tb testing.TB, startCluster func(context.Context, string) (*localstack.Cluster, error)) *localstack.Cluster {
 	tb.Helper()
 	if _, err := localstack.FindPostgresBin(); err != nil {
-		if os.Getenv("CI") != "" {
-			tb.Fatal(err)
-		}
-		tb.Skip(err)
+		prereq.Missing(tb, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -2,7 +2,7 @@
 // server run in parallel without seeing each other's rows.
 //
 // The server comes from DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test). When it cannot be reached the test
-// fails under CI=true and is skipped, with the reason, otherwise.
+// fails under CI (CI set) and is skipped, with the reason, otherwise.
 package pgtest
 
 import (

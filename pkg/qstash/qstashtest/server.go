@@ -30,6 +30,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -109,6 +110,13 @@ type Options struct {
 	QuotaMessages int
 	// QuotaWindow is the quota's period. Default DefaultQuotaWindow (a day).
 	QuotaWindow time.Duration
+	// ManagementBurst, when positive, is the management endpoints' one-second burst limit
+	// (queues, DLQ, messages, flow control, keys; docs/qstash-contract.md §5): a request
+	// over it within one second of the server's clock is answered 429 with
+	// Burst-RateLimit-Limit, Burst-RateLimit-Remaining (0) and Burst-RateLimit-Reset (unix
+	// seconds of the next second), and is not served. Publish, enqueue and batch have no
+	// per-second limit.
+	ManagementBurst int
 	// Latency delays the answer to every API request (before it is handled), modelling
 	// the network round trip to QStash; LatencyJitter adds a uniform random extra in
 	// [0, LatencyJitter). Deliveries are not delayed.
@@ -260,6 +268,9 @@ type Server struct {
 	inFlight   chan struct{}
 	quotaUsed  int
 	quotaStart time.Time
+	// burstSecond and burstUsed count management requests in the current second.
+	burstSecond int64
+	burstUsed   int
 	// dedupOrder lists dedup's keys in insertion order, so expired ids are dropped from
 	// its front as new ones arrive, at no cost per remembered id.
 	dedupOrder []string
@@ -604,6 +615,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req *Request) {
 		s.onlyPost(w, r, func() { s.handlePublish(w, r, req, q, dest) })
 	case path == "/v2/batch":
 		s.onlyPost(w, r, func() { s.handleBatch(w, r, req) })
+	case isManagement(path) && s.overBurst(w):
+		// answered 429 by overBurst
 	case path == "/v2/keys":
 		s.handleKeys(w, r)
 	case path == "/v2/keys/rotate" || path == "/v2/rotate":
@@ -677,6 +690,42 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// isManagement reports whether path is one of the endpoints under the one-second burst
+// limit (docs/qstash-contract.md §5): everything but publish, enqueue and batch.
+func isManagement(path string) bool {
+	for _, p := range []string{"/v2/keys", "/v2/rotate", "/v2/dlq", "/v2/messages/", "/v2/queues", "/v2/flowControl"} {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// overBurst counts a management request against Options.ManagementBurst and answers 429
+// when it is over the limit in the current second.
+func (s *Server) overBurst(w http.ResponseWriter) bool {
+	if s.opts.ManagementBurst <= 0 {
+		return false
+	}
+	now := time.Now().Unix()
+	s.mu.Lock()
+	if now != s.burstSecond {
+		s.burstSecond, s.burstUsed = now, 0
+	}
+	s.burstUsed++
+	over := s.burstUsed > s.opts.ManagementBurst
+	s.mu.Unlock()
+	if !over {
+		return false
+	}
+	h := w.Header()
+	h.Set("Burst-RateLimit-Limit", strconv.Itoa(s.opts.ManagementBurst))
+	h.Set("Burst-RateLimit-Remaining", "0")
+	h.Set("Burst-RateLimit-Reset", strconv.FormatInt(now+1, 10))
+	writeError(w, http.StatusTooManyRequests, "burst rate limit exceeded")
+	return true
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

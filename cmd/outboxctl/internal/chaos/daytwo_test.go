@@ -14,7 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )
@@ -33,7 +33,7 @@ const dayTwoFromVersion = 11
 func TestChaosDayTwo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster := startCluster(t, localstack.StartPasswordCluster)
+	cluster := clustertest.StartPassword(t)
 	admin, err := pgx.Connect(ctx, cluster.AdminURL())
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -28,42 +28,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
-
-// startCluster starts a throwaway Postgres cluster for this test with start
-// (localstack.StartCluster, or StartPasswordCluster to check passwords): never the shared
-// server, since these tests restart it, exhaust it or rotate its passwords. It fails under
-// CI when the server binaries are missing, and skips otherwise.
-func startCluster(t *testing.T, start func(context.Context, string) (*localstack.Cluster, error)) *localstack.Cluster {
-	t.Helper()
-	if _, err := localstack.FindPostgresBin(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	dir, err := os.MkdirTemp("", "chaos-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As root the server runs as postgres, which must be able to enter the directory.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := start(ctx, dir+"/pg")
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Logf("stop cluster: %v", err)
-		}
-		os.RemoveAll(dir)
-	})
-	return c
-}
 
 // newDatabase creates a migrated database on c and returns its URL.
 func newDatabase(t *testing.T, c *localstack.Cluster, name string) string {
@@ -212,7 +176,7 @@ func later(d time.Duration) func() time.Time { return func() time.Time { return 
 // database each, one after the other (the restart would disturb the others).
 func TestDatabaseFaults(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t, localstack.StartCluster)
+	c := clustertest.Start(t)
 	t.Run("restart while draining", func(t *testing.T) { testRestartWhileDraining(t, c) })
 	t.Run("pool exhausted", func(t *testing.T) { testPoolExhausted(t, c) })
 	t.Run("statement timeout", func(t *testing.T) { testStatementTimeout(t, c) })

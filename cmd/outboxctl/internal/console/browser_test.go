@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
@@ -137,11 +138,7 @@ func pipelineDeadLetters(t *testing.T, db *pgtest.DB, good, poison int) []outbox
 // new generation.
 func TestBrowserFindsAndRedrivesADeadLetter(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
-		msg := fmt.Sprintf("browser test needs Debian's chromium at %s (apt-get install -y chromium): %v", chromiumPath, err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		prereq.Missing(t, "browser test needs Debian's chromium at %s (apt-get install -y chromium): %v", chromiumPath, err)
 	}
 	t.Parallel()
 	db := pgtest.New(t)
