@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -89,7 +89,7 @@ func TestBenchArgumentErrors(t *testing.T) {
 // says so, on stderr and in the report (autovacuum on, unlike the CI machines' server).
 func TestBenchThrowawayCluster(t *testing.T) {
 	t.Parallel()
-	if _, err := localstack.FindPostgresBin(); err != nil {
+	if _, err := pgcluster.FindPostgresBin(); err != nil {
 		prereq.Missing(t, "%v", err)
 	}
 	code, stdout, stderr := runCLIEnv(t, map[string]string{}, "bench", "--size", "tiny", "--scenarios", "claim")

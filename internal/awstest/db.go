@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 )
 
 // DB is a database whose password lives in a Secrets Manager secret, as an RDS instance's
@@ -21,7 +21,7 @@ type DB struct {
 	// SecretARN names the secret (DB_SECRET_ARN).
 	SecretARN string
 	// Cluster is the server; its AdminURL is the superuser's, over the socket.
-	Cluster *localstack.Cluster
+	Cluster *pgcluster.Cluster
 	// AppAdminURL connects to database app as the superuser, over the socket: it sees
 	// what app's sessions wrote and is never refused by a rotation.
 	AppAdminURL string

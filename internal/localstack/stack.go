@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -164,7 +165,7 @@ func startPostgres(ctx context.Context, opts Options) (url string, stop func(), 
 	if err != nil {
 		return "", nil, err
 	}
-	cl, err := StartCluster(ctx, dir)
+	cl, err := pgcluster.StartCluster(ctx, dir)
 	if err != nil {
 		cleanup()
 		return "", nil, err

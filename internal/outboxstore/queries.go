@@ -71,7 +71,7 @@ const (
 	// The check is a scalar subquery, evaluated once, because pg_sequence_last_value is
 	// volatile: inside the probe's condition it kept the bound out of the index condition.
 	//
-	// The last five columns feed the next claim's bounds, read in this statement's
+	// The last seven columns feed the next claim's bounds, read in this statement's
 	// snapshot: db_now, ready_from (the oldest ready row at or after @ready_from), pending_from, a
 	// lower bound of the pending ids: a walk of the primary key from @pending_from up to the first
 	// pending row, or over 2,000 rows, after which it says "past the last row walked" (a
@@ -81,8 +81,9 @@ const (
 	// of every row in it on a never-analysed table, the LIMIT as an index walk in every
 	// state (the plan test checks it). With @pending_from NULL, the
 	// minimum over the pending rows, written min(id + 0) so the planner cannot make it a
-	// primary-key walk over the retained history. Then max_id and reopened (migration
-	// 0016's counter of rows made pending again).
+	// primary-key walk over the retained history. Then max_id, reopened (migration
+	// 0016's counter of rows made pending again), and the claim's own transaction id and its
+	// snapshot's xmin, from which walk.go learns how old an unseen row can be.
 	//
 	// window_rows tells the caller whether the window was full: if not, every ready row was
 	// seen and a short batch means the outbox is drained (or blocked). run_cut tells it that
@@ -207,7 +208,9 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
                    ELSE @pending_from::bigint END) AS pending_from,
           (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
           CASE WHEN to_regclass('outbox_reopened_seq') IS NULL THEN -1
-               ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened`
+               ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened,
+          pg_current_xact_id()::text::bigint AS xid,
+          pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin`
 
 	// qClaimPlanner runs before qClaim in its implicit transaction: no sorts where an index
 	// gives the order. Every walk of the claim (the ready index for win, a key's pending
@@ -247,7 +250,7 @@ WHERE id = ANY($1::bigint[]) AND lease_token = $2`
 	// qReschedule puts retryable failures back with a per-row backoff.
 	qReschedule = `
 UPDATE outbox o
-SET available_at = coalesce($5::timestamptz, now()) + u.delay_ms * interval '1 millisecond',
+SET available_at = coalesce($5::timestamptz, clock_timestamp()) + u.delay_ms * interval '1 millisecond',
     locked_until = NULL, lease_token = NULL, last_error = u.err
 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS u(id, delay_ms, err)
 WHERE o.id = u.id AND o.lease_token = $4`
@@ -279,6 +282,6 @@ SELECT id FROM dead`
 	// event, or out of time) without counting an attempt.
 	qRelease = `
 UPDATE outbox
-SET available_at = coalesce($3::timestamptz, now()), attempts = attempts - 1, locked_until = NULL, lease_token = NULL
+SET available_at = coalesce($3::timestamptz, clock_timestamp()), attempts = attempts - 1, locked_until = NULL, lease_token = NULL
 WHERE id = ANY($1::bigint[]) AND lease_token = $2`
 )

@@ -180,7 +180,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		m := &c.Messages[len(c.Messages)-1]
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
 			&stored, &windowRows, &runCut, &keysEnd, &c.BytesCut,
-			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened); err != nil {
+			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xmin); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		c.Bytes += int64(len(m.Payload))

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
@@ -273,6 +274,81 @@ func TestClaimRedrivenRowBelowItsBoundHoldsItsKey(t *testing.T) {
 	r.clock = r.clock.Add(time.Hour)
 	if _, ids := r.claim(); !slices.Equal(ids, []outbox.ID{first, later}) {
 		t.Fatalf("after the backoff the claim took %v, want %v", ids, []outbox.ID{first, later})
+	}
+}
+
+// Under a pin the ready walk trails the last claim by writerMargin, not walkLag, while
+// no transaction that has written anything is open: the pinning session (a reader) takes
+// no transaction id. A producer transaction that wrote before the claims and commits
+// after them holds the bound below its row, and the first claim after its commit takes
+// the row, with no probe (the rig runs none). On a cluster of its own: transaction ids are
+// the cluster's, so any other test's open transaction would hold the bound back too.
+// Not parallel: DATABASE_URL points pgtest at that cluster.
+func TestReadyBoundWaitsForOpenWriters(t *testing.T) {
+	t.Setenv("DATABASE_URL", clustertest.Start(t).URL)
+	r := newWalkRig(t)
+	pin(t, r.db)
+	// step inserts an event, advances the clock by d and claims and marks what is ready;
+	// it returns the ids claimed.
+	step := func(d time.Duration) []outbox.ID {
+		r.t.Helper()
+		r.insert("step")
+		r.clock = r.clock.Add(d)
+		return r.drain()
+	}
+	for range 5 {
+		step(10 * time.Millisecond)
+	}
+	if lag := r.clock.Sub(r.s.walks.readyFrom); lag > 2*writerMargin {
+		t.Fatalf("ready bound %v behind the clock with no writer open, want at most %v", lag, 2*writerMargin)
+	}
+
+	writer := outboxtest.Begin(t, r.db.Pool)
+	written := r.clock
+	var id outbox.ID
+	if err := writer.QueryRow(t.Context(), `INSERT INTO outbox (topic, partition_key, payload, available_at)
+VALUES ('test.event', 'writer', '{}', $1) RETURNING id`, written).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if got := step(100 * time.Millisecond); slices.Contains(got, id) {
+			t.Fatalf("step %d claimed the uncommitted row %d", i, id)
+		}
+		if r.s.walks.readyFrom.After(written) {
+			t.Fatalf("step %d: ready bound %v is past the open writer's row at %v", i, r.s.walks.readyFrom, written)
+		}
+	}
+	if err := writer.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := step(10 * time.Millisecond); !slices.Contains(got, id) {
+		t.Fatalf("the claim after the writer's commit took %v, not its row %d", got, id)
+	}
+}
+
+// unseenFrom without a database: the clock of the newest earlier claim whose transaction
+// id is below the xmin, less writerMargin, never earlier than walkLag.
+func TestUnseenFrom(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	w := &walks{samples: []walkSample{{at: ms(0), xid: 100}, {at: ms(300), xid: 200}, {at: ms(600), xid: 300}, {at: ms(900), xid: 0}}}
+	for _, tc := range []struct {
+		name       string
+		now        int
+		xmin       int64
+		wantMillis int
+	}{
+		{"no writer older than the newest claim", 1000, 301, 600 - 50},
+		{"a writer older than the newest claim", 1000, 250, 300 - 50},
+		{"a writer older than every claim", 1000, 100, 0},
+		{"a writer older than walkLag: the lag", 1200, 150, 200},
+		{"xmin unknown: the lag", 1000, 0, 0},
+	} {
+		got := w.unseenFrom(walkView{dbNow: ms(tc.now), xmin: tc.xmin})
+		if want := ms(tc.wantMillis); !got.Equal(want) {
+			t.Errorf("%s: %v, want %v", tc.name, got.Sub(t0), want.Sub(t0))
+		}
 	}
 }
 

@@ -43,7 +43,8 @@ const (
 // Reply.Write sets the header with it.
 const StatusNonRetryable = 489
 
-// Outcomes of the receive step. Receivers add their own; these three are shared.
+// Outcomes of the receive step, and the duplicate every receiver answers alike. Receivers
+// add their own.
 const (
 	// OutcomeUnauthorized: the signature is missing or wrong, or a header contradicts
 	// the signed identity. Nothing was written.
@@ -53,6 +54,9 @@ const (
 	OutcomeTooLarge = "too_large"
 	// OutcomeTransient: QStash should retry (unreadable body, configuration, database).
 	OutcomeTransient = "transient"
+	// OutcomeDuplicate: the message was applied or recorded before; answered 200, so
+	// QStash stops redelivering it.
+	OutcomeDuplicate = "duplicate"
 )
 
 // Reply is one row of a receiver's status table: the status QStash acts on, the short code
@@ -63,12 +67,14 @@ type Reply struct {
 	Outcome string
 }
 
-// Replies of the receive step itself.
+// Replies of the receive step itself; receivers answer ReplyTransient and ReplyDuplicate
+// as well, so QStash sees one code for them whichever receiver it calls.
 var (
 	ReplyUnauthorized = Reply{http.StatusUnauthorized, "unauthorized", OutcomeUnauthorized}
 	ReplyTooLarge     = Reply{StatusNonRetryable, "body_too_large", OutcomeTooLarge}
-	ReplyUnreadable   = Reply{http.StatusInternalServerError, "transient_error", OutcomeTransient}
+	ReplyTransient    = Reply{http.StatusInternalServerError, "transient_error", OutcomeTransient}
 	ReplyConfig       = Reply{http.StatusInternalServerError, "configuration_error", OutcomeTransient}
+	ReplyDuplicate    = Reply{http.StatusOK, "duplicate", OutcomeDuplicate}
 )
 
 // Write answers rep as JSON: {"outcome": code} for 2xx, {"error": code} otherwise. A 489
@@ -165,7 +171,7 @@ func (rc *Receiver) Receive(a *Answer) (Request, bool) {
 			a.Reply(ReplyTooLarge, slog.LevelWarn, rc.Name+" body too large", slog.Int64("limit_bytes", rc.MaxBodyBytes))
 			return Request{}, false
 		}
-		a.Reply(ReplyUnreadable, slog.LevelWarn, rc.Name+" body unreadable", slog.Any("error", err))
+		a.Reply(ReplyTransient, slog.LevelWarn, rc.Name+" body unreadable", slog.Any("error", err))
 		return Request{}, false
 	}
 	signed, ok := rc.signedURL(a.R)

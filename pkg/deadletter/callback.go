@@ -26,7 +26,7 @@ const DefaultCallbackMaxBodyBytes = 4 << 20
 // Outcomes passed to CallbackConfig.Observe.
 const (
 	OutcomeRecorded  = "recorded"
-	OutcomeDuplicate = "duplicate"
+	OutcomeDuplicate = receive.OutcomeDuplicate
 	// OutcomeSuperseded: a late callback about a generation its event has left behind
 	// (redriven since), recorded resolved as superseded: history, not a new dead letter.
 	OutcomeSuperseded   = "superseded"
@@ -131,14 +131,12 @@ func absoluteHTTPURL(s string) bool {
 	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
-// The callback's rows of the status table; the receive step adds 401, 489 body_too_large
-// and 500.
+// The callback's rows of the status table; internal/receive has 401, 489 body_too_large,
+// 500 and the duplicate.
 var (
 	replyRecorded   = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
 	replySuperseded = receive.Reply{Status: http.StatusOK, Code: "superseded", Outcome: OutcomeSuperseded}
-	replyDuplicate  = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
 	replyMalformed  = receive.Reply{Status: http.StatusBadRequest, Code: "malformed_callback", Outcome: OutcomeMalformed}
-	replyTransient  = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
 )
 
 // ServeHTTP verifies, decodes and records one failure callback.
@@ -167,7 +165,7 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.OutboxID == 0 {
 		var err error
 		if legacy, err = h.legacyIdentity(r.Context(), cb, &f); err != nil {
-			a.Reply(replyTransient, slog.LevelError, "failure callback legacy window unreadable; QStash will retry", slog.Any("error", err))
+			a.Reply(receive.ReplyTransient, slog.LevelError, "failure callback legacy window unreadable; QStash will retry", slog.Any("error", err))
 			return
 		}
 	}
@@ -186,9 +184,9 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err != nil:
-		a.Reply(replyTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
+		a.Reply(receive.ReplyTransient, slog.LevelError, "failure callback not recorded; QStash will retry", slog.Any("error", err))
 	case !rec.Created:
-		a.Reply(replyDuplicate, slog.LevelInfo, "failure callback already recorded", slog.Int64("dead_letter_id", rec.LetterID))
+		a.Reply(receive.ReplyDuplicate, slog.LevelInfo, "failure callback already recorded", slog.Int64("dead_letter_id", rec.LetterID))
 	case rec.Superseded:
 		// The event was redriven since: this failure is history, nothing for an operator.
 		a.Reply(replySuperseded, slog.LevelInfo, "failure callback superseded: its event was redriven since",

@@ -84,9 +84,11 @@ FOR UPDATE OF d`
 	// pending (being relayed) are left alone: resetting would void the live lease. So is a
 	// row that has left the letter's generation ($2) behind, checked again here because the
 	// classifying select does not lock the rows: a concurrent redrive may have moved it on.
+	// available_at is the update's own time, not the transaction's start, which the relay's
+	// claims may already have walked past (internal/outboxstore, walk.go).
 	qResetOutbox = `
 UPDATE outbox o
-SET dispatched_at = NULL, dead_lettered_at = NULL, attempts = 0, available_at = now(),
+SET dispatched_at = NULL, dead_lettered_at = NULL, attempts = 0, available_at = clock_timestamp(),
     lease_token = NULL, locked_until = NULL, last_error = NULL, generation = o.generation + 1
 FROM unnest($1::bigint[], $2::int[]) AS e(outbox_id, generation)
 WHERE o.id = e.outbox_id AND (o.dispatched_at IS NOT NULL OR o.dead_lettered_at IS NOT NULL)

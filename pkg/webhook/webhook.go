@@ -44,7 +44,7 @@ const (
 // Outcomes passed to Config.Observe.
 const (
 	OutcomeProcessed = "processed"
-	OutcomeDuplicate = "duplicate"
+	OutcomeDuplicate = receive.OutcomeDuplicate
 	OutcomePermanent = "permanent"
 	OutcomeTransient = receive.OutcomeTransient
 	// OutcomeUnauthorized: a bad signature, or forwarded X-Outbox-* headers that contradict
@@ -205,17 +205,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// The webhook's rows of the status table; the receive step adds 401, 489 body_too_large
-// and 500.
+// The webhook's rows of the status table; internal/receive has 401, 489 body_too_large,
+// 500 and the duplicate.
 var (
 	replyProcessed    = receive.Reply{Status: http.StatusOK, Code: "processed", Outcome: OutcomeProcessed}
-	replyDuplicate    = receive.Reply{Status: http.StatusOK, Code: "duplicate", Outcome: OutcomeDuplicate}
 	replyNoMessageID  = receive.Reply{Status: StatusNonRetryable, Code: "missing_message_id", Outcome: OutcomePermanent}
 	replyUnknownTopic = receive.Reply{Status: StatusNonRetryable, Code: "unknown_topic", Outcome: OutcomePermanent}
 	replyMalformed    = receive.Reply{Status: StatusNonRetryable, Code: "malformed_json", Outcome: OutcomePermanent}
 	replyConflict     = receive.Reply{Status: StatusNonRetryable, Code: "payload_conflict", Outcome: OutcomePermanent}
 	replyRejected     = receive.Reply{Status: StatusNonRetryable, Code: "rejected", Outcome: OutcomePermanent}
-	replyTransient    = receive.Reply{Status: http.StatusInternalServerError, Code: "transient_error", Outcome: OutcomeTransient}
 )
 
 func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
@@ -267,7 +265,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err == nil && outcome == inbox.Duplicate:
-		a.Reply(replyDuplicate, slog.LevelInfo, "webhook delivery already processed")
+		a.Reply(receive.ReplyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
 		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
 	case errors.Is(err, inbox.ErrPayloadConflict):
@@ -276,7 +274,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	case IsPermanent(err):
 		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
-		a.Reply(replyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
+		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
 }
 
@@ -340,7 +338,7 @@ func (h *Handler) identity(a *receive.Answer, req receive.Request, topic string,
 	accepted, err := h.cfg.Legacy(r.Context(), LegacyDelivery{Identity: id, Topic: topic, Payload: req.Body})
 	switch {
 	case err != nil:
-		a.Reply(replyTransient, slog.LevelError, "webhook legacy identity check failed; QStash will retry", slog.Any("error", err))
+		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook legacy identity check failed; QStash will retry", slog.Any("error", err))
 		return id, true, false
 	case !accepted:
 		a.Reply(receive.ReplyUnauthorized, slog.LevelWarn, "webhook delivery refused: its unsigned X-Outbox-Id is not accepted (legacy window closed, or no outbox row with this topic and payload)",

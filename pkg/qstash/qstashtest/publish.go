@@ -553,13 +553,21 @@ func (s *Server) parseDelivery(m *message, h http.Header) error {
 		}
 		m.notBefore = time.Unix(sec, 0)
 	}
-	if v := h.Get("Upstash-Timeout"); v != "" {
-		d, err := parseCompoundDuration(v)
-		if err != nil || d <= 0 {
-			return badRequest("Upstash-Timeout: invalid duration")
-		}
-		m.timeout = d
+	return parseTimeout(h, "Upstash-Timeout", &m.timeout)
+}
+
+// parseTimeout sets *dst from the timeout header name when it is present; QStash refuses a
+// timeout that is not a positive duration.
+func parseTimeout(h http.Header, name string, dst *time.Duration) error {
+	v := h.Get(name)
+	if v == "" {
+		return nil
 	}
+	d, err := parseCompoundDuration(v)
+	if err != nil || d <= 0 {
+		return badRequest(name + ": invalid duration")
+	}
+	*dst = d
 	return nil
 }
 
@@ -591,14 +599,7 @@ func (s *Server) parseCallbacks(m *message, h http.Header) error {
 	if v := h.Get("Upstash-Failure-Callback-Method"); v != "" {
 		m.fcMethod = strings.ToUpper(v)
 	}
-	if v := h.Get("Upstash-Failure-Callback-Timeout"); v != "" {
-		d, err := parseCompoundDuration(v)
-		if err != nil || d <= 0 {
-			return badRequest("Upstash-Failure-Callback-Timeout: invalid duration")
-		}
-		m.fcTimeout = d
-	}
-	return nil
+	return parseTimeout(h, "Upstash-Failure-Callback-Timeout", &m.fcTimeout)
 }
 
 // parseFlowHeaders reads the flow control key and value.

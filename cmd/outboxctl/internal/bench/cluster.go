@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 )
 
 // ThrowawayCluster describes a bench run on a cluster StartThrowawayCluster made.
@@ -19,7 +19,7 @@ func StartThrowawayCluster(ctx context.Context) (url string, stop func() error, 
 	if err != nil {
 		return "", nil, fmt.Errorf("start throwaway cluster: %w", err)
 	}
-	c, err := localstack.StartCluster(ctx, dir)
+	c, err := pgcluster.StartCluster(ctx, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return "", nil, err

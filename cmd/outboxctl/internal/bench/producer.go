@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -236,7 +236,7 @@ func triggerSetups() (map[string]string, error) {
 
 // findPgbench looks beside the server binaries (Debian keeps them off PATH), then on PATH.
 func findPgbench() (string, error) {
-	if dir, err := localstack.FindPostgresBin(); err == nil {
+	if dir, err := pgcluster.FindPostgresBin(); err == nil {
 		if p := filepath.Join(dir, "pgbench"); isExecutable(p) {
 			return p, nil
 		}

@@ -95,6 +95,9 @@ func Run(ctx context.Context, baseURL string, opts Options) (*Results, error) {
 }
 
 func runScenario(ctx context.Context, baseURL, name string, opts Options, res *Results) (err error) {
+	if opts.Spawn == nil && (name == ScenarioMemory || name == ScenarioBacklog) {
+		return fmt.Errorf("%s scenario needs Options.Spawn", name)
+	}
 	s, err := postgres.CreateSchema(ctx, baseURL, "bench", true, nil)
 	if err != nil {
 		return err
@@ -121,14 +124,8 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 	case ScenarioConsumer:
 		res.Consumer, err = Consumer(ctx, s.URL, ConsumerConfigFor(opts.Size), opts.Progress)
 	case ScenarioMemory:
-		if opts.Spawn == nil {
-			return fmt.Errorf("memory scenario needs Options.Spawn")
-		}
 		res.Memory, err = Memory(ctx, s.URL, MemoryConfigFor(opts.Size), opts.Spawn, opts.Progress)
 	case ScenarioBacklog:
-		if opts.Spawn == nil {
-			return fmt.Errorf("backlog scenario needs Options.Spawn")
-		}
 		res.Backlog, err = Backlog(ctx, s.URL, BacklogConfigFor(opts.Size), opts.Spawn, opts.Progress)
 	case ScenarioPinned:
 		cfg := PinnedConfigFor(opts.Size)

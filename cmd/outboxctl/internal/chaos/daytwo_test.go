@@ -14,7 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 )

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/health"
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -30,7 +30,7 @@ import (
 )
 
 // newDatabase creates a migrated database on c and returns its URL.
-func newDatabase(t *testing.T, c *localstack.Cluster, name string) string {
+func newDatabase(t *testing.T, c *pgcluster.Cluster, name string) string {
 	t.Helper()
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, c.URL)
@@ -187,7 +187,7 @@ func TestDatabaseFaults(t *testing.T) {
 // returns an error instead of hanging or panicking; no row is dispatched that QStash did
 // not accept; rows leased by the cut batch wait for their lease; the next drain, once the
 // lease has passed, finishes everything.
-func testRestartWhileDraining(t *testing.T, c *localstack.Cluster) {
+func testRestartWhileDraining(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "restart")
 	pool := openPool(t, url, 4, nil)
 	const n = 3000
@@ -265,7 +265,7 @@ func testRestartWhileDraining(t *testing.T, c *localstack.Cluster) {
 // A pool with no free connection: the claim waits for one and fails with the context's
 // error, changing nothing; a pool that runs dry between publish and mark fails the mark
 // as a whole (no half-marked batch), and the rows recover after the lease.
-func testPoolExhausted(t *testing.T, c *localstack.Cluster) {
+func testPoolExhausted(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "exhausted")
 	seed := openPool(t, url, 2, nil)
 	const n = 200
@@ -333,7 +333,7 @@ func testPoolExhausted(t *testing.T, c *localstack.Cluster) {
 
 // statement_timeout on the relay's sessions: a claim blocked by a lock fails with SQLSTATE
 // 57014 and changes nothing; a mark blocked past the timeout fails the whole mark.
-func testStatementTimeout(t *testing.T, c *localstack.Cluster) {
+func testStatementTimeout(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "timeout")
 	admin := openPool(t, url, 2, nil)
 	const n = 120
@@ -393,7 +393,7 @@ func testStatementTimeout(t *testing.T, c *localstack.Cluster) {
 
 // A forgotten open transaction holds the xmin horizon: the relay keeps draining (its claim
 // does not depend on VACUUM), and the health report names the transaction and its age.
-func testXminHorizonHeld(t *testing.T, c *localstack.Cluster) {
+func testXminHorizonHeld(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "horizon")
 	ctx := context.Background()
 	holder := openPool(t, url, 1, map[string]string{"application_name": "forgotten-report"})

@@ -1,12 +1,12 @@
-package localstack_test
+package pgcluster_test
 
 import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/localstack/clustertest"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 )
 
 // TestThrowawayCluster: a started cluster answers queries, and again after a restart.
@@ -21,7 +21,7 @@ func TestThrowawayCluster(t *testing.T) {
 }
 
 // selectOne connects to c and runs SELECT 1.
-func selectOne(t *testing.T, c *localstack.Cluster) {
+func selectOne(t *testing.T, c *pgcluster.Cluster) {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), c.URL)
 	if err != nil {

@@ -1,4 +1,7 @@
-package localstack
+// Package pgcluster starts throwaway PostgreSQL servers (initdb and pg_ctl from the server
+// binaries) for the local stack, the benchmarks and the tests that need a server of their
+// own.
+package pgcluster
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package clustertest starts throwaway Postgres clusters (package localstack) for tests
+// Package clustertest starts throwaway Postgres clusters (package pgcluster) for tests
 // that need a server of their own: one they restart, or one that demands a password.
 package clustertest
 
@@ -8,28 +8,28 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/internal/prereq"
 )
 
-// Start starts a cluster that trusts every connection (localstack.StartCluster); it stops
+// Start starts a cluster that trusts every connection (pgcluster.StartCluster); it stops
 // when the test ends. Without the Postgres server binaries the test is skipped, or fails
 // under CI.
-func Start(tb testing.TB) *localstack.Cluster {
+func Start(tb testing.TB) *pgcluster.Cluster {
 	tb.Helper()
-	return start(tb, localstack.StartCluster)
+	return start(tb, pgcluster.StartCluster)
 }
 
 // StartPassword is Start with a cluster that demands a password over TCP
-// (localstack.StartPasswordCluster).
-func StartPassword(tb testing.TB) *localstack.Cluster {
+// (pgcluster.StartPasswordCluster).
+func StartPassword(tb testing.TB) *pgcluster.Cluster {
 	tb.Helper()
-	return start(tb, localstack.StartPasswordCluster)
+	return start(tb, pgcluster.StartPasswordCluster)
 }
 
-func start(tb testing.TB, startCluster func(context.Context, string) (*localstack.Cluster, error)) *localstack.Cluster {
+func start(tb testing.TB, startCluster func(context.Context, string) (*pgcluster.Cluster, error)) *pgcluster.Cluster {
 	tb.Helper()
-	if _, err := localstack.FindPostgresBin(); err != nil {
+	if _, err := pgcluster.FindPostgresBin(); err != nil {
 		prereq.Missing(tb, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
