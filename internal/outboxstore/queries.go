@@ -83,7 +83,9 @@ const (
 	// minimum over the pending rows, written min(id + 0) so the planner cannot make it a
 	// primary-key walk over the retained history. Then max_id, reopened (migration
 	// 0016's counter of rows made pending again), and the claim's own transaction id and its
-	// snapshot's xmin, from which walk.go learns how old an unseen row can be.
+	// snapshot's xmin, from which walk.go learns how old an unseen row can be (scalar
+	// subqueries, evaluated once: pg_current_snapshot copies and sorts the snapshot's
+	// running transaction ids at every call).
 	//
 	// window_rows tells the caller whether the window was full: if not, every ready row was
 	// seen and a short batch means the outbox is drained (or blocked). run_cut tells it that
@@ -209,8 +211,8 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
           (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
           CASE WHEN to_regclass('outbox_reopened_seq') IS NULL THEN -1
                ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened,
-          pg_current_xact_id()::text::bigint AS xid,
-          pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin`
+          (SELECT pg_current_xact_id()::text::bigint) AS xid,
+          (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AS xmin`
 
 	// qClaimPlanner runs before qClaim in its implicit transaction: no sorts where an index
 	// gives the order. Every walk of the claim (the ready index for win, a key's pending

@@ -42,8 +42,10 @@ import (
 // the newest claim: a writer open longer (an idle-in-transaction session that wrote,
 // another database's batch job: transaction ids are the cluster's) leaves the bound at
 // walkLag, as before, and a row committed later than that is the probe's (below).
-// Measured (pinned bench, 800 events/s): with walkLag alone a claim passed the dead
-// entries of a whole second, 1,900 buffers against 500 unpinned (pg_stat_statements).
+// Measured (pinned bench, 800 events/s, pg_stat_statements): with walkLag alone a claim
+// passed the dead entries of a whole second, 1,900 buffers against 500 unpinned; with the
+// writers' bound 420-625 buffers and 1.4-1.7 ms per claim over a two-minute pin, against
+// 500 and 1.1 ms before it.
 //
 // The lag is what a row may take from its available_at to its commit and still be in
 // range; since migration 0017 available_at defaults to the INSERT statement's time, not

@@ -451,13 +451,17 @@ func TestPinned(t *testing.T) {
 	if want := int(production / cfg.Window); len(res.Windows) != want {
 		t.Fatalf("%d windows, want %d: %+v", len(res.Windows), want, res.Windows)
 	}
-	pinned, produced, dead := 0, 0, int64(0)
+	pinned, produced, dead, claims := 0, 0, int64(0), 0
 	for _, w := range res.Windows {
 		if w.Pinned {
 			pinned++
 		}
 		produced += w.Produced
 		dead = max(dead, w.DeadTuples)
+		claims += w.Claim.Samples
+		if w.Claim.Samples > 0 && (w.Claim.P50 <= 0 || w.Claim.P99 < w.Claim.P50) {
+			t.Errorf("window %+v: claim durations out of order", w)
+		}
 		if w.Produced > 0 && (w.Latency.Samples != w.Produced || w.Latency.P99 < w.Latency.P50) {
 			t.Errorf("window %+v: want a latency per event", w)
 		}
@@ -474,6 +478,9 @@ func TestPinned(t *testing.T) {
 	if dead == 0 {
 		t.Error("no dead outbox tuples read in any window")
 	}
+	if claims == 0 || res.WorstPinnedClaimP99 <= 0 {
+		t.Errorf("%d claims timed, worst pinned claim p99 %.2f ms: want the relay's claims in the windows", claims, res.WorstPinnedClaimP99)
+	}
 	var delivered int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&delivered); err != nil {
 		t.Fatal(err)
@@ -485,7 +492,7 @@ func TestPinned(t *testing.T) {
 	r := &bench.Results{Pinned: res}
 	r.Summarise()
 	s := r.Summary
-	if s.PinnedP99Ms == nil || s.PinnedCleanP99Ms == nil || s.PinnedLeftBehind == nil || *s.PinnedLeftBehind != 0 {
+	if s.PinnedP99Ms == nil || s.PinnedCleanP99Ms == nil || s.PinnedLeftBehind == nil || *s.PinnedLeftBehind != 0 || s.PinnedClaimP99Ms == nil {
 		t.Errorf("summary %+v", s)
 	}
 	var md bytes.Buffer

@@ -86,6 +86,8 @@ type PinnedWindow struct {
 	// Vacuums its vacuum_count + autovacuum_count then.
 	DeadTuples int64 `json:"n_dead_tup"`
 	Vacuums    int64 `json:"vacuums"`
+	// Claim is how long the relay's claims that leased rows took, by when they started.
+	Claim Latency `json:"claim"`
 }
 
 // PinnedResult is the pinned scenario's output.
@@ -114,6 +116,10 @@ type PinnedResult struct {
 	Windows       []PinnedWindow `json:"windows"`
 	// WorstPinnedP99 is the highest p99 of a pinned window.
 	WorstPinnedP99 float64 `json:"worst_pinned_p99_ms"`
+	// CleanClaimP99 and WorstPinnedClaimP99: the highest p99 of the claim's duration in a
+	// window before the pin and in a pinned one.
+	CleanClaimP99       float64 `json:"clean_claim_p99_ms"`
+	WorstPinnedClaimP99 float64 `json:"worst_pinned_claim_p99_ms"`
 	// RecoverySeconds: from the pin's release to the start of the first window after it
 	// whose p99 is within RecoveryFactor of the clean p99 (window resolution: 0 means the
 	// first window after the release already was); null if none was.
@@ -192,6 +198,8 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	}
 	rcfg := relayConfig(relay.DefaultBatchSize, false)
 	rcfg.PollInterval = relay.DefaultPollInterval // what outboxctl relay runs with
+	var claims claimClock
+	rcfg.Tracer = claims.tracer()
 	r, err := pl.NewRelay(relayPool, rcfg)
 	if err != nil {
 		relayPool.Close()
@@ -268,7 +276,12 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	restartMu.Lock()
 	res.RelayRestarts, res.RelayRunError = restarts, lastErr
 	restartMu.Unlock()
-	res.summarise(samples, commits, stats, t0, end0)
+	// The claims on the database's clock, as the events are: start is t0 on this process's.
+	clock := claims.snapshot()
+	for i := range clock {
+		clock[i].at = t0.Add(clock[i].at.Sub(start))
+	}
+	res.summarise(samples, commits, stats, clock, t0, end0)
 	res.Seconds = round3(time.Since(began).Seconds())
 	if progress != nil {
 		progress(res.progressLine())
@@ -483,7 +496,7 @@ func windowCount(production, window time.Duration) int {
 }
 
 // summarise places every event in its window by created_at and fills the result.
-func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, stats []tableStats, t0, end time.Time) {
+func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, stats []tableStats, claims []claimTime, t0, end time.Time) {
 	cfg := res.Config
 	n := windowCount(cfg.Clean+cfg.Hold+cfg.Recovery, cfg.Window)
 	lats := make([][]time.Duration, n)
@@ -521,6 +534,12 @@ func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, s
 		}
 	}
 	res.CleanLatency, res.WarmupLatency = summarise(clean), summarise(warmup)
+	claimed := make([][]time.Duration, n)
+	for _, c := range claims {
+		if !c.at.Before(t0) {
+			claimed[index(c.at)] = append(claimed[index(c.at)], c.took)
+		}
+	}
 	for i := range res.Windows {
 		w := &res.Windows[i]
 		ws := time.Duration(i) * cfg.Window
@@ -529,11 +548,15 @@ func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, s
 		w.PinnedSeconds = round3(overlap.Seconds())
 		w.Pinned = res.PinEndSec > 0 && overlap*2 >= cfg.Window
 		w.Latency = summarise(lats[i])
+		w.Claim = summarise(claimed[i])
 		if i < len(stats) {
 			w.DeadTuples, w.Vacuums = stats[i].dead, stats[i].vacuums
 		}
 		if w.Pinned {
 			res.WorstPinnedP99 = max(res.WorstPinnedP99, w.Latency.P99)
+			res.WorstPinnedClaimP99 = max(res.WorstPinnedClaimP99, w.Claim.P99)
+		} else if w.StartSec < res.PinStartSec {
+			res.CleanClaimP99 = max(res.CleanClaimP99, w.Claim.P99)
 		}
 	}
 	res.RecoverySeconds = nil
