@@ -36,8 +36,9 @@ import (
 // claim records its database clock and its own transaction id; an earlier claim whose id
 // is below the xmin started before every such writer took its id, and a row written
 // since carries available_at no earlier than that claim's clock (migration 0017 writes the
-// INSERT's time; the relay's own statements write the statement's clock), less
-// writerMargin for the instant between reading the clock and taking the id. So the
+// INSERT's time; the relay's retries and releases and a redrive write the update's own
+// time, clock_timestamp()), less writerMargin for the instant between reading the clock
+// and taking the id. So the
 // bound is that claim's clock less writerMargin, and never earlier than walkLag before
 // the newest claim: a writer open longer (an idle-in-transaction session that wrote,
 // another database's batch job: transaction ids are the cluster's) leaves the bound at

@@ -286,6 +286,12 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	if progress != nil {
 		progress(res.progressLine())
 	}
+	// relayErr is Run's to write until relayDone closes: a relay that would not stop has
+	// no error to read yet.
+	var runErr error
+	if res.RelayStopped {
+		runErr = relayErr
+	}
 	switch {
 	case prodErr != nil:
 		return res, fmt.Errorf("pinned produce: %w", prodErr)
@@ -294,11 +300,11 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	case statErr != nil:
 		return res, statErr
 	case res.RelayTerminated:
-		if relayErr != nil {
-			res.RelayError = relayErr.Error()
+		if runErr != nil {
+			res.RelayError = runErr.Error()
 		}
-	case relayErr != nil && !errors.Is(relayErr, context.Canceled) && !errors.Is(relayErr, context.DeadlineExceeded):
-		return res, fmt.Errorf("relay run: %w", relayErr)
+	case runErr != nil && !errors.Is(runErr, context.Canceled) && !errors.Is(runErr, context.DeadlineExceeded):
+		return res, fmt.Errorf("relay run: %w", runErr)
 	}
 	// Undelivered events are the scenario's finding, reported as LeftBehind, not an error.
 	return res, nil
