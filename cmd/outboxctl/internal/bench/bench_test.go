@@ -451,16 +451,21 @@ func TestPinned(t *testing.T) {
 	if want := int(production / cfg.Window); len(res.Windows) != want {
 		t.Fatalf("%d windows, want %d: %+v", len(res.Windows), want, res.Windows)
 	}
-	pinned, produced, dead, claims := 0, 0, int64(0), 0
+	pinned, produced, dead, claims, publishes, marks := 0, 0, int64(0), 0, 0, 0
 	for _, w := range res.Windows {
 		if w.Pinned {
 			pinned++
 		}
 		produced += w.Produced
 		dead = max(dead, w.DeadTuples)
-		claims += w.Claim.Samples
+		claims, publishes, marks = claims+w.Claim.Samples, publishes+w.Publish.Samples, marks+w.Mark.Samples
 		if w.Claim.Samples > 0 && (w.Claim.P50 <= 0 || w.Claim.P99 < w.Claim.P50) {
 			t.Errorf("window %+v: claim durations out of order", w)
+		}
+		// Every delivered event was marked dispatched (its mark may start after its handler
+		// committed: QStash delivers while the publish call returns).
+		if w.Dispatch.Samples != w.Delivered || w.Dispatch.P50 <= 0 {
+			t.Errorf("window %+v: want a dispatch time per delivered event", w)
 		}
 		if w.Produced > 0 && (w.Latency.Samples != w.Produced || w.Latency.P99 < w.Latency.P50) {
 			t.Errorf("window %+v: want a latency per event", w)
@@ -480,6 +485,9 @@ func TestPinned(t *testing.T) {
 	}
 	if claims == 0 || res.WorstPinnedClaimP99 <= 0 {
 		t.Errorf("%d claims timed, worst pinned claim p99 %.2f ms: want the relay's claims in the windows", claims, res.WorstPinnedClaimP99)
+	}
+	if publishes < claims || marks < claims {
+		t.Errorf("%d claims, %d publishes, %d marks timed: want a publish and a mark for every claim", claims, publishes, marks)
 	}
 	var delivered int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM billing_charges`).Scan(&delivered); err != nil {

@@ -86,8 +86,15 @@ type PinnedWindow struct {
 	// Vacuums its vacuum_count + autovacuum_count then.
 	DeadTuples int64 `json:"n_dead_tup"`
 	Vacuums    int64 `json:"vacuums"`
-	// Claim is how long the relay's claims that leased rows took, by when they started.
-	Claim Latency `json:"claim"`
+	// Claim is how long the relay's claims that leased rows took, by when they started;
+	// Publish and Mark the same for the batches' publish calls and marks.
+	Claim   Latency `json:"claim"`
+	Publish Latency `json:"publish"`
+	Mark    Latency `json:"mark"`
+	// Dispatch covers the window's dispatched events, created_at -> dispatched_at (the
+	// start of the mark after the publish): the relay's share of Latency, the rest being
+	// QStash's delivery and the handler.
+	Dispatch Latency `json:"dispatch"`
 }
 
 // PinnedResult is the pinned scenario's output.
@@ -113,6 +120,7 @@ type PinnedResult struct {
 	// before the pin.
 	WarmupLatency Latency        `json:"warmup_latency"`
 	CleanLatency  Latency        `json:"clean_latency"`
+	CleanDispatch Latency        `json:"clean_dispatch"`
 	Windows       []PinnedWindow `json:"windows"`
 	// WorstPinnedP99 is the highest p99 of a pinned window.
 	WorstPinnedP99 float64 `json:"worst_pinned_p99_ms"`
@@ -281,7 +289,11 @@ func Pinned(ctx context.Context, schemaURL string, cfg PinnedConfig, progress fu
 	for i := range clock {
 		clock[i].at = t0.Add(clock[i].at.Sub(start))
 	}
-	res.summarise(samples, commits, stats, clock, t0, end0)
+	dispatched, err := dispatchTimes(context.WithoutCancel(ctx), pool, samples)
+	if err != nil {
+		return nil, err
+	}
+	res.summarise(samples, commits, dispatched, stats, clock, t0, end0)
 	res.Seconds = round3(time.Since(began).Seconds())
 	if progress != nil {
 		progress(res.progressLine())
@@ -497,17 +509,42 @@ func watchDeadTuples(ctx context.Context, db *pgxpool.Pool, start time.Time, win
 	return out, nil
 }
 
+// dispatchTimes reads the dispatched_at of the produced events.
+func dispatchTimes(ctx context.Context, db *pgxpool.Pool, samples []pinnedSample) (map[int64]time.Time, error) {
+	ids := make([]int64, len(samples))
+	for i, s := range samples {
+		ids[i] = s.id
+	}
+	rows, err := db.Query(ctx, qDispatchedAt, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read dispatch times: %w", err)
+	}
+	out := make(map[int64]time.Time, len(ids))
+	var (
+		id int64
+		at time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		out[id] = at
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read dispatch times: %w", err)
+	}
+	return out, nil
+}
+
 func windowCount(production, window time.Duration) int {
 	return max(1, int(math.Ceil(production.Seconds()/window.Seconds())))
 }
 
 // summarise places every event in its window by created_at and fills the result.
-func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, stats []tableStats, claims []claimTime, t0, end time.Time) {
+func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, dispatched map[int64]time.Time, stats []tableStats, claims []claimTime, t0, end time.Time) {
 	cfg := res.Config
 	n := windowCount(cfg.Clean+cfg.Hold+cfg.Recovery, cfg.Window)
-	lats := make([][]time.Duration, n)
+	lats, relayed := make([][]time.Duration, n), make([][]time.Duration, n)
 	res.Windows = make([]PinnedWindow, n)
-	var clean, warmup []time.Duration
+	var clean, cleanRelayed, warmup []time.Duration
 	pinStart := t0.Add(time.Duration(res.PinStartSec * float64(time.Second)))
 	pinEnd := t0.Add(time.Duration(res.PinEndSec * float64(time.Second)))
 	index := func(at time.Time) int { return min(n-1, max(0, int(at.Sub(t0)/cfg.Window))) }
@@ -535,15 +572,24 @@ func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, s
 			w.Delivered++
 		}
 		lats[i] = append(lats[i], lat)
+		d, ok := dispatched[s.id]
+		if ok {
+			relayed[i] = append(relayed[i], d.Sub(s.created))
+		}
 		if res.PinStartSec == 0 || s.created.Before(pinStart) {
 			clean = append(clean, lat)
+			if ok {
+				cleanRelayed = append(cleanRelayed, d.Sub(s.created))
+			}
 		}
 	}
 	res.CleanLatency, res.WarmupLatency = summarise(clean), summarise(warmup)
-	claimed := make([][]time.Duration, n)
+	res.CleanDispatch = summarise(cleanRelayed)
+	steps := map[string][][]time.Duration{claimStep: make([][]time.Duration, n), publishStep: make([][]time.Duration, n), markStep: make([][]time.Duration, n)}
 	for _, c := range claims {
 		if !c.at.Before(t0) {
-			claimed[index(c.at)] = append(claimed[index(c.at)], c.took)
+			byWindow := steps[c.step]
+			byWindow[index(c.at)] = append(byWindow[index(c.at)], c.took)
 		}
 	}
 	for i := range res.Windows {
@@ -554,7 +600,8 @@ func (res *PinnedResult) summarise(samples []pinnedSample, commits *commitLog, s
 		w.PinnedSeconds = round3(overlap.Seconds())
 		w.Pinned = res.PinEndSec > 0 && overlap*2 >= cfg.Window
 		w.Latency = summarise(lats[i])
-		w.Claim = summarise(claimed[i])
+		w.Claim, w.Publish, w.Mark = summarise(steps[claimStep][i]), summarise(steps[publishStep][i]), summarise(steps[markStep][i])
+		w.Dispatch = summarise(relayed[i])
 		if i < len(stats) {
 			w.DeadTuples, w.Vacuums = stats[i].dead, stats[i].vacuums
 		}
@@ -599,6 +646,8 @@ const (
 	// qPinSnapshot takes the REPEATABLE READ transaction's snapshot: its xmin holds back
 	// every vacuum of the server until it ends.
 	qPinSnapshot = `SELECT 1 FROM outbox LIMIT 1`
+
+	qDispatchedAt = `SELECT id, dispatched_at FROM outbox WHERE id = ANY($1::bigint[]) AND dispatched_at IS NOT NULL`
 
 	qOutboxDeadTuples = `SELECT n_dead_tup, vacuum_count + autovacuum_count FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`
 

@@ -479,18 +479,19 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		c := pn.Config
 		p("## 8. Pinned xmin horizon (%d events/s, one plain INSERT per transaction over %d keys; after a %.0f-s warm-up, snapshot held %.0f s after %.0f s clean, then %.0f s of recovery; %.0f-s windows)\n\n",
 			c.Rate, c.Keys, c.Warmup.Seconds(), c.Hold.Seconds(), c.Clean.Seconds(), c.Recovery.Seconds(), c.Window.Seconds())
-		p("%s. Windows hold the events created in them; latency is created_at -> handler commit, an event never delivered counted at its age at the end. n_dead_tup is the outbox's (pg_stat_user_tables) at the window's end. Claims are the relay's claims that leased rows, by their start, timed by the relay (statement and decoding).\n\n", pn.Path)
+		p("%s. Windows hold the events created in them; latency is created_at -> handler commit, an event never delivered counted at its age at the end. n_dead_tup is the outbox's (pg_stat_user_tables) at the window's end. Claims are the relay's claims that leased rows, by their start, timed by the relay (statement and decoding); publish is one call to the local QStash, mark the statement after it; dispatch is created_at -> dispatched_at, the relay's share of the latency.\n\n", pn.Path)
 		p("Warm-up (%d events, not in the windows) p50 / p99 %.1f / %.1f ms. Snapshot held from %.1f s to %.1f s. Clean p50 / p99 **%.1f / %.1f ms**; worst pinned window p99 **%.1f ms**; recovery %s; %d of %d events left behind (%d planned, %d inserts stuck); relay stopped: %v.\n\n",
 			pn.WarmupProduced, pn.WarmupLatency.P50, pn.WarmupLatency.P99, pn.PinStartSec, pn.PinEndSec, pn.CleanLatency.P50, pn.CleanLatency.P99, pn.WorstPinnedP99,
 			fmtSeconds(pn.RecoverySeconds), pn.LeftBehind, pn.Produced, pn.Planned, pn.InsertsStuck, pn.RelayStopped)
-		p("Claim p99: clean windows up to %.1f ms, pinned windows up to %.1f ms.\n\n", pn.CleanClaimP99, pn.WorstPinnedClaimP99)
+		p("Claim p99: clean windows up to %.1f ms, pinned windows up to %.1f ms. The relay's share, created_at -> dispatched_at (the mark after the publish), clean p50 / p99 %.1f / %.1f ms.\n\n",
+			pn.CleanClaimP99, pn.WorstPinnedClaimP99, pn.CleanDispatch.P50, pn.CleanDispatch.P99)
 		if pn.RelayRestarts > 0 {
 			p("The relay's run failed and was started again %d times; the last: %s\n\n", pn.RelayRestarts, pn.RelayRunError)
 		}
-		p("| window s | pinned | produced | delivered | handler commits in window | p50 ms | p99 ms | max ms | n_dead_tup | vacuums | claims | claim p50 ms | claim p99 ms |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| window s | pinned | produced | delivered | handler commits in window | p50 ms | p99 ms | max ms | n_dead_tup | vacuums | claims | claim p50 ms | claim p99 ms | publish p99 ms | mark p99 ms | dispatch p50 ms | dispatch p99 ms |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, w := range pn.Windows {
-			p("| %.0f | %v | %d | %d | %d | %.1f | %.1f | %.1f | %d | %d | %d | %.2f | %.2f |\n", w.StartSec, w.Pinned, w.Produced, w.Delivered, w.CommittedInWindow,
-				w.Latency.P50, w.Latency.P99, w.Latency.Max, w.DeadTuples, w.Vacuums, w.Claim.Samples, w.Claim.P50, w.Claim.P99)
+			p("| %.0f | %v | %d | %d | %d | %.1f | %.1f | %.1f | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f |\n", w.StartSec, w.Pinned, w.Produced, w.Delivered, w.CommittedInWindow,
+				w.Latency.P50, w.Latency.P99, w.Latency.Max, w.DeadTuples, w.Vacuums, w.Claim.Samples, w.Claim.P50, w.Claim.P99, w.Publish.P99, w.Mark.P99, w.Dispatch.P50, w.Dispatch.P99)
 		}
 		p("\n")
 	}
