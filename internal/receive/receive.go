@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/internal/origin"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -149,6 +150,19 @@ type Receiver struct {
 	Name string
 	// ConfigHint says how to fix a missing URL, e.g. "set PUBLIC_BASE_URL".
 	ConfigHint string
+}
+
+// CheckConfig records in bad what a receiver's configuration must give its Receiver: a
+// verifier, without which QStash's requests could not be told from forged ones, and a body
+// limit that is not negative. signed names what QStash signs for this receiver
+// ("deliveries", "callbacks"); defaultMax is the default a zero limit takes.
+func CheckConfig(bad *configcheck.Problems, v *qstash.Verifier, maxBodyBytes int64, signed, defaultMax string) {
+	if v == nil {
+		bad.Bad("Verifier", "is nil; it must check the %s' signatures (qstash.NewVerifier)", signed)
+	}
+	if maxBodyBytes < 0 {
+		bad.Bad("MaxBodyBytes", "%d is negative (0 means %s)", maxBodyBytes, defaultMax)
+	}
 }
 
 // Request is a delivery whose body and URL the signature covers.

@@ -113,12 +113,7 @@ func (c CallbackConfig) validate() error {
 	if c.Pool == nil {
 		bad.Bad("Pool", "is nil; it must be the pool the letters are recorded in (a *pgxpool.Pool)")
 	}
-	if c.Verifier == nil {
-		bad.Bad("Verifier", "is nil; it must check the callbacks' signatures (qstash.NewVerifier)")
-	}
-	if c.MaxBodyBytes < 0 {
-		bad.Bad("MaxBodyBytes", "%d is negative (0 means DefaultCallbackMaxBodyBytes)", c.MaxBodyBytes)
-	}
+	receive.CheckConfig(bad, c.Verifier, c.MaxBodyBytes, "callbacks", "DefaultCallbackMaxBodyBytes")
 	if c.FailureURL != "" && !absoluteHTTPURL(c.FailureURL) {
 		bad.Bad("FailureURL", "%q must be an absolute URL like https://hooks.example.com/failure", c.FailureURL)
 	}

@@ -27,18 +27,9 @@ func TestRelayAndCallbackDeadLetterSameRowConcurrently(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	store := outboxstore.NewStore(db.Pool)
 	for i := range 100 {
 		id := enqueue(t, db, "order.created", "race", `{"n":1}`)
-		lease, err := outboxstore.NewLease()
-		if err != nil {
-			t.Fatal(err)
-		}
-		claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute})
-		msgs := claimed.Messages
-		if err != nil || len(msgs) != 1 || int64(msgs[0].ID) != id {
-			t.Fatalf("round %d: claim %v %v", i, msgs, err)
-		}
+		store, lease := claimAlone(t, db, id)
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		var relayN int64
@@ -78,12 +69,8 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	store := outboxstore.NewStore(db.Pool)
 	id := enqueue(t, db, "order.created", "k", `{"n":1}`)
-	lease, _ := outboxstore.NewLease()
-	if _, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
+	store, lease := claimAlone(t, db, id)
 	f := failure(id, "msg-first")
 	if r, err := deadletter.Record(ctx, db.Pool, f); err != nil || !r.Created || !r.OutboxMarked {
 		t.Fatalf("callback %+v %v", r, err)
@@ -169,21 +156,28 @@ func TestCallbackIdentityFromSignedURL(t *testing.T) {
 	}
 }
 
-// publishOnce claims the outbox row id and marks it dispatched, as the relay does after
-// QStash accepted it.
-func publishOnce(t *testing.T, db *pgtest.DB, id int64) {
+// claimAlone claims the outbox row id, which must be the only one ready, under a new lease,
+// as a relay does before publishing; the store returned acts as that relay.
+func claimAlone(t *testing.T, db *pgtest.DB, id int64) (*outboxstore.Store, outboxstore.Lease) {
 	t.Helper()
-	ctx := context.Background()
 	store := outboxstore.NewStore(db.Pool)
 	lease, err := outboxstore.NewLease()
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := store.Claim(ctx, outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute})
+	claimed, err := store.Claim(context.Background(), outboxstore.ClaimRequest{Lease: lease, Rows: 1, KeyRun: 1, For: time.Minute})
 	if err != nil || len(claimed.Messages) != 1 || int64(claimed.Messages[0].ID) != id {
-		t.Fatalf("claim: %+v %v", claimed.Messages, err)
+		t.Fatalf("claim of row %d: %+v %v", id, claimed.Messages, err)
 	}
-	if n, err := store.MarkDispatched(ctx, lease, []outbox.ID{outbox.ID(id)}, nil); err != nil || n != 1 {
+	return store, lease
+}
+
+// publishOnce claims the outbox row id and marks it dispatched, as the relay does after
+// QStash accepted it.
+func publishOnce(t *testing.T, db *pgtest.DB, id int64) {
+	t.Helper()
+	store, lease := claimAlone(t, db, id)
+	if n, err := store.MarkDispatched(context.Background(), lease, []outbox.ID{outbox.ID(id)}, nil); err != nil || n != 1 {
 		t.Fatalf("mark dispatched: %d %v", n, err)
 	}
 }

@@ -133,9 +133,7 @@ func (c Config) Validate() error {
 	if c.Pool == nil {
 		bad.Bad("Pool", "is nil; it must be the pool the inbox transactions run on (a *pgxpool.Pool)")
 	}
-	if c.Verifier == nil {
-		bad.Bad("Verifier", "is nil; it must check the deliveries' signatures (qstash.NewVerifier)")
-	}
+	receive.CheckConfig(bad, c.Verifier, c.MaxBodyBytes, "deliveries", "DefaultMaxBodyBytes")
 	if len(c.Handlers) == 0 {
 		bad.Bad("Handlers", "is empty; register at least one topic")
 	}
@@ -146,9 +144,6 @@ func (c Config) Validate() error {
 		if fn == nil {
 			bad.Bad("Handlers", "topic %q has a nil handler", topic)
 		}
-	}
-	if c.MaxBodyBytes < 0 {
-		bad.Bad("MaxBodyBytes", "%d is negative (0 means DefaultMaxBodyBytes)", c.MaxBodyBytes)
 	}
 	if c.PublicBaseURL != "" {
 		if err := validBaseURL(c.PublicBaseURL); err != nil {
