@@ -64,6 +64,12 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 	defer func() { total.Duration = time.Since(start) }()
 	l := newListener(r)
 	defer l.close()
+	drainStop := stop
+	if !until.IsZero() {
+		var cancel context.CancelFunc
+		drainStop, cancel = context.WithDeadline(stop, until)
+		defer cancel()
+	}
 
 	next, idle := fastPoll, time.Duration(0)
 	for {
@@ -71,9 +77,15 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 			return total, nil
 		}
 		claimed := total.Claimed
+		pace := drainPace{poll: fastPoll}
+		if l.asleep {
+			// A drain that keeps finding events while its batches publish can last as long
+			// as the producers keep up: wake at once, so they stop notifying.
+			pace.busy = func() { l.wake(stop) }
+		}
 		// Drain under work (so in-flight publishes are not cut off) but stop between
-		// batches as soon as stop is done.
-		err := r.drain(stop, work, &total)
+		// batches as soon as stop is done or until passes.
+		err := r.drain(drainStop, work, &total, pace)
 		if err != nil && stop.Err() != nil && errors.Is(err, context.Canceled) {
 			// Stopped while claiming: the claim overlaps the publishes of earlier batches,
 			// so a stop often lands in it. Every batch claimed was marked; rows a cancelled

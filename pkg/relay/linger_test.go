@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,12 +156,19 @@ func waitAsleep(t *testing.T, db *pgtest.DB, n int) {
 
 // A sleeping relay that producers keep busy wakes for good: it polls and lets go of the
 // sleeper lock, so their inserts stop sending NOTIFY. When they stop, it sleeps again.
+// Publishing is slow while they insert (a millisecond a message), so the relay's drain
+// always has a batch in flight and never ends by itself: it must wake from inside it.
 func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	published := lingerInBackground(t, db)
+	var slow atomic.Bool
+	slow.Store(true)
 	go func() {
-		for range published { // the fake publisher must never block
+		for range published {
+			if slow.Load() {
+				time.Sleep(time.Millisecond)
+			}
 		}
 	}()
 	waitAsleep(t, db, 1)
@@ -182,5 +190,43 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 	waitAsleep(t, db, 0)
 	stop()
 	wg.Wait()
+	slow.Store(false)
 	waitAsleep(t, db, 1)
+}
+
+// Under producers that never let up, Linger stops claiming at until: its drain ends there
+// (the batches in flight are marked) instead of lasting as long as events keep coming, so
+// a scheduled relay hands over to the next invocation on time.
+func TestLingerReturnsAtUntilUnderLoad(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	pub := &fakePublisher{before: func(context.Context, []outbox.Message) { time.Sleep(5 * time.Millisecond) }}
+	r := newRelay(t, db, pub, relay.Config{PollInterval: time.Minute, DeadlineMargin: time.Second})
+	ctx, stop := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				// A key per event, so that every claim finds rows while batches publish.
+				if _, err := db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', md5(random()::text), '{}')`); err != nil && ctx.Err() == nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { stop(); wg.Wait() }()
+
+	until := time.Now().Add(time.Second)
+	lctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // a relay that overruns fails, not hangs
+	defer cancel()
+	st, err := r.Linger(lctx, until)
+	if late := time.Since(until); late > 2*time.Second {
+		t.Errorf("Linger returned %v after until", late)
+	}
+	if err != nil || st.Claimed == 0 {
+		t.Errorf("Linger: %+v, %v; want events claimed", st, err)
+	}
 }
