@@ -173,23 +173,9 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 	}()
 	waitAsleep(t, db, 1)
 
-	ctx, stop := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				if _, err := db.Pool.Exec(ctx, qInsertSQL); err != nil && ctx.Err() == nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
+	stop := insertWithoutPause(t, db, qInsertSQL)
 	waitAsleep(t, db, 0)
 	stop()
-	wg.Wait()
 	slow.Store(false)
 	waitAsleep(t, db, 1)
 }
@@ -202,22 +188,8 @@ func TestLingerReturnsAtUntilUnderLoad(t *testing.T) {
 	db := pgtest.New(t)
 	pub := &fakePublisher{before: func(context.Context, []outbox.Message) { time.Sleep(5 * time.Millisecond) }}
 	r := newRelay(t, db, pub, relay.Config{PollInterval: time.Minute, DeadlineMargin: time.Second})
-	ctx, stop := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				// A key per event, so that every claim finds rows while batches publish.
-				if _, err := db.Pool.Exec(ctx, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', md5(random()::text), '{}')`); err != nil && ctx.Err() == nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	defer func() { stop(); wg.Wait() }()
+	// A key per event, so that every claim finds rows while batches publish.
+	defer insertWithoutPause(t, db, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', md5(random()::text), '{}')`)()
 
 	until := time.Now().Add(time.Second)
 	lctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // a relay that overruns fails, not hangs
@@ -229,4 +201,25 @@ func TestLingerReturnsAtUntilUnderLoad(t *testing.T) {
 	if err != nil || st.Claimed == 0 {
 		t.Errorf("Linger: %+v, %v; want events claimed", st, err)
 	}
+}
+
+// insertWithoutPause runs insert on four sessions, each again as soon as it returns, until
+// the function it returns is called (which waits for them).
+func insertWithoutPause(t *testing.T, db *pgtest.DB, insert string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if _, err := db.Pool.Exec(ctx, insert); err != nil && ctx.Err() == nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
 }
