@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -425,5 +428,56 @@ func TestRecordSanitizesText(t *testing.T) {
 	}
 	if r2, err := deadletter.Record(context.Background(), db.Pool, f); err != nil || r2.Created {
 		t.Fatalf("replay %+v %v", r2, err)
+	}
+}
+
+// startedEarlier begins transactions that have been open for a while before their first
+// statement of the caller's: a redrive of many letters, or one behind a lock.
+type startedEarlier struct {
+	pool *pgxpool.Pool
+	open time.Duration
+}
+
+func (b startedEarlier) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, b.open.Seconds()); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// A redriven event is ready from the moment of its update, not from its transaction's
+// start: a relay's claims walk the ready index from a bound learnt from the claims before
+// them (internal/outboxstore, walk.go), and a row stamped with a time they had passed is
+// found only by the probe beside them, seconds later.
+func TestRedriveStampsTheUpdatesTime(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	a := enqueue(t, db, "order.created", "k", `{}`)
+	dispatch(t, db, a)
+	letter, err := deadletter.Record(ctx, db.Pool, failure(a, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	const open = 300 * time.Millisecond
+	res, err := deadletter.Redrive(ctx, startedEarlier{db.Pool, open}, deadletter.Filter{IDs: []int64{letter.LetterID}}, nil)
+	if err != nil || len(res.Redriven) != 1 {
+		t.Fatalf("redrive: %+v, %v", res, err)
+	}
+	var availableAt time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT available_at FROM outbox WHERE id = $1`, a).Scan(&availableAt); err != nil {
+		t.Fatal(err)
+	}
+	if availableAt.Before(before.Add(open)) {
+		t.Errorf("available_at %v is %v after the redrive's transaction began, want at least %v (the update's time)", availableAt, availableAt.Sub(before), open)
 	}
 }
