@@ -387,9 +387,7 @@ func TestRedriveRowAlreadyPending(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	a := enqueue(t, db, "order.created", "k", `{}`)
-	dispatch(t, db, a)
-	r1, _ := deadletter.Record(ctx, db.Pool, failure(a, "m1"))
+	a, r1 := deadLetteredEvent(t, db)
 	// A second failure of the same generation adds nothing: one open letter per generation.
 	if dup, err := deadletter.Record(ctx, db.Pool, failure(a, "m2")); err != nil || dup.Created || dup.LetterID != r1.LetterID {
 		t.Fatalf("second letter of generation 0: %+v %v; want letter %d, not created", dup, err, r1.LetterID)
@@ -458,12 +456,7 @@ func TestRedriveStampsTheUpdatesTime(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := t.Context()
-	a := enqueue(t, db, "order.created", "k", `{}`)
-	dispatch(t, db, a)
-	letter, err := deadletter.Record(ctx, db.Pool, failure(a, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, letter := deadLetteredEvent(t, db)
 	var before time.Time
 	if err := db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
 		t.Fatal(err)
@@ -480,4 +473,17 @@ func TestRedriveStampsTheUpdatesTime(t *testing.T) {
 	if availableAt.Before(before.Add(open)) {
 		t.Errorf("available_at %v is %v after the redrive's transaction began, want at least %v (the update's time)", availableAt, availableAt.Sub(before), open)
 	}
+}
+
+// deadLetteredEvent enqueues an event, dispatches it and records a failure of it (message
+// "m1"): an open dead letter of a finished row.
+func deadLetteredEvent(t *testing.T, db *pgtest.DB) (outboxID int64, letter deadletter.Recorded) {
+	t.Helper()
+	outboxID = enqueue(t, db, "order.created", "k", `{}`)
+	dispatch(t, db, outboxID)
+	letter, err := deadletter.Record(t.Context(), db.Pool, failure(outboxID, "m1"))
+	if err != nil || !letter.Created {
+		t.Fatalf("record: %+v, %v", letter, err)
+	}
+	return outboxID, letter
 }
