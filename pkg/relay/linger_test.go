@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -222,4 +223,30 @@ func insertWithoutPause(t *testing.T, db *pgtest.DB, insert string) (stop func()
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// A lingering relay claims again while its batches publish: over a few hot keys, with a
+// round trip per call, a key is never in two calls at once and each key's events are
+// attempted in id order (fifo), so those claims skip the keys held by the batches in flight.
+func TestLingerClaimsWhilePublishingKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 12})
+	fake := &fakePublisher{}
+	guard := &keyGuard{t: t, inner: fake, delay: func() time.Duration { return 3 * time.Millisecond }}
+	r := newRelay(t, db, guard, relay.Config{PollInterval: time.Minute, Ordering: publish.OrderingFIFO, Logger: quiet()})
+	stop := insertWithoutPause(t, db, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'hot-' || (random() * 7)::int, '{}')`)
+	if _, err := r.Linger(t.Context(), time.Now().Add(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if _, err := r.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s := states(t, db); s.pending != 0 || s.dispatched == 0 {
+		t.Fatalf("states %+v, want every event dispatched", s)
+	}
+	if guard.maxInFlight() < 2 {
+		t.Fatalf("at most %d calls in flight: the relay did not claim while publishing", guard.maxInFlight())
+	}
+	assertAttemptOrder(t, fake.records(), true)
 }
