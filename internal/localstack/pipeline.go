@@ -1,6 +1,7 @@
 package localstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,9 +90,7 @@ func StartPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	if cfg.Pool == nil || cfg.Handlers == nil {
 		return nil, errors.New("start pipeline: Pool and Handlers are required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	p := &Pipeline{tracer: cfg.Tracer}
 	if err := p.start(ctx, cfg); err != nil {
 		// What started before the error stops.
@@ -135,9 +134,7 @@ func (p *Pipeline) startQStash(cfg PipelineConfig) error {
 		p.QStashURL, p.Token, p.CurrentSigningKey, p.NextSigningKey = e.URL, e.Token, e.CurrentSigningKey, e.NextSigningKey
 	} else {
 		opts := cfg.QStash
-		if opts.Logger == nil {
-			opts.Logger = cfg.Logger
-		}
+		opts.Logger = cmp.Or(opts.Logger, cfg.Logger)
 		if opts.Plan == "" {
 			// No kinder than production: the server enforces the limits of the plan the
 			// publisher is configured for (message size, retries, queues, parallelism).

@@ -149,9 +149,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 func (opts Options) withDefaults() Options {
 	opts.Ordering = cmp.Or(opts.Ordering, publish.OrderingFIFO)
 	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return opts
 }
 

@@ -12,6 +12,7 @@ package funcurl
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -64,9 +65,7 @@ type Func func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.
 // bodies 489 (non-retryable), handler panics 500.
 func New(h http.Handler, cfg Config) Func {
 	cfg.MaxBodyBytes = configcheck.Positive(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (resp events.LambdaFunctionURLResponse, err error) {
 		log := cfg.Logger.With(slog.String("request_id", ev.RequestContext.RequestID))
 		r, err := newRequest(ctx, ev, cfg.MaxBodyBytes)

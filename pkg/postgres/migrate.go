@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -65,9 +66,7 @@ type MigrateOptions struct {
 }
 
 func (o MigrateOptions) withDefaults() MigrateOptions {
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	o.LockTimeout = configcheck.Positive(o.LockTimeout, DefaultLockTimeout)
 	o.LockAttempts = configcheck.Positive(o.LockAttempts, DefaultLockAttempts)
 	o.LockBackoff = configcheck.Positive(o.LockBackoff, DefaultLockBackoff)

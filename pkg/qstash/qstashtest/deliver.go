@@ -296,7 +296,7 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 		return res, ctx.Err()
 	}
 	s.mu.Lock()
-	s.attempts = append(s.attempts, a)
+	s.attempts = appendBounded(s.attempts, a)
 	s.mu.Unlock()
 	if s.opts.OnAttempt != nil {
 		s.opts.OnAttempt(a)

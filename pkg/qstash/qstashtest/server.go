@@ -378,9 +378,7 @@ func (opts Options) withDefaults() (Options, *qstash.PlanLimits) {
 	if opts.DeliveryTimeout <= 0 {
 		opts.DeliveryTimeout = DefaultDeliveryTimeout
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	opts.BatchErrors = cmp.Or(opts.BatchErrors, BatchErrorsPerItem)
 	if opts.QuotaWindow <= 0 {
 		opts.QuotaWindow = DefaultQuotaWindow
@@ -460,7 +458,8 @@ func (s *Server) Faults() Faults {
 	return s.faults
 }
 
-// Attempts returns a copy of every delivery attempt so far, in completion order.
+// Attempts returns a copy of the delivery attempts so far (the most recent 65,536 to
+// 131,072 of them), in completion order.
 func (s *Server) Attempts() []Attempt {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -516,11 +515,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Status = rec.status
 	s.mu.Lock()
-	if len(s.requests) >= maxRequestLog {
-		// A long-running qstash-dev must not grow without bound: keep the newer half.
-		s.requests = append(s.requests[:0], s.requests[maxRequestLog/2:]...)
-	}
-	s.requests = append(s.requests, req)
+	s.requests = appendBounded(s.requests, req)
 	s.mu.Unlock()
 }
 
@@ -542,8 +537,18 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, o Outage) {
 	}
 }
 
-// maxRequestLog bounds the request log Requests returns.
-const maxRequestLog = 1 << 17
+// maxLog bounds the request and attempt logs that Requests and Attempts return.
+const maxLog = 1 << 17
+
+// appendBounded appends v to a log that keeps only its newer half once it holds maxLog
+// entries: a long-running qstash-dev or a two-hour benchmark must not grow without bound
+// (each attempt keeps its headers and body: about 5 kB, 6 GB after a million deliveries).
+func appendBounded[T any](log []T, v T) []T {
+	if len(log) >= maxLog {
+		log = append(log[:0], log[maxLog/2:]...)
+	}
+	return append(log, v)
+}
 
 // Requests returns the API requests so far (the most recent 65,536 to 131,072 of them), in
 // the order they were answered.

@@ -230,9 +230,7 @@ func (o Options) WithDefaults() Options {
 	o.QStashTimeScale = cmp.Or(o.QStashTimeScale, DefaultQStashTimeScale)
 	o.SettledShare = cmp.Or(o.SettledShare, DefaultSettledShare)
 	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	return o
 }
 

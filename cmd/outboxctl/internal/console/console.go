@@ -84,9 +84,7 @@ func (c Config) WithDefaults() Config {
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	c.RedriveCap = cmp.Or(c.RedriveCap, DefaultRedriveCap)
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, DefaultQueryTimeout)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	if c.Now == nil {
 		c.Now = time.Now
 	}
