@@ -18,8 +18,8 @@ import (
 // Retention deletes what the relay has finished with once it is older than the outbox
 // retention, and never a pending row. Here three events are published and one more is
 // left pending; eight days later (Config.Now, so the example need not wait) Plan says what
-// a run would delete and Run deletes it, in batches. The relay Lambda runs it after each
-// drain; outboxctl retention runs it from a shell.
+// a run would delete and Run deletes it, in batches. The relay Lambda runs it daily (its
+// {"task":"retention"} schedule); outboxctl retention runs it from a shell.
 func ExampleRun() {
 	ctx := context.Background()
 	db := pgtest.MustOpen(ctx)
