@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,7 +175,7 @@ func TestLingerBusyRelayStopsTheNotifications(t *testing.T) {
 	}()
 	waitAsleep(t, db, 1)
 
-	stop := insertWithoutPause(t, db, qInsertSQL)
+	stop := insertWithoutPause(t, db, func(int) string { return qInsertSQL })
 	waitAsleep(t, db, 0)
 	stop()
 	slow.Store(false)
@@ -190,7 +191,9 @@ func TestLingerReturnsAtUntilUnderLoad(t *testing.T) {
 	pub := &fakePublisher{before: func(context.Context, []outbox.Message) { time.Sleep(5 * time.Millisecond) }}
 	r := newRelay(t, db, pub, relay.Config{PollInterval: time.Minute, DeadlineMargin: time.Second})
 	// A key per event, so that every claim finds rows while batches publish.
-	defer insertWithoutPause(t, db, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', md5(random()::text), '{}')`)()
+	defer insertWithoutPause(t, db, func(int) string {
+		return `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', md5(random()::text), '{}')`
+	})()
 
 	until := time.Now().Add(time.Second)
 	lctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // a relay that overruns fails, not hangs
@@ -204,25 +207,28 @@ func TestLingerReturnsAtUntilUnderLoad(t *testing.T) {
 	}
 }
 
-// insertWithoutPause runs insert on four sessions, each again as soon as it returns, until
-// the function it returns is called (which waits for them).
-func insertWithoutPause(t *testing.T, db *pgtest.DB, insert string) (stop func()) {
+// insertWithoutPause runs insert(session) on four sessions (0-3), each again as soon as it
+// returns, until the function it returns is called (which waits for them). Stopping lets each session's
+// last insert finish instead of cancelling it: a cancelled insert can still commit after
+// Exec returns, so a row would turn up after stop and after the caller's final drain.
+func insertWithoutPause(t *testing.T, db *pgtest.DB, insert func(session int) string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
+	var stopped atomic.Bool
 	var wg sync.WaitGroup
-	for range 4 {
+	for session := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ctx.Err() == nil {
-				if _, err := db.Pool.Exec(ctx, insert); err != nil && ctx.Err() == nil {
+			sql := insert(session)
+			for !stopped.Load() && t.Context().Err() == nil {
+				if _, err := db.Pool.Exec(t.Context(), sql); err != nil && t.Context().Err() == nil {
 					t.Error(err)
 					return
 				}
 			}
 		}()
 	}
-	return func() { cancel(); wg.Wait() }
+	return func() { stopped.Store(true); wg.Wait() }
 }
 
 // A lingering relay claims again while its batches publish: over a few hot keys, with a
@@ -234,7 +240,13 @@ func TestLingerClaimsWhilePublishingKeepKeyOrder(t *testing.T) {
 	fake := &fakePublisher{}
 	guard := &keyGuard{t: t, inner: fake, delay: func() time.Duration { return 3 * time.Millisecond }}
 	r := newRelay(t, db, guard, relay.Config{PollInterval: time.Minute, Ordering: publish.OrderingFIFO, Logger: quiet()})
-	stop := insertWithoutPause(t, db, `INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'hot-' || (random() * 7)::int, '{}')`)
+	// Each session writes its own keys, a new one every 100 ms: per-key order is id order
+	// only among producers that serialize (docs/producing.md), one session's inserts commit
+	// in id order, and a claim while a batch is in flight always finds keys it does not hold.
+	stop := insertWithoutPause(t, db, func(session int) string {
+		return fmt.Sprintf(`INSERT INTO outbox (topic, partition_key, payload)
+			VALUES ('t', 'hot-%d-' || (extract(epoch FROM clock_timestamp()) * 10)::bigint, '{}')`, session)
+	})
 	if _, err := r.Linger(t.Context(), time.Now().Add(1500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
