@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
@@ -49,8 +50,15 @@ func newStackTraced(t *testing.T, handlers webhook.Handlers, retries int, tr tra
 	if err := orders.Migrate(t.Context(), s.db.Pool); err != nil {
 		t.Fatal(err)
 	}
+	s.start(t, s.db.Pool, handlers, retries, tr)
+	return s
+}
+
+// start runs the local QStash, the receivers and a relay, all on pool.
+func (s *stack) start(t *testing.T, pool *pgxpool.Pool, handlers webhook.Handlers, retries int, tr trace.Tracer) {
+	t.Helper()
 	pl, err := localstack.StartPipeline(context.Background(), localstack.PipelineConfig{
-		Pool: s.db.Pool, Handlers: handlers,
+		Pool: pool, Handlers: handlers,
 		// TimeScale shrinks QStash's backoff (12 s, 2.5 min, ...) to milliseconds.
 		QStash:    qstashtest.Options{TimeScale: 0.0001},
 		Publisher: qstash.PublisherConfig{Retries: retries},
@@ -62,10 +70,9 @@ func newStackTraced(t *testing.T, handlers webhook.Handlers, retries int, tr tra
 	}
 	t.Cleanup(pl.Close)
 	s.qs, s.failureURL = pl.QStash, pl.FailureURL
-	if s.relay, err = pl.NewRelay(s.db.Pool, relay.Config{Logger: quiet()}); err != nil {
+	if s.relay, err = pl.NewRelay(pool, relay.Config{Logger: quiet()}); err != nil {
 		t.Fatal(err)
 	}
-	return s
 }
 
 // deliver drains the outbox once and waits until QStash has nothing pending (deliveries,

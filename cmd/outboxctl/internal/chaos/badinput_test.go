@@ -18,6 +18,7 @@ func TestChaosFlags(t *testing.T) {
 		"rates over 1":       {"--publish-500", "0.6", "--publish-429", "0.6"},
 		"unknown ordering":   {"--ordering", "lifo"},
 		"negative kills":     {"--db-kills-per-second", "-1"},
+		"kill rate above 1":  {"--kill-in-flight", "2"},
 		"rate not a number":  {"--consumer-ack-lost", "often"},
 		"seed not a number":  {"--seed", "abc"},
 		"no delivery delay?": {"--max-delivery-delay", "0"},

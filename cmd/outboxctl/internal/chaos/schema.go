@@ -51,6 +51,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) *Flags {
 	rate(&f.Consumer500After, "consumer-500-after", "per delivery: handler fails after its side effect (rolled back)")
 	rate(&f.ConsumerAckLost, "consumer-ack-lost", "per delivery: committed, but the 200 is replaced by a 500")
 	rate(&f.DBKillsPerSecond, "db-kills-per-second", "relay pools whose backends are terminated, per second")
+	rate(&f.KillInFlight, "kill-in-flight", "per Publish call: arms a relay death that takes every batch it has in flight (once two are)")
 	fs.DurationVar(&f.MaxDeliveryDelay, "max-delivery-delay", f.MaxDeliveryDelay, "longest injected delivery delay")
 	return fl
 }
