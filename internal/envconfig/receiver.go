@@ -1,6 +1,7 @@
 package envconfig
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -84,7 +85,8 @@ func readReceiver(getenv func(string) string, maxBody int64, urlVar, urlExample,
 	return c, r.Err()
 }
 
-// Verifier builds the hardened signature verifier from the two signing keys.
-func (c ReceiverConfig) Verifier() (*qstash.Verifier, error) {
-	return qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: c.CurrentSigningKey, NextSigningKey: c.NextSigningKey})
+// Verifier builds the hardened signature verifier from the two signing keys; reread (nil:
+// none) reads both again when a signature matches neither (qstash.VerifierConfig.Reread).
+func (c ReceiverConfig) Verifier(reread func(ctx context.Context) (current, next string, err error)) (*qstash.Verifier, error) {
+	return qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: c.CurrentSigningKey, NextSigningKey: c.NextSigningKey, Reread: reread})
 }

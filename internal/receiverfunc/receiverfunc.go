@@ -34,6 +34,10 @@ type Config struct {
 	Creds *awsenv.Credentials
 	// Tracer is telemetry.Setup's (OTEL_* variables); nil when tracing is off.
 	Tracer trace.Tracer
+	// RereadKeys reads both signing keys again from their SSM parameters when a
+	// signature matches neither (keys rolled with no cold start since); nil when the keys
+	// are fixed values.
+	RereadKeys func(ctx context.Context) (current, next string, err error)
 }
 
 // Read reads a receiver's variables through getenv, reporting every missing or invalid
@@ -67,7 +71,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, build Build) (h
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := cfg.Verifier()
+	v, err := cfg.Verifier(cfg.RereadKeys)
 	if err == nil {
 		var h http.Handler
 		if h, err = build(cfg, pool, v, logger); err == nil {
@@ -110,6 +114,7 @@ func run(ctx context.Context, service string, read Read, build Build) error {
 	if read := (awsenv.Resolver{}).DatabaseURLReader(os.Getenv); read != nil {
 		cfg.Creds = awsenv.NewCredentials(read)
 	}
+	cfg.RereadKeys = rereadSigningKeys(awsenv.Resolver{}, os.Getenv)
 	logger := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	if err != nil {
 		logger.ErrorContext(ctx, "load "+service+" config", slog.Any("error", err))
@@ -141,4 +146,21 @@ func run(ctx context.Context, service string, read Read, build Build) error {
 // NewPool opens a receiver's pool on cfg's database, refreshing rotated credentials.
 func NewPool(ctx context.Context, cfg Config, logger *slog.Logger) (*pgxpool.Pool, error) {
 	return awsenv.NewPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: MaxConns, Logger: logger, Credentials: cfg.Creds})
+}
+
+// rereadSigningKeys reads QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY again from
+// their _PARAM parameters; nil unless both come from one (a fixed key cannot change).
+func rereadSigningKeys(r awsenv.Resolver, getenv func(string) string) func(context.Context) (string, string, error) {
+	current, next := r.ParameterReader(getenv, "QSTASH_CURRENT_SIGNING_KEY"), r.ParameterReader(getenv, "QSTASH_NEXT_SIGNING_KEY")
+	if current == nil || next == nil {
+		return nil
+	}
+	return func(ctx context.Context) (string, string, error) {
+		c, err := current(ctx)
+		if err != nil {
+			return "", "", err
+		}
+		n, err := next(ctx)
+		return c, n, err
+	}
 }

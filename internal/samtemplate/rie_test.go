@@ -197,7 +197,8 @@ type relayResult struct {
 // secret, every session dropped, as a frozen environment's sockets die) and the QStash
 // token (SSM parameter and QStash). The relay's and the webhook's next invocations succeed
 // without a cold start: each re-reads the secret once on the password's refusal, and the
-// relay re-reads the token once on QStash's 401.
+// relay re-reads the token once on QStash's 401. Last, the signing keys roll twice under
+// the warm receivers, which re-read them on the first signature neither key matches.
 func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	t.Parallel()
 	relayBin, webhookBin, failureBin := binary(t, "./functions/relay"), binary(t, "./functions/webhook"), binary(t, "./functions/failure")
@@ -286,13 +287,19 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// applied: each valid event charged once, each poison event one delivery dead letter
+	// (recorded by the failure function from QStash's callback).
+	applied := func(what string, charges, letters int) {
+		t.Helper()
+		if n := count(t, app, "select count(*) from billing_charges"); n != charges {
+			t.Errorf("%s: %d charges, want %d", what, n, charges)
+		}
+		if n := count(t, app, "select count(*) from dead_letters where source = 'delivery' and topic = 'order.created'"); n != letters {
+			t.Errorf("%s: %d delivery dead letters, want %d", what, n, letters)
+		}
+	}
 	drain("drain", 5)
-	if n := count(t, app, "select count(*) from billing_charges"); n != 4 {
-		t.Errorf("%d charges, want 4 (each valid event applied once)", n)
-	}
-	if n := count(t, app, "select count(*) from dead_letters where source = 'delivery' and topic = 'order.created'"); n != 1 {
-		t.Errorf("%d delivery dead letters, want 1 (the poison event)", n)
-	}
+	applied("drain", 4, 1)
 	for _, a := range qs.Attempts() {
 		if !a.FailureCallback && a.Status != http.StatusOK && a.Status != 489 {
 			t.Errorf("delivery to %s answered %d (a signature/URL mismatch answers 401)", a.URL, a.Status)
@@ -325,9 +332,7 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	// the rotated password refuses: the store then opens one more, which the connect
 	// hook's re-read lets in (outboxstore.live), and the invocation succeeds.
 	drain("drain after the rotations", 3)
-	if n := count(t, app, "select count(*) from billing_charges"); n != 7 {
-		t.Errorf("%d charges after the rotations, want 7", n)
-	}
+	applied("drain after the rotations", 7, 1)
 	// One re-read each by the relay and the webhook (the failure function had nothing to
 	// do), and the token once by the relay; no cold start.
 	if n := aws.Requests(awstest.TargetGetSecretValue); n != 5 {
@@ -335,6 +340,32 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	}
 	if n := aws.Requests(awstest.TargetGetParameters); n != 4 {
 		t.Errorf("%d parameter reads, want 4: three cold starts and the relay's token re-read\n%s", n, relay.Log())
+	}
+
+	// Upstash's signing keys roll twice (the console's "Roll signing keys"), leaving
+	// neither key the receivers started with, and the new pair goes into SSM; no cold
+	// start follows. Each receiver's first request signed with a key it has not seen
+	// re-reads both parameters once and verifies: no delivery or callback is refused.
+	for range 2 {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, qs.URL+"/v2/keys/rotate", nil)
+		req.Header.Set("Authorization", "Bearer rotated-token")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("roll the signing keys: %v %v", resp, err)
+		}
+		resp.Body.Close()
+	}
+	current, next := qs.Keys()
+	aws.PutParameter(t, "/outbox-relay/qstash/current-signing-key", current)
+	aws.PutParameter(t, "/outbox-relay/qstash/next-signing-key", next)
+	poison := outbox.Event{Topic: "order.created", PartitionKey: "cust-poison-2", Payload: json.RawMessage(`{"order_id":"ord-poison-2","amount_cents":-1,"currency":"EUR"}`)}
+	if _, err := outbox.EnqueueBatch(ctx, app, append(orderEvents(7, 2), poison)); err != nil {
+		t.Fatal(err)
+	}
+	drain("drain after the key roll", 3)
+	applied("drain after the key roll", 9, 2)
+	if n := aws.Requests(awstest.TargetGetParameters); n != 8 {
+		t.Errorf("%d parameter reads, want 8: four before, then both keys once by the webhook and once by the failure function\n%s", n, webhook.Log())
 	}
 	for _, a := range qs.Attempts() {
 		if a.Status == http.StatusUnauthorized {

@@ -1,6 +1,7 @@
 package qstash
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -116,7 +119,19 @@ type VerifierConfig struct {
 	Tolerance time.Duration
 	// Now returns the current time (tests). Default time.Now.
 	Now func() time.Time
+	// Reread, if set, reads both keys again where they are kept (SSM), for a signature
+	// that matches neither key: Upstash rolled its keys and this process has not seen it.
+	// At most once per RereadInterval, one call for every request waiting on it; keys that
+	// differ replace the old ones and the signature is checked once more.
+	Reread func(ctx context.Context) (current, next string, err error)
 }
+
+// RereadInterval is the shortest time between two re-reads of the signing keys, so that
+// forged signatures cost at most one read of the keys a minute.
+const RereadInterval = time.Minute
+
+// rereadTimeout bounds one re-read; Verify has no context of its own to take it from.
+const rereadTimeout = 5 * time.Second
 
 // DefaultTolerance is the clock skew Verify allows by default.
 const DefaultTolerance = 30 * time.Second
@@ -124,9 +139,13 @@ const DefaultTolerance = 30 * time.Second
 // Verifier checks Upstash-Signature headers. It is stricter than qstash-go v1.0.0's
 // Receiver, which accepts empty-key tokens, tokens without exp, and HS384/HS512.
 type Verifier struct {
-	keys      [2][]byte
+	keys      atomic.Pointer[[2][]byte]
 	tolerance time.Duration
 	now       func() time.Time
+	reread    func(ctx context.Context) (current, next string, err error)
+
+	mu         sync.Mutex // one re-read at a time
+	lastReread time.Time
 }
 
 // NewVerifier returns a Verifier, or an error naming each invalid field (each a
@@ -151,11 +170,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Verifier{
-		keys:      [2][]byte{[]byte(cfg.CurrentSigningKey), []byte(cfg.NextSigningKey)},
-		tolerance: cfg.Tolerance,
-		now:       cfg.Now,
-	}, nil
+	v := &Verifier{tolerance: cfg.Tolerance, now: cfg.Now, reread: cfg.Reread}
+	v.keys.Store(&[2][]byte{[]byte(cfg.CurrentSigningKey), []byte(cfg.NextSigningKey)})
+	return v, nil
 }
 
 type deliveryClaims struct {
@@ -166,7 +183,55 @@ type deliveryClaims struct {
 // Verify checks signature against the exact public url the message was sent to and the raw
 // body bytes. It tries the current key, then the next one (key rotation). A nil error means
 // the delivery is authentic; otherwise the error is a *VerifyError wrapping ErrBadSignature.
+// A signature that matches neither key re-reads them first when Reread is set.
 func (v *Verifier) Verify(signature, url string, body []byte) error {
+	keys := v.keys.Load()
+	err := v.verify(keys, signature, url, body)
+	var ve *VerifyError
+	if v.reread == nil || !errors.As(err, &ve) || ve.Reason != ReasonBadSignature {
+		return err
+	}
+	fresh, rerr := v.rereadKeys(keys)
+	if fresh != keys {
+		return v.verify(fresh, signature, url, body)
+	}
+	if rerr != nil {
+		ve.Detail = strings.TrimPrefix(ve.Detail+"; ", "; ") + rerr.Error()
+	}
+	return err
+}
+
+// rereadKeys returns the keys to check against after used failed: those another request
+// re-read meanwhile, the re-read ones if they differ, or used itself (and why, if the
+// re-read failed).
+func (v *Verifier) rereadKeys(used *[2][]byte) (*[2][]byte, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if cur := v.keys.Load(); cur != used {
+		return cur, nil
+	}
+	now := v.now()
+	if !v.lastReread.IsZero() && now.Sub(v.lastReread) < RereadInterval {
+		return used, nil
+	}
+	v.lastReread = now
+	ctx, cancel := context.WithTimeout(context.Background(), rereadTimeout)
+	defer cancel()
+	current, next, err := v.reread(ctx)
+	switch {
+	case err != nil:
+		return used, fmt.Errorf("signing keys re-read: %w", err)
+	case current == "" || next == "":
+		return used, errors.New("signing keys re-read: a key is empty; keeping the old ones")
+	case current == string(used[0]) && next == string(used[1]):
+		return used, nil
+	}
+	fresh := &[2][]byte{[]byte(current), []byte(next)}
+	v.keys.Store(fresh)
+	return fresh, nil
+}
+
+func (v *Verifier) verify(keys *[2][]byte, signature, url string, body []byte) error {
 	if signature == "" {
 		return &VerifyError{Reason: ReasonMissing}
 	}
@@ -178,7 +243,7 @@ func (v *Verifier) Verify(signature, url string, body []byte) error {
 		return &VerifyError{Reason: ReasonAlgorithm, Detail: "only HS256 is accepted, got " + tok.Method.Alg()}
 	}
 	var lastErr error
-	for _, key := range v.keys {
+	for _, key := range keys {
 		claims, err := v.parse(signature, key)
 		if err == nil {
 			return v.checkClaims(claims, url, body)

@@ -1,10 +1,13 @@
 package qstash_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,5 +195,130 @@ func TestSignIsVerified(t *testing.T) {
 	}
 	if err := upstash.NewReceiver(qstash.DevCurrentSigningKey, qstash.DevNextSigningKey).Verify(upstash.VerifyOptions{Signature: sig, Url: testURL, Body: string(testBody)}); err != nil {
 		t.Fatalf("SDK Receiver rejects Sign's token: %v", err)
+	}
+}
+
+// rolledKeys is Upstash's key roll: the old next key becomes current and a new next key
+// appears; a second roll leaves neither key this process started with.
+const rolledNext, twiceRolledNext = "sig_rolled_once_next_key_000001", "sig_rolled_twice_next_key_00002"
+
+type keyStore struct {
+	mu         sync.Mutex
+	cur, next  string
+	err        error
+	reads      atomic.Int32
+	readsBlock chan struct{} // if set, a read waits for it
+}
+
+func (k *keyStore) read(ctx context.Context) (string, string, error) {
+	k.reads.Add(1)
+	if k.readsBlock != nil {
+		<-k.readsBlock
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.cur, k.next, k.err
+}
+
+func rereadingVerifier(t *testing.T, clock *atomic.Int64, store *keyStore) *qstash.Verifier {
+	t.Helper()
+	v, err := qstash.NewVerifier(qstash.VerifierConfig{
+		CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey,
+		Now:    func() time.Time { return time.Unix(clock.Load(), 0) },
+		Reread: store.read,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// After two key rolls that the process did not see (no cold start), a delivery signed with
+// the new current key verifies: the keys are re-read once, then used for every request.
+// Forged signatures re-read at most once per RereadInterval.
+func TestVerifierRereadsRolledKeys(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(1_800_000_000)
+	store := &keyStore{cur: rolledNext, next: twiceRolledNext}
+	v := rereadingVerifier(t, &clock, store)
+	now := time.Unix(clock.Load(), 0)
+	sign := func(key string) string {
+		s, err := qstash.Sign(key, testURL, testBody, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if err := v.Verify(sign(rolledNext), testURL, testBody); err != nil {
+		t.Fatalf("signed with the rolled current key: %v", err)
+	}
+	if err := v.Verify(sign(twiceRolledNext), testURL, testBody); err != nil || store.reads.Load() != 1 {
+		t.Fatalf("signed with the rolled next key: %v after %d re-reads, want nil after 1", err, store.reads.Load())
+	}
+	if err := v.Verify(sign(qstash.DevCurrentSigningKey), testURL, testBody); !errors.Is(err, qstash.ErrBadSignature) {
+		t.Fatalf("signed with a key rolled away: %v, want refused", err)
+	}
+	for range 5 {
+		if err := v.Verify(sign("sig_forged"), testURL, testBody); !errors.Is(err, qstash.ErrBadSignature) {
+			t.Fatalf("forged: %v", err)
+		}
+	}
+	if n := store.reads.Load(); n != 1 {
+		t.Fatalf("%d re-reads within a minute of the roll's, want 1", n)
+	}
+	clock.Add(int64(qstash.RereadInterval / time.Second))
+	v.Verify(sign("sig_forged"), testURL, testBody)
+	if n := store.reads.Load(); n != 2 {
+		t.Fatalf("%d re-reads a minute later, want 2", n)
+	}
+}
+
+// Requests failing at once share one re-read; a failed or empty re-read keeps the old keys
+// and says why in the refusal.
+func TestVerifierRereadIsSharedAndSafe(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(1_800_000_000)
+	store := &keyStore{cur: rolledNext, next: twiceRolledNext, readsBlock: make(chan struct{})}
+	v := rereadingVerifier(t, &clock, store)
+	sig, err := qstash.Sign(rolledNext, testURL, testBody, time.Unix(clock.Load(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() { errs <- v.Verify(sig, testURL, testBody) })
+	}
+	time.Sleep(20 * time.Millisecond) // let them pile up behind the blocked read
+	close(store.readsBlock)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a concurrent request: %v", err)
+		}
+	}
+	if n := store.reads.Load(); n != 1 {
+		t.Fatalf("%d re-reads for 20 concurrent requests, want 1", n)
+	}
+
+	for name, bad := range map[string]*keyStore{
+		"read fails": {err: errors.New("ssm: AccessDenied")},
+		"empty key":  {cur: rolledNext},
+	} {
+		var c atomic.Int64
+		c.Store(1_800_000_000)
+		v := rereadingVerifier(t, &c, bad)
+		err := v.Verify(sig, testURL, testBody)
+		var ve *qstash.VerifyError
+		if !errors.As(err, &ve) || ve.Reason != qstash.ReasonBadSignature || !strings.Contains(ve.Detail, "signing keys re-read") {
+			t.Errorf("%s: %v, want bad_signature naming the re-read", name, err)
+		}
+		s, _ := qstash.Sign(qstash.DevCurrentSigningKey, testURL, testBody, time.Unix(c.Load(), 0))
+		if err := v.Verify(s, testURL, testBody); err != nil {
+			t.Errorf("%s: the old keys stopped working: %v", name, err)
+		}
 	}
 }
