@@ -135,8 +135,11 @@ func run(ctx context.Context, service string, read Read, build Build) error {
 	}
 	defer pool.Close()
 	// Every request first makes sure the pool can connect, re-reading a rotated secret.
+	// The adapter keeps Lambda's own body limit: a body over MAX_BODY_BYTES reaches the
+	// handler, which refuses it as the adapter would and also counts it (RejectedDeliveries,
+	// RejectedCallbacks), so the alarm on oversized events fires.
 	if err := funcurl.Serve(telemetry.FlushHandler(tel, logger, cfg.Creds.Handler(pool, h)), cfg.ListenAddr,
-		funcurl.Config{MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger}); err != nil {
+		funcurl.Config{Logger: logger}); err != nil {
 		logger.ErrorContext(ctx, "serve "+service, slog.Any("error", err))
 		return err
 	}

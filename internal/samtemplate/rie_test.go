@@ -22,11 +22,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/examples/orders"
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 var buildDir string
@@ -437,6 +439,27 @@ func TestRIEWebhookSignedEventProcessedOnce(t *testing.T) {
 	other := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json", "-url", "https://elsewhere.example/events/order.created?outbox_id=1001&generation=0")))
 	if other.StatusCode != http.StatusUnauthorized {
 		t.Errorf("signature for another URL: %d, want 401", other.StatusCode)
+	}
+}
+
+// A delivery over MAX_BODY_BYTES is refused for good (489, non-retryable) and counted as
+// RejectedDeliveries, the metric the rejection alarm watches: an oversized event must not
+// leave only QStash's DLQ knowing.
+func TestRIEOversizedDeliveryIsCounted(t *testing.T) {
+	t.Parallel()
+	db := exampleDB(t)
+	env := receiverEnv(db)
+	env["MAX_BODY_BYTES"] = "16" // the sample's body is 60 bytes
+	f := lambdatest.Start(t, lambdatest.Options{Bootstrap: binary(t, "./functions/webhook"), Name: "WebhookFunction", Timeout: 15 * time.Second, Env: env})
+	r := urlResponse(t, invoke(t, f, signEvent(t, "events/webhook.json")))
+	if r.StatusCode != webhook.StatusNonRetryable || r.Headers[http.CanonicalHeaderKey(webhook.HeaderNonRetryable)] != "true" {
+		t.Fatalf("oversized delivery: %d %v %s, want 489 non-retryable\n%s", r.StatusCode, r.Headers, r.Body, f.Log())
+	}
+	if !strings.Contains(f.Log(), `"`+metrics.RejectedDeliveries+`":1`) {
+		t.Errorf("no %s metric for the oversized delivery\n%s", metrics.RejectedDeliveries, f.Log())
+	}
+	if n := db.Count(t, "select count(*) from billing_charges"); n != 0 {
+		t.Errorf("%d charges from a refused delivery", n)
 	}
 }
 

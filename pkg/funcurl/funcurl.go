@@ -48,8 +48,9 @@ type Config struct {
 	// receivers answer them, 489 with Upstash-NonRetryable-Error: true (the receivers' body_too_large:
 	// every Function URL here is a QStash receiver, a body that does not fit never will, and
 	// QStash retries, and bills, any other status), and the handler is not called. Default
-	// DefaultMaxBodyBytes. Set it to the handler's own limit to skip decoding what the
-	// handler would reject anyway.
+	// DefaultMaxBodyBytes. A lower limit saves decoding what the handler would refuse
+	// anyway, but the adapter's refusal reaches no metric: the receivers' functions keep
+	// the default so that webhook's and the callback's own refusal counts it.
 	MaxBodyBytes int64
 	// Logger receives adapter errors (malformed events, handler panics). Default
 	// slog.Default().
