@@ -12,8 +12,10 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/pkg/webhook"
 )
 
 func TestParseShortTags(t *testing.T) {
@@ -588,4 +590,31 @@ func canonicalJSON(t *testing.T, b []byte) string {
 	}
 	out, _ := json.Marshal(v)
 	return string(out)
+}
+
+// TestTemplatePayloadLimitIsShared: one parameter bounds the payload for the relay and the
+// webhook, so the relay never publishes what the webhook would refuse (it dead-letters it,
+// saying why). Its default fits every plan, the webhook library's own limit, and the
+// failure callback that carries such a payload base64-encoded (plus at most 64 KiB of the
+// callback's own fields) fits the failure function's limit.
+func TestTemplatePayloadLimitIsShared(t *testing.T) {
+	t.Parallel()
+	tpl := loadTemplate(t)
+	fns := tpl.Functions()
+	ref := map[string]any{"Ref": "MaxPayloadBytes"}
+	for fn, v := range map[string]string{"RelayFunction": "QSTASH_MAX_MESSAGE_BYTES", "WebhookFunction": "MAX_BODY_BYTES"} {
+		if got := samtemplate.Get(fns[fn].Properties, "Environment", "Variables", v); !reflect.DeepEqual(got, ref) {
+			t.Errorf("%s %s = %v, want %v", fn, v, got, ref)
+		}
+	}
+	limit := int64(toInt(tpl.Parameters["MaxPayloadBytes"]["Default"]))
+	free, err := qstash.PlanFree.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	callback := 4*((limit+2)/3) + 64<<10
+	if limit < 1 || limit > free.MaxMessageBytes || limit > webhook.DefaultMaxBodyBytes || callback > deadletter.DefaultCallbackMaxBodyBytes {
+		t.Errorf("MaxPayloadBytes default %d: want at most the free plan's %d and the webhook's %d, and its callback (%d) within %d",
+			limit, free.MaxMessageBytes, webhook.DefaultMaxBodyBytes, callback, deadletter.DefaultCallbackMaxBodyBytes)
+	}
 }
