@@ -187,23 +187,39 @@ func (r Resolver) DatabaseURLReader(getenv func(string) string) func(ctx context
 // client that re-reads its credential when it is refused; nil when <variable>_PARAM is not
 // set (the value is fixed: nothing to re-read). Errors name the parameter, never its value.
 func (r Resolver) ParameterReader(getenv func(string) string, variable string) func(ctx context.Context) (string, error) {
-	name := getenv(variable + paramSuffix)
-	if name == "" {
+	read := r.ParametersReader(getenv, variable)
+	if read == nil {
 		return nil
 	}
-	// Resolve as at a cold start, with only this parameter set: same timeout, same errors.
-	only := func(k string) string {
-		if k == variable+paramSuffix {
-			return name
-		}
-		return ""
-	}
 	return func(ctx context.Context) (string, error) {
-		get, err := r.Resolve(ctx, only)
+		get, err := read(ctx)
 		if err != nil {
-			return "", fmt.Errorf("re-read %s: %w", variable+paramSuffix, err)
+			return "", err
 		}
 		return get(variable), nil
+	}
+}
+
+// ParametersReader is ParameterReader for several variables read together, in one
+// GetParameters request (both signing keys, so a re-read sees one moment of SSM); nil
+// unless every variable's _PARAM is set.
+func (r Resolver) ParametersReader(getenv func(string) string, variables ...string) func(ctx context.Context) (func(string) string, error) {
+	names := make(map[string]string, len(variables))
+	params := make([]string, len(variables))
+	for i, v := range variables {
+		params[i] = v + paramSuffix
+		if names[params[i]] = getenv(params[i]); names[params[i]] == "" {
+			return nil
+		}
+	}
+	// Resolve as at a cold start, with only these parameters set: same timeout, same errors.
+	only := func(k string) string { return names[k] }
+	return func(ctx context.Context) (func(string) string, error) {
+		get, err := r.Resolve(ctx, only)
+		if err != nil {
+			return nil, fmt.Errorf("re-read %s: %w", strings.Join(params, ", "), err)
+		}
+		return get, nil
 	}
 }
 

@@ -49,10 +49,17 @@ func appPool(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
 	t.Helper()
 	ctx := t.Context()
 	role, password := "app_"+db.Schema, rand.Text()
-	stmts := append([]string{
-		"CREATE ROLE " + role + " LOGIN PASSWORD '" + password + "'",
-		"GRANT USAGE ON SCHEMA " + db.Schema + " TO " + role,
-	}, documentedGrants(t, role)...)
+	if _, err := db.Pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD '"+password+"'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// After the pool's cleanup (registered later, run first); the schema is dropped
+		// after this, and the role, cluster-wide, must go by hand.
+		if _, err := db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE IF EXISTS "+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	stmts := append([]string{"GRANT USAGE ON SCHEMA " + db.Schema + " TO " + role}, documentedGrants(t, role)...)
 	for _, stmt := range stmts {
 		if _, err := db.Pool.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
@@ -67,13 +74,7 @@ func appPool(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		pool.Close()
-		// The schema is dropped after this; the role is cluster-wide and must go by hand.
-		if _, err := db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
+	t.Cleanup(pool.Close)
 	var super bool
 	if err := pool.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err != nil || super {
 		t.Fatalf("the application role is a superuser (%v) or cannot log in: %v", super, err)

@@ -1,7 +1,6 @@
 package envconfig
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -85,8 +84,8 @@ func readReceiver(getenv func(string) string, maxBody int64, urlVar, urlExample,
 	return c, r.Err()
 }
 
-// Verifier builds the hardened signature verifier from the two signing keys; reread (nil:
-// none) reads both again when a signature matches neither (qstash.VerifierConfig.Reread).
-func (c ReceiverConfig) Verifier(reread func(ctx context.Context) (current, next string, err error)) (*qstash.Verifier, error) {
-	return qstash.NewVerifier(qstash.VerifierConfig{CurrentSigningKey: c.CurrentSigningKey, NextSigningKey: c.NextSigningKey, Reread: reread})
+// VerifierConfig is the signature verifier's configuration from the two signing keys; the
+// caller adds how to re-read them (qstash.VerifierConfig.Reread) and its logger.
+func (c ReceiverConfig) VerifierConfig() qstash.VerifierConfig {
+	return qstash.VerifierConfig{CurrentSigningKey: c.CurrentSigningKey, NextSigningKey: c.NextSigningKey}
 }

@@ -27,7 +27,7 @@ func TestReadWebhookDefaultsAndOverrides(t *testing.T) {
 	if c.MaxBodyBytes != 4096 || c.LogLevel != slog.LevelInfo || c.ListenAddr != "" || c.MetricsNamespace != "" {
 		t.Fatalf("defaults: %+v", c)
 	}
-	if _, err := c.Verifier(nil); err != nil {
+	if _, err := qstash.NewVerifier(c.VerifierConfig()); err != nil {
 		t.Fatalf("verifier from valid keys: %v", err)
 	}
 	m["MAX_BODY_BYTES"], m["LOG_LEVEL"], m["LISTEN_ADDR"], m["METRICS_NAMESPACE"] = "10", "WARN", "127.0.0.1:0", "Ns"

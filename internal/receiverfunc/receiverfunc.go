@@ -71,7 +71,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, build Build) (h
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := cfg.Verifier(cfg.RereadKeys)
+	vc := cfg.VerifierConfig()
+	vc.Reread, vc.Logger = cfg.RereadKeys, logger
+	v, err := qstash.NewVerifier(vc)
 	if err == nil {
 		var h http.Handler
 		if h, err = build(cfg, pool, v, logger); err == nil {
@@ -152,18 +154,18 @@ func NewPool(ctx context.Context, cfg Config, logger *slog.Logger) (*pgxpool.Poo
 }
 
 // rereadSigningKeys reads QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY again from
-// their _PARAM parameters; nil unless both come from one (a fixed key cannot change).
+// their _PARAM parameters, in one request; nil unless both come from one (a fixed key cannot
+// change).
 func rereadSigningKeys(r awsenv.Resolver, getenv func(string) string) func(context.Context) (string, string, error) {
-	current, next := r.ParameterReader(getenv, "QSTASH_CURRENT_SIGNING_KEY"), r.ParameterReader(getenv, "QSTASH_NEXT_SIGNING_KEY")
-	if current == nil || next == nil {
+	read := r.ParametersReader(getenv, "QSTASH_CURRENT_SIGNING_KEY", "QSTASH_NEXT_SIGNING_KEY")
+	if read == nil {
 		return nil
 	}
 	return func(ctx context.Context) (string, string, error) {
-		c, err := current(ctx)
+		get, err := read(ctx)
 		if err != nil {
 			return "", "", err
 		}
-		n, err := next(ctx)
-		return c, n, err
+		return get("QSTASH_CURRENT_SIGNING_KEY"), get("QSTASH_NEXT_SIGNING_KEY"), nil
 	}
 }

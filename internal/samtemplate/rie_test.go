@@ -366,8 +366,8 @@ func TestRIEScheduledDrainEndToEnd(t *testing.T) {
 	}
 	drain("drain after the key roll", 3)
 	applied("drain after the key roll", 9, 2)
-	if n := aws.Requests(awstest.TargetGetParameters); n != 8 {
-		t.Errorf("%d parameter reads, want 8: four before, then both keys once by the webhook and once by the failure function\n%s", n, webhook.Log())
+	if n := aws.Requests(awstest.TargetGetParameters); n != 6 {
+		t.Errorf("%d parameter reads, want 6: four before, then both keys in one read by the webhook and one by the failure function\n%s", n, webhook.Log())
 	}
 	for _, a := range qs.Attempts() {
 		if a.Status == http.StatusUnauthorized {

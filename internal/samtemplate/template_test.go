@@ -594,9 +594,9 @@ func canonicalJSON(t *testing.T, b []byte) string {
 
 // TestTemplatePayloadLimitIsShared: one parameter bounds the payload for the relay and the
 // webhook, so the relay never publishes what the webhook would refuse (it dead-letters it,
-// saying why). Its default fits every plan, the webhook library's own limit, and the
-// failure callback that carries such a payload base64-encoded (plus at most 64 KiB of the
-// callback's own fields) fits the failure function's limit.
+// saying why). Its default fits every plan and the webhook library's own limit; at its
+// largest, the failure callback that carries the payload base64-encoded (plus at most
+// 64 KiB of the callback's own fields) still fits the failure function's limit.
 func TestTemplatePayloadLimitIsShared(t *testing.T) {
 	t.Parallel()
 	tpl := loadTemplate(t)
@@ -607,14 +607,15 @@ func TestTemplatePayloadLimitIsShared(t *testing.T) {
 			t.Errorf("%s %s = %v, want %v", fn, v, got, ref)
 		}
 	}
-	limit := int64(toInt(tpl.Parameters["MaxPayloadBytes"]["Default"]))
 	free, err := qstash.PlanFree.Limits()
 	if err != nil {
 		t.Fatal(err)
 	}
-	callback := 4*((limit+2)/3) + 64<<10
-	if limit < 1 || limit > free.MaxMessageBytes || limit > webhook.DefaultMaxBodyBytes || callback > deadletter.DefaultCallbackMaxBodyBytes {
-		t.Errorf("MaxPayloadBytes default %d: want at most the free plan's %d and the webhook's %d, and its callback (%d) within %d",
-			limit, free.MaxMessageBytes, webhook.DefaultMaxBodyBytes, callback, deadletter.DefaultCallbackMaxBodyBytes)
+	def, most := int64(toInt(tpl.Parameters["MaxPayloadBytes"]["Default"])), int64(toInt(tpl.Parameters["MaxPayloadBytes"]["MaxValue"]))
+	if def < 1 || def > free.MaxMessageBytes || def > webhook.DefaultMaxBodyBytes {
+		t.Errorf("MaxPayloadBytes default %d: want at most the free plan's %d and the webhook's %d", def, free.MaxMessageBytes, webhook.DefaultMaxBodyBytes)
+	}
+	if callback := 4*((most+2)/3) + 64<<10; most < def || callback > deadletter.DefaultCallbackMaxBodyBytes {
+		t.Errorf("MaxPayloadBytes MaxValue %d: its failure callback (%d bytes) must fit the failure function's %d", most, callback, deadletter.DefaultCallbackMaxBodyBytes)
 	}
 }

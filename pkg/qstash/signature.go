@@ -1,6 +1,7 @@
 package qstash
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -8,6 +9,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,6 +126,9 @@ type VerifierConfig struct {
 	// At most once per RereadInterval, one call for every request waiting on it; keys that
 	// differ replace the old ones and the signature is checked once more.
 	Reread func(ctx context.Context) (current, next string, err error)
+	// Logger says when the keys were re-read and whether they changed or the read failed.
+	// Default slog.Default().
+	Logger *slog.Logger
 }
 
 // RereadInterval is the shortest time between two re-reads of the signing keys, so that
@@ -131,7 +136,12 @@ type VerifierConfig struct {
 const RereadInterval = time.Minute
 
 // rereadTimeout bounds one re-read; Verify has no context of its own to take it from.
-const rereadTimeout = 5 * time.Second
+// rereadRetry is the wait after a failed re-read (throttling, a timeout): valid deliveries
+// signed with new keys should not wait a whole RereadInterval for one transient error.
+const (
+	rereadTimeout = 5 * time.Second
+	rereadRetry   = 10 * time.Second
+)
 
 // DefaultTolerance is the clock skew Verify allows by default.
 const DefaultTolerance = 30 * time.Second
@@ -143,6 +153,7 @@ type Verifier struct {
 	tolerance time.Duration
 	now       func() time.Time
 	reread    func(ctx context.Context) (current, next string, err error)
+	log       *slog.Logger
 
 	mu         sync.Mutex // one re-read at a time
 	lastReread time.Time
@@ -170,7 +181,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	v := &Verifier{tolerance: cfg.Tolerance, now: cfg.Now, reread: cfg.Reread}
+	v := &Verifier{tolerance: cfg.Tolerance, now: cfg.Now, reread: cfg.Reread, log: cmp.Or(cfg.Logger, slog.Default())}
 	v.keys.Store(&[2][]byte{[]byte(cfg.CurrentSigningKey), []byte(cfg.NextSigningKey)})
 	return v, nil
 }
@@ -219,13 +230,18 @@ func (v *Verifier) rereadKeys(used *[2][]byte) (*[2][]byte, error) {
 	defer cancel()
 	current, next, err := v.reread(ctx)
 	switch {
+	case err == nil && (current == "" || next == ""):
+		err = errors.New("a key is empty; keeping the old ones")
+		fallthrough
 	case err != nil:
+		v.lastReread = now.Add(rereadRetry - RereadInterval)
+		v.log.Warn("qstash signing keys re-read failed", slog.Any("error", err))
 		return used, fmt.Errorf("signing keys re-read: %w", err)
-	case current == "" || next == "":
-		return used, errors.New("signing keys re-read: a key is empty; keeping the old ones")
 	case current == string(used[0]) && next == string(used[1]):
+		v.log.Info("qstash signing keys re-read: unchanged")
 		return used, nil
 	}
+	v.log.Info("qstash signing keys re-read: replaced")
 	fresh := &[2][]byte{[]byte(current), []byte(next)}
 	v.keys.Store(fresh)
 	return fresh, nil

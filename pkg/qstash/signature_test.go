@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,6 +227,7 @@ func rereadingVerifier(t *testing.T, clock *atomic.Int64, store *keyStore) *qsta
 		CurrentSigningKey: qstash.DevCurrentSigningKey, NextSigningKey: qstash.DevNextSigningKey,
 		Now:    func() time.Time { return time.Unix(clock.Load(), 0) },
 		Reread: store.read,
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +276,8 @@ func TestVerifierRereadsRolledKeys(t *testing.T) {
 	}
 }
 
-// Requests failing at once share one re-read; a failed or empty re-read keeps the old keys
-// and says why in the refusal.
+// Requests failing at once share one re-read; a failed or empty re-read keeps the old keys,
+// says why in the refusal, and is tried again after seconds, not a whole RereadInterval.
 func TestVerifierRereadIsSharedAndSafe(t *testing.T) {
 	t.Parallel()
 	var clock atomic.Int64
@@ -319,6 +321,13 @@ func TestVerifierRereadIsSharedAndSafe(t *testing.T) {
 		s, _ := qstash.Sign(qstash.DevCurrentSigningKey, testURL, testBody, time.Unix(c.Load(), 0))
 		if err := v.Verify(s, testURL, testBody); err != nil {
 			t.Errorf("%s: the old keys stopped working: %v", name, err)
+		}
+		bad.mu.Lock()
+		bad.cur, bad.next, bad.err = rolledNext, twiceRolledNext, nil
+		bad.mu.Unlock()
+		c.Add(11)
+		if err := v.Verify(sig, testURL, testBody); err != nil || bad.reads.Load() != 2 {
+			t.Errorf("%s: 11 s after the failed re-read: %v after %d reads, want the new keys read", name, err, bad.reads.Load())
 		}
 	}
 }
