@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -455,9 +456,9 @@ func TestRIEOversizedDeliveryIsCounted(t *testing.T) {
 	if r.StatusCode != webhook.StatusNonRetryable || r.Headers[http.CanonicalHeaderKey(webhook.HeaderNonRetryable)] != "true" {
 		t.Fatalf("oversized delivery: %d %v %s, want 489 non-retryable\n%s", r.StatusCode, r.Headers, r.Body, f.Log())
 	}
-	if !strings.Contains(f.Log(), `"`+metrics.RejectedDeliveries+`":1`) {
-		t.Errorf("no %s metric for the oversized delivery\n%s", metrics.RejectedDeliveries, f.Log())
-	}
+	// The function's stdout reaches the log after the response does.
+	testwait.Eventually(t, 10*time.Second, func() bool { return strings.Contains(f.Log(), `"`+metrics.RejectedDeliveries+`":1`) },
+		"no %s metric for the oversized delivery", metrics.RejectedDeliveries)
 	if n := db.Count(t, "select count(*) from billing_charges"); n != 0 {
 		t.Errorf("%d charges from a refused delivery", n)
 	}

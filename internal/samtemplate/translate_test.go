@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/prereq"
@@ -27,32 +28,42 @@ out = Translator(managed_policy_map={}, sam_parser=parser.Parser()).translate(sa
 json.dump(out, sys.stdout)
 `
 
+// errNoTranslator: python3 or aws-sam-translator is missing (a prerequisite, not a failure).
+var errNoTranslator = errors.New("the SAM translator test needs python3 with aws-sam-translator (pip install 'cfn-lint==1.51.*')")
+
+// translation runs the translator once for every test that reads its output.
+var translation = sync.OnceValues(func() (map[string]any, error) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return nil, errNoTranslator
+	}
+	if exec.Command(py, "-c", "import samtranslator").Run() != nil {
+		return nil, errNoTranslator
+	}
+	dir, err := rootOnce()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(py, "-c", translateScript, filepath.Join(dir, "template.yaml"))
+	cmd.Env = append(os.Environ(), "AWS_DEFAULT_REGION=eu-west-1") // pseudo parameters need a region
+	out, err := cmd.Output()
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		return nil, fmt.Errorf("SAM translator: %w\n%s", err, ee.Stderr)
+	} else if err != nil {
+		return nil, fmt.Errorf("SAM translator: %w", err)
+	}
+	var cfn map[string]any
+	return cfn, json.Unmarshal(out, &cfn)
+})
+
 // translated returns the CloudFormation template the SAM translator makes of template.yaml.
 func translated(t *testing.T) map[string]any {
 	t.Helper()
-	py, err := exec.LookPath("python3")
+	cfn, err := translation()
+	if errors.Is(err, errNoTranslator) {
+		prereq.Missing(t, "%v", err)
+	}
 	if err != nil {
-		prereq.Missing(t, "python3 not found: the SAM translator test needs python3 with aws-sam-translator (pip install 'cfn-lint==1.51.*')")
-	}
-	script := filepath.Join(t.TempDir(), "translate.py")
-	if err := os.WriteFile(script, []byte(translateScript), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(t.Context(), py, script, filepath.Join(root(t), "template.yaml"))
-	cmd.Env = append(os.Environ(), "AWS_DEFAULT_REGION=eu-west-1") // pseudo parameters need a region
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			stderr = ee.Stderr
-		}
-		if _, lerr := exec.Command(py, "-c", "import samtranslator").CombinedOutput(); lerr != nil {
-			prereq.Missing(t, "aws-sam-translator not importable: pip install 'cfn-lint==1.51.*'")
-		}
-		t.Fatalf("SAM translator: %v\n%s", err, stderr)
-	}
-	var cfn map[string]any
-	if err := json.Unmarshal(out, &cfn); err != nil {
 		t.Fatal(err)
 	}
 	return cfn

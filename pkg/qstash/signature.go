@@ -207,7 +207,7 @@ func (v *Verifier) Verify(signature, url string, body []byte) error {
 		return v.verify(fresh, signature, url, body)
 	}
 	if rerr != nil {
-		ve.Detail = strings.TrimPrefix(ve.Detail+"; ", "; ") + rerr.Error()
+		ve.Detail = rerr.Error() // a bad signature has no detail of its own
 	}
 	return err
 }
