@@ -42,15 +42,8 @@ func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
 
 // checkedPool opens a pool on url with cfg and checks that the database answers.
 func checkedPool(ctx context.Context, url string, cfg awsenv.PoolConfig) (*pgxpool.Pool, error) {
-	pool, err := awsenv.NewPool(ctx, url, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	return pool, nil
+	cfg.MustConnect = true
+	return awsenv.NewPool(ctx, url, cfg)
 }
 
 const migrateUsage = `usage: outboxctl migrate up [--example] [--lock-timeout D] [--lock-attempts N]

@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/health"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/metrics/relaymetrics"
+	"github.com/outbox-relay/outbox-relay/internal/relayfunc"
 	"github.com/outbox-relay/outbox-relay/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -32,7 +32,7 @@ const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-inter
 Runs the relay engine as a long-lived process (a container or a VM): drains continuously,
 woken by LISTEN/NOTIFY with polling as the safety net, and runs retention every
 --retention-interval (0 turns it off). It reads the same environment as the relay Lambda
-(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see package relayenv);
+(DATABASE_URL, QSTASH_TOKEN, QSTASH_URL, PUBLIC_BASE_URL, ...; see outboxctl env);
 flags override it. Serves /healthz and /metrics (Prometheus text format) on --listen, a
 loopback address. SIGTERM or Ctrl-C stops it after the batches in flight are published and
 marked: within the lease (a claim gives up at the lease minus the publish and mark
@@ -40,8 +40,9 @@ timeouts, a batch is marked by the end of its lease). --grace (default: the leas
 the stop whatever the database does; past it the process exits 3 and the rows of the
 batches still in flight go out again after their lease. Set the orchestrator's grace period
 (terminationGracePeriodSeconds, ECS stopTimeout) a few seconds above it. With DB_SECRET_ARN
-a password the database refuses after a rotation is re-read from the secret. Any number of
-instances may run against one database.`
+a password the database refuses after a rotation is re-read from the secret, with
+QSTASH_TOKEN_PARAM a token QStash refuses from the parameter. Any number of instances may
+run against one database.`
 
 // relayChunk is how long one relay.Run lasts before the process records its counters and
 // starts the next; a stop request ends the current chunk at once.
@@ -65,9 +66,9 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if *pollInterval <= 0 || *gaugeEvery <= 0 || *retentionEvery < 0 || *grace < 0 {
 		return usageErr(errors.New("--poll-interval and --gauge-interval must be positive, --retention-interval and --grace not negative"))
 	}
-	// One read of the environment, AWS secret references resolved, for the whole process.
-	base := overlayEnv(e.getenv, fs.envOverlay())
-	cfg, getenv, err := readRelayEnv(ctx, base)
+	// One read of the environment, AWS secret references resolved, for the whole process;
+	// the database secret and the QStash token are read again when they are refused.
+	cfg, err := loadRelayEnv(ctx, overlayEnv(e.getenv, fs.envOverlay()))
 	if err != nil {
 		return err
 	}
@@ -80,11 +81,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err := pub.EnsureQueues(ctx); err != nil {
 		return fmt.Errorf("relay: check qstash fifo queues: %w", err)
 	}
-	var creds *awsenv.Credentials
-	if read := (awsenv.Resolver{}).DatabaseURLReader(base); read != nil {
-		creds = awsenv.NewCredentials(read)
-	}
-	pool, err := openRelayPool(ctx, cfg, *retentionEvery > 0, creds, logger)
+	pool, err := openRelayPool(ctx, cfg, *retentionEvery > 0, logger)
 	if err != nil {
 		return err
 	}
@@ -96,7 +93,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		}
 	}()
 
-	tr, stopTracing, err := startTracing(ctx, getenv, tracingRelayServiceName)
+	tr, stopTracing, err := startTracing(ctx, cfg.Getenv, tracingRelayServiceName)
 	if err != nil {
 		return err
 	}
@@ -142,9 +139,9 @@ func relayConns(rc relay.Config, retention bool) int32 {
 }
 
 // openRelayPool opens the relay's pool, sized by relayConns, re-reading a rotated password
-// when creds is set, and checks that the database answers.
-func openRelayPool(ctx context.Context, cfg relayenv.Config, retention bool, creds *awsenv.Credentials, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return checkedPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: relayConns(cfg.Relay, retention), Credentials: creds, Logger: logger})
+// when the environment names a secret, and checks that the database answers.
+func openRelayPool(ctx context.Context, cfg relayfunc.Env, retention bool, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return checkedPool(ctx, cfg.DatabaseURL, awsenv.PoolConfig{MaxConns: relayConns(cfg.Relay, retention), Credentials: cfg.Credentials, Logger: logger})
 }
 
 // errGraceExceeded: the relay did not stop within its grace period.

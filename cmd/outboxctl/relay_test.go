@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,8 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/internal/relayfunc"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -79,20 +78,6 @@ func countRows(t *testing.T, db *pgtest.DB, where string) int {
 	return db.Count(t, `SELECT count(*) FROM outbox WHERE `+where)
 }
 
-func enqueueN(t *testing.T, db *pgtest.DB, n, keys int) { enqueueKeys(t, db, n, 0, keys) }
-
-// enqueueKeys enqueues n events in one transaction; event i has key order:(first+i)%keys.
-func enqueueKeys(t *testing.T, db *pgtest.DB, n, first, keys int) {
-	t.Helper()
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", (first+i)%keys), Payload: json.RawMessage(`{"ok":true}`)}
-	}
-	if _, err := outbox.EnqueueBatch(context.Background(), db.Pool, evs); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestRelayTwoInstances runs two relay processes on one table: every event is claimed once
 // and delivered once, the counters of both add up, and a stop in the middle of a load
 // leaves nothing leased and nothing half-done.
@@ -114,7 +99,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	// pipelining relay can take the whole load before the other claims anything.
 	const n, chunk = 1500, 50
 	for c := range n / chunk {
-		enqueueKeys(t, db, chunk, c*chunk, 500)
+		outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(c*chunk, chunk, outboxtest.Mod(500)))
 		time.Sleep(10 * time.Millisecond)
 	}
 	testwait.Eventually(t, 60*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") == n }, "all events dispatched")
@@ -160,7 +145,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	}
 
 	// Stop both in the middle of a second load.
-	enqueueN(t, db, 1000, 500)
+	outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(0, 1000, outboxtest.Mod(500)))
 	testwait.Eventually(t, 30*time.Second, func() bool { return countRows(t, db, "dispatched_at IS NOT NULL") > n }, "the second load to start")
 	cancel()
 	for _, inst := range []*relayInstance{a, b} {
@@ -299,8 +284,8 @@ func TestRelayPoolCountsWhatRuns(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	const concurrency = 4
-	cfg := relayenv.Config{DatabaseURL: db.URL}
-	cfg.Relay.PublishConcurrency = concurrency
+	var cfg relayfunc.Env
+	cfg.DatabaseURL, cfg.Relay.PublishConcurrency = db.URL, concurrency
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
 	for retention, want := range map[bool]int32{true: 1 + concurrency + 3, false: 1 + concurrency + 2} {
@@ -311,12 +296,12 @@ func TestRelayPoolCountsWhatRuns(t *testing.T) {
 	if got := relayConns(relay.Config{}, true); got != 1+relay.DefaultPublishConcurrency+3 {
 		t.Errorf("pool size with the default concurrency: %d", got)
 	}
-	pool, err := openRelayPool(ctx, cfg, true, nil, quiet)
+	pool, err := openRelayPool(ctx, cfg, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	enqueueN(t, db, 400, 400)
+	outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(0, 400, outboxtest.Mod(400)))
 
 	// Every connection open and idle, then the three long-lived users take theirs.
 	max := int(pool.Config().MaxConns)
@@ -364,7 +349,7 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			qs := qstashtest.NewTestServer(t, qstashtest.Options{})
-			enqueueN(t, db, 10, 10)
+			outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(0, 10, outboxtest.Mod(10)))
 			bg := context.Background()
 			tx := db.LockTable(t, "outbox")
 			// Its own application_name: the wait below must see this relay's claim, not

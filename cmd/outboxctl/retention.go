@@ -8,9 +8,8 @@ import (
 	"log/slog"
 	"strconv"
 
-	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/internal/relayfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/retention"
 )
 
@@ -35,19 +34,15 @@ func overlayEnv(getenv func(string) string, set map[string]string) func(string) 
 	}
 }
 
-// readRelayEnv reads the relay's settings from getenv (the environment, flags over it) with
-// AWS secret references resolved, and returns them and the resolved environment. A
-// setting relayenv refuses is a usage error.
-func readRelayEnv(ctx context.Context, getenv func(string) string) (relayenv.Config, func(string) string, error) {
-	resolved, err := awsenv.Resolve(ctx, getenv)
-	if err != nil {
-		return relayenv.Config{}, nil, err
+// loadRelayEnv reads the relay's settings from getenv (the environment, flags over it) as
+// the relay Lambda does, AWS secret references resolved. A setting relayenv refuses is a
+// usage error.
+func loadRelayEnv(ctx context.Context, getenv func(string) string) (relayfunc.Env, error) {
+	env, err := relayfunc.Load(ctx, getenv)
+	if err != nil && envconfig.Vars(err) != nil {
+		return relayfunc.Env{}, usageErr(err)
 	}
-	cfg, err := relayenv.Read(resolved)
-	if err != nil {
-		return relayenv.Config{}, nil, usageErr(err)
-	}
-	return cfg, resolved, nil
+	return env, err
 }
 
 // envVar registers --name, overriding the environment variable envVar; kind ("int" or
@@ -121,7 +116,7 @@ func runRetentionRun(ctx context.Context, e env, args []string) error {
 	if e.getenv("PUBLIC_BASE_URL") == "" {
 		set["PUBLIC_BASE_URL"] = "https://unused-by-retention.invalid"
 	}
-	cfg, _, err := readRelayEnv(ctx, overlayEnv(e.getenv, set))
+	cfg, err := loadRelayEnv(ctx, overlayEnv(e.getenv, set))
 	if err != nil {
 		return err
 	}

@@ -45,6 +45,10 @@ type PoolConfig struct {
 	PingTimeout time.Duration
 	// InitPingTimeout bounds the ping at start. Default DefaultInitPingTimeout.
 	InitPingTimeout time.Duration
+	// MustConnect makes the ping at start a condition: its failure closes the pool and is
+	// NewPool's error. For a command that has nothing to do without the database (outboxctl),
+	// not for a Lambda's init phase.
+	MustConnect bool
 	// Pooler: the endpoint is RDS Proxy or PgBouncer. Queries use unnamed statements
 	// (QueryExecModeExec): named prepared statements pin an RDS Proxy session and break on
 	// a transaction-mode PgBouncer. Also set by default_query_exec_mode=exec in the
@@ -69,7 +73,8 @@ type PoolConfig struct {
 }
 
 // NewPool opens the pool an execution environment keeps for its lifetime. It pings the
-// database once, within InitPingTimeout: a failure is logged, not returned, because every
+// database once, within InitPingTimeout: a failure is logged, not returned (unless
+// MustConnect), because every
 // invocation then fails on its own and the next one retries, whereas a failed init phase
 // would only add a cold start to each attempt. A connection string or configuration that
 // cannot work is an error.
@@ -129,6 +134,10 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 	pingCtx, cancel := context.WithTimeout(ctx, orDefault(cfg.InitPingTimeout, DefaultInitPingTimeout))
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
+		if cfg.MustConnect {
+			pool.Close()
+			return nil, fmt.Errorf("connect to database: %w", err)
+		}
 		logger.WarnContext(ctx, "database not reachable at start; invocations fail until it is", slog.Any("error", err))
 	}
 	return pool, nil

@@ -89,6 +89,21 @@ func TestNewPoolUnreachableDatabaseIsNotFatalButBounded(t *testing.T) {
 	}
 }
 
+// A command (MustConnect) gets the unreachable database as its error, with no pool left
+// open; a reachable one opens as without it.
+func TestNewPoolMustConnect(t *testing.T) {
+	t.Parallel()
+	pool, err := NewPool(context.Background(), "postgres://u@127.0.0.1:1/db?sslmode=disable", PoolConfig{InitPingTimeout: 300 * time.Millisecond, MustConnect: true})
+	if err == nil || pool != nil || !strings.Contains(err.Error(), "connect to database") {
+		t.Fatalf("unreachable database with MustConnect: pool %v, err %v", pool, err)
+	}
+	pool, err = NewPool(context.Background(), pgtest.URL(), PoolConfig{MustConnect: true})
+	if err != nil {
+		t.Fatalf("reachable database with MustConnect: %v", err)
+	}
+	pool.Close()
+}
+
 func TestNewPoolIAMAuth(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres"
@@ -390,13 +391,7 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 400
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("k%d", i), Payload: json.RawMessage(`{}`)}
-	}
-	if _, err := outbox.EnqueueBatch(ctx, pool, evs); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Enqueue(t, pool, outboxtest.Orders(0, n, outboxtest.Mod(n)))
 	// Warm, with exactly one idle session from before the rotation.
 	for pool.Stat().IdleConns() > 1 {
 		conn, err := pool.Acquire(ctx)

@@ -1,10 +1,11 @@
-// Package outboxtest holds what the tests of several packages do on a pgtest schema: run a
-// statement, read one column, end a session. Each helper fails the test on an error, so a
+// Package outboxtest holds what the tests of several packages do on a pgtest schema:
+// enqueue a load of events, run a statement, read one column, end a session. Each helper fails the test on an error, so a
 // test states what it sets up or checks, not how to handle a driver error. Tests only.
 package outboxtest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -16,6 +17,42 @@ import (
 
 // DB runs the helpers' statements: a pool (pgtest.DB.Pool), a connection or a transaction.
 type DB = outbox.Querier
+
+// Orders returns events first..first+n-1 as the example producer writes them: topic
+// order.created, event i keyed key(i), its payload an order examples/orders accepts.
+func Orders(first, n int, key func(i int) string) []outbox.Event {
+	evs := make([]outbox.Event, n)
+	for j := range evs {
+		i := first + j
+		evs[j] = outbox.Event{Topic: "order.created", PartitionKey: key(i),
+			Payload: fmt.Appendf(nil, `{"order_id":"o-%d","amount_cents":100,"currency":"EUR"}`, i)}
+	}
+	return evs
+}
+
+// Mod is the key function of a load spread over keys partition keys: "k<i mod keys>".
+func Mod(keys int) func(i int) string {
+	return func(i int) string { return fmt.Sprintf("k%d", i%keys) }
+}
+
+// maxBatch bounds one Enqueue statement: the producer API takes any number of events, and
+// a test's load of 100k goes in statements of this size.
+const maxBatch = 1000
+
+// Enqueue writes evs with the producer API (outbox.EnqueueBatch), in one statement up to
+// 1000 events, and returns their ids in order.
+func Enqueue(tb testing.TB, db DB, evs []outbox.Event) []outbox.ID {
+	tb.Helper()
+	ids := make([]outbox.ID, 0, len(evs))
+	for start := 0; start < len(evs); start += maxBatch {
+		got, err := outbox.EnqueueBatch(tb.Context(), db, evs[start:min(len(evs), start+maxBatch)])
+		if err != nil {
+			tb.Fatalf("outboxtest: enqueue: %v", err)
+		}
+		ids = append(ids, got...)
+	}
+	return ids
+}
 
 // Exec runs sql on db and returns how many rows it changed.
 func Exec(tb testing.TB, db DB, sql string, args ...any) int64 {

@@ -71,16 +71,10 @@ func buildPackage(t *testing.T, id string) string {
 	return m[0]
 }
 
-// codeVariables returns the environment variables the main package in dir reads: every
-// getenv("X") / os.Getenv("X") in its non-test files, what its envconfig reader reads
-// (functions/relay relayenv.Read, functions/webhook ReadWebhook, functions/failure ReadFailure)
-// if it imports envconfig, the OTEL_* variables the template passes (telemetry.Variables) if
-// it imports telemetry, and, for variables awsenv can resolve, their references if it
-// imports awsenv. imports reports which of those packages it uses.
-func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
+// scanGo adds the imports and the getenv("X") literals of dir's non-test files.
+func scanGo(t *testing.T, dir string, vars, imports map[string]bool) {
 	t.Helper()
 	fset := token.NewFileSet()
-	vars, imports = map[string]bool{}, map[string]bool{}
 	files, err := filepath.Glob(filepath.Join(root(t), dir, "*.go"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no Go files in %s (%v)", dir, err)
@@ -118,6 +112,22 @@ func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[
 			}
 			return true
 		})
+	}
+}
+
+// codeVariables returns the environment variables the main package in dir reads: every
+// getenv("X") / os.Getenv("X") in its non-test files (and in internal/relayfunc's, which is
+// the relay's cold start, when it imports it), what its envconfig reader reads
+// (relayenv.Read for the relay, ReadWebhook, ReadFailure) if it imports envconfig, the
+// OTEL_* variables the template passes (telemetry.Variables) if it imports telemetry, and,
+// for variables awsenv can resolve, their references if it imports awsenv. imports
+// reports which of those packages it uses.
+func codeVariables(t *testing.T, dir string) (vars map[string]bool, imports map[string]bool) {
+	t.Helper()
+	vars, imports = map[string]bool{}, map[string]bool{}
+	scanGo(t, dir, vars, imports)
+	if imports[modulePath+"/internal/relayfunc"] {
+		scanGo(t, "internal/relayfunc", vars, imports)
 	}
 	if imports[modulePath+"/internal/receiverfunc"] {
 		// The receivers' shared cold start resolves secrets and sets up tracing for them.

@@ -2,15 +2,13 @@ package qstash_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
@@ -38,13 +36,7 @@ func TestPublisherGarbageChangesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			evs := make([]outbox.Event, 10)
-			for i := range evs {
-				evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("k%d", i), Payload: json.RawMessage(`{"n":1}`)}
-			}
-			if _, err := outbox.EnqueueBatch(context.Background(), db.Pool, evs); err != nil {
-				t.Fatal(err)
-			}
+			outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(0, 10, outboxtest.Mod(10)))
 			r, err := relay.New(db.Pool, pub, relay.Config{Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)

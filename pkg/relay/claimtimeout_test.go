@@ -22,7 +22,7 @@ import (
 func TestClaimGivesUpAtItsTimeout(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 20, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 20, outboxtest.Mod(20))
 	pub := &fakePublisher{}
 	const bound = 500 * time.Millisecond
 	r := newRelay(t, db, pub, relay.Config{BatchSize: 10, ClaimTimeout: bound, Logger: quiet()})
@@ -87,7 +87,7 @@ func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 10, outboxtest.Mod(10))
 	if st, err := r.Drain(ctx); err != nil || st.Dispatched != 10 {
 		t.Fatalf("first drain: %v, %+v", err, st)
 	}
@@ -97,7 +97,7 @@ func TestDrainAfterTheIdleSessionWasEnded(t *testing.T) {
 		c.Release()
 	}
 	outboxtest.Terminate(t, db.Pool, pids...)
-	seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 10, outboxtest.Mod(10))
 	if st, err := r.Drain(ctx); err != nil || st.Dispatched != 10 {
 		t.Fatalf("drain after the idle session was ended: %v, %+v", err, st)
 	}

@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
@@ -74,7 +74,7 @@ func assertNoDeadLetters(t *testing.T, db *pgtest.DB) {
 func TestDeferredQuotaPastDeadlineStopsDrain(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 300, func(i int) string { return fmt.Sprintf("k%d", i%7) })
+	seed(t, db, 300, outboxtest.Mod(7))
 	reset := time.Now().Add(time.Hour)
 	pub := &fakePublisher{fail: func(outbox.Message) error {
 		return &publish.DeferError{Reason: publish.DeferQuota, Until: reset, Err: errors.New("qstash api: 429 daily quota exceeded")}
@@ -111,7 +111,7 @@ func TestDeferredStatsByReason(t *testing.T) {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			seed(t, db, 40, func(i int) string { return fmt.Sprintf("k%d", i%10) }) // 4 waves of 10
+			seed(t, db, 40, outboxtest.Mod(10)) // 4 waves of 10
 			pub := &fakePublisher{fail: func(outbox.Message) error {
 				return &publish.DeferError{Reason: reason, Until: time.Now().Add(time.Hour), Err: errors.New("refused")}
 			}}
@@ -129,7 +129,7 @@ func TestDeferredStatsByReason(t *testing.T) {
 func TestDeferredQuotaResumesAfterReset(t *testing.T) {
 	t.Parallel()
 	forConcurrencies(t, func(t *testing.T, db *pgtest.DB, conc int) {
-		seed(t, db, 200, func(i int) string { return fmt.Sprintf("k%d", i%13) })
+		seed(t, db, 200, outboxtest.Mod(13))
 		reset := 300 * time.Millisecond
 		var calls atomic.Int32
 		deferFirst := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
@@ -161,7 +161,7 @@ func TestDeferredQuotaResumesAfterReset(t *testing.T) {
 func TestDeferredDeploymentBacksOff(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 30, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 30, outboxtest.Mod(30))
 	var calls atomic.Int32
 	pub := &callCounter{inner: &fakePublisher{}, calls: &calls, refuse: func(n int32) error {
 		if n <= 3 {
@@ -233,7 +233,7 @@ func TestOutagePauseIsCapped(t *testing.T) {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			seed(t, db, 10, func(i int) string { return fmt.Sprintf("k%d", i) })
+			seed(t, db, 10, outboxtest.Mod(10))
 			pub := &fakePublisher{fail: func(outbox.Message) error {
 				return &publish.DeferError{Reason: reason, Err: errors.New("refused")}
 			}}

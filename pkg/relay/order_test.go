@@ -91,8 +91,8 @@ func TestFIFOPermanentFailureHoldsKey(t *testing.T) {
 		t.Run(fail.name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			ids := seed(t, db, 30, func(i int) string { return fmt.Sprintf("k%d", i%3) }) // 10 per key
-			head := ids[0]                                                                // k0's head
+			ids := seed(t, db, 30, outboxtest.Mod(3)) // 10 per key
+			head := ids[0]                            // k0's head
 			var deadAt int
 			var mu sync.Mutex
 			var calls [][]outbox.ID
@@ -151,13 +151,13 @@ func TestUndecodableRowIsDeadLetteredAlone(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := t.Context()
 	dropHeadersConstraint(t, db)
-	seed(t, db, 50, func(i int) string { return fmt.Sprintf("k%d", i%10) })
+	seed(t, db, 50, outboxtest.Mod(10))
 	var bad outbox.ID
 	if err := db.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, partition_key, payload, headers)
 VALUES ('order.created', 'k3', '{"order_id":"bad"}', '{"x-n": 1}') RETURNING id`).Scan(&bad); err != nil {
 		t.Fatal(err)
 	}
-	seed(t, db, 49, func(i int) string { return fmt.Sprintf("k%d", i%10) })
+	seed(t, db, 49, outboxtest.Mod(10))
 	pub := &fakePublisher{}
 	st := drain(ctx, t, newRelay(t, db, pub, relay.Config{BatchSize: 100, Logger: quiet()}))
 	if st.Dispatched != 99 || st.DeadLettered != 1 || st.Claimed < 100 {

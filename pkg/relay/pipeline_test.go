@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
@@ -144,7 +145,7 @@ func TestPipelinedRelaysKeepKeyOrder(t *testing.T) {
 func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 30, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 30, outboxtest.Mod(30))
 	ctx := t.Context()
 	var inPublish atomic.Int32
 	proceed := make(chan struct{})
@@ -170,7 +171,7 @@ func TestPipelinedLostLeasesAreFenced(t *testing.T) {
 func TestPipelinedDrainHonoursDeadline(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 3000, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 3000, outboxtest.Mod(3000))
 	guard := &keyGuard{t: t, inner: &fakePublisher{}, delay: func() time.Duration { return 200 * time.Millisecond }}
 	cfg := relay.Config{BatchSize: 10, PublishConcurrency: 4, Lease: 5 * time.Second, PublishTimeout: 500 * time.Millisecond,
 		MarkTimeout: time.Second, Logger: quiet()} // a generous mark budget: see TestDrainHonoursDeadline
@@ -188,7 +189,7 @@ func TestPipelinedDrainHonoursDeadline(t *testing.T) {
 func TestPipelinedCancelMarksWhatWasPublished(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 100, outboxtest.Mod(100))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var inPublish atomic.Int32

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
@@ -20,12 +21,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
-func localQStash(t *testing.T, opts qstashtest.Options) (*qstashtest.Server, string) {
+// localQStash starts the local QStash server with opts, and a destination that accepts
+// every delivery, and returns the server and a publisher to it.
+func localQStash(t *testing.T, opts qstashtest.Options) (*qstashtest.Server, *qstash.Publisher) {
 	t.Helper()
 	srv := qstashtest.NewTestServer(t, opts)
 	sink := httptest.NewServer(&qstashtest.Destination{})
 	t.Cleanup(sink.Close)
-	return srv, sink.URL
+	return srv, qstashPublisher(t, srv.URL, srv.Token, sink.URL)
 }
 
 func qstashPublisher(t *testing.T, baseURL, token, dest string) *qstash.Publisher {
@@ -43,9 +46,8 @@ func qstashPublisher(t *testing.T, baseURL, token, dest string) *qstash.Publishe
 func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i%9) })
-	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 40, QuotaWindow: time.Second})
-	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+	seed(t, db, 100, outboxtest.Mod(9))
+	_, pub := localQStash(t, qstashtest.Options{QuotaMessages: 40, QuotaWindow: time.Second})
 	st := drainFor(t, newRelay(t, db, pub, relay.Config{BatchSize: 30, Ordering: publish.OrderingPublish, Logger: quiet()}), time.Minute)
 	if st.Dispatched != 100 || st.DeferredQuota == 0 || st.DeadLettered != 0 {
 		t.Fatalf("stats %+v: want every event dispatched across quota windows", st)
@@ -59,9 +61,8 @@ func TestLocalQStashQuotaResumesAfterReset(t *testing.T) {
 func TestLocalQStashQuotaPastDeadline(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 100, func(i int) string { return fmt.Sprintf("k%d", i) })
-	srv, dest := localQStash(t, qstashtest.Options{QuotaMessages: 20, QuotaWindow: time.Hour})
-	pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+	seed(t, db, 100, outboxtest.Mod(100))
+	_, pub := localQStash(t, qstashtest.Options{QuotaMessages: 20, QuotaWindow: time.Hour})
 	start := time.Now()
 	st := drainFor(t, newRelay(t, db, pub, relay.Config{BatchSize: 20, Ordering: publish.OrderingPublish, Logger: quiet()}), time.Minute)
 	if st.PausedUntil.Before(start.Add(50*time.Minute)) || st.Dispatched != 20 || st.DeadLettered != 0 || st.DeferredQuota == 0 {
@@ -86,10 +87,9 @@ func TestLocalQStashQuotaPastDeadline(t *testing.T) {
 func TestLocalQStashWrongURL(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 50, func(i int) string { return fmt.Sprintf("k%d", i%5) })
-	srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg})
-	gw := qstashtest.V2Gateway(t, srv)
-	pub := qstashPublisher(t, gw, srv.Token, dest)
+	seed(t, db, 50, outboxtest.Mod(5))
+	srv, _ := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg})
+	pub := qstashPublisher(t, qstashtest.V2Gateway(t, srv), srv.Token, "https://hooks.example.com")
 	logger, logs := logtest.New()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -124,9 +124,8 @@ func TestOutageAcrossDrainsSpendsNoAttempt(t *testing.T) {
 		t.Run(string(o), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			seed(t, db, 120, func(i int) string { return fmt.Sprintf("k%d", i%11) })
-			srv, dest := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
-			pub := qstashPublisher(t, srv.URL, srv.Token, dest)
+			seed(t, db, 120, outboxtest.Mod(11))
+			srv, pub := localQStash(t, qstashtest.Options{Plan: qstash.PlanPayg, Faults: qstashtest.Faults{Outage: o}})
 			cfg := relay.Config{BatchSize: 50, MaxAttempts: 2, PublishTimeout: 300 * time.Millisecond, MarkTimeout: time.Second,
 				DeferPause: 20 * time.Millisecond, Ordering: publish.OrderingPublish, Logger: quiet()}
 			for i := range 3 { // each a cold start, as Lambda invocations may be

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -109,24 +108,7 @@ func (e *httpError) GoString() string { return e.Error() }
 
 func seed(t testing.TB, db *pgtest.DB, n int, key func(i int) string) []outbox.ID {
 	t.Helper()
-	ctx := t.Context()
-	var ids []outbox.ID
-	for start := 0; start < n; start += 1000 {
-		evs := make([]outbox.Event, 0, 1000)
-		for i := start; i < min(n, start+1000); i++ {
-			evs = append(evs, outbox.Event{
-				Topic:        "order.created",
-				PartitionKey: key(i),
-				Payload:      json.RawMessage(fmt.Sprintf(`{"order_id":"%d","amount_cents":100,"currency":"EUR"}`, i)),
-			})
-		}
-		got, err := outbox.EnqueueBatch(ctx, db.Pool, evs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, got...)
-	}
-	return ids
+	return outboxtest.Enqueue(t, db.Pool, outboxtest.Orders(0, n, key))
 }
 
 func newRelay(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg relay.Config) *relay.Relay {
@@ -168,7 +150,7 @@ func (c *clock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 func TestDrainDispatchesEverything(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 250, func(i int) string { return fmt.Sprintf("k%d", i%37) })
+	seed(t, db, 250, outboxtest.Mod(37))
 	pub := &fakePublisher{}
 	st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 100}))
 	if st.Dispatched != 250 || st.Claimed != 250 {
@@ -485,7 +467,7 @@ func TestPerKeyOrderSurvivesRetries(t *testing.T) {
 func TestPermanentErrorsAndExhaustedRetriesDeadLetter(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ids := seed(t, db, 3, func(i int) string { return fmt.Sprintf("k%d", i) })
+	ids := seed(t, db, 3, outboxtest.Mod(3))
 	permanent, flaky := ids[0], ids[1]
 	pub := &fakePublisher{fail: func(m outbox.Message) error {
 		switch m.ID {
@@ -527,7 +509,7 @@ func TestPermanentErrorsAndExhaustedRetriesDeadLetter(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("dead letters = %+v, want 2", got)
 	}
-	if got[0].id != permanent || got[0].attempts != 1 || got[0].status != 400 || got[0].errText != "qstash answered 400" || got[0].source != "relay" || got[0].orderID != "0" {
+	if got[0].id != permanent || got[0].attempts != 1 || got[0].status != 400 || got[0].errText != "qstash answered 400" || got[0].source != "relay" || got[0].orderID != "o-0" {
 		t.Fatalf("permanent letter = %+v", got[0])
 	}
 	if got[1].id != flaky || got[1].attempts != 3 || got[1].status != 503 || got[1].errText != "retry budget exhausted after 3 attempts: qstash answered 503" {
@@ -600,7 +582,7 @@ func TestHotKeyRunInOneBatch(t *testing.T) {
 func TestDrainHonoursDeadline(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	seed(t, db, 2000, func(i int) string { return fmt.Sprintf("k%d", i) })
+	seed(t, db, 2000, outboxtest.Mod(2000))
 	pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {
 		select {
 		case <-time.After(300 * time.Millisecond):
@@ -623,7 +605,7 @@ func TestDrainHonoursDeadline(t *testing.T) {
 func TestRunStopsCleanly(t *testing.T) {
 	t.Parallel()
 	forConcurrencies(t, func(t *testing.T, db *pgtest.DB, conc int) {
-		seed(t, db, 500, func(i int) string { return fmt.Sprintf("k%d", i) })
+		seed(t, db, 500, outboxtest.Mod(500))
 		stop, cancel := context.WithCancel(t.Context())
 		var calls atomic.Int32
 		pub := &fakePublisher{before: func(ctx context.Context, _ []outbox.Message) {

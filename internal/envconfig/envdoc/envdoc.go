@@ -64,8 +64,8 @@ const (
 	SourceAWSEnv Source = "internal/awsenv"
 	// SourceTelemetry: telemetry.Setup (and the OpenTelemetry SDK it starts).
 	SourceTelemetry Source = "internal/telemetry"
-	// SourceRelayMain: the relay Lambda's cold start (functions/relay).
-	SourceRelayMain Source = "functions/relay"
+	// SourceRelayMain: the relay Lambda's cold start (functions/relay, package relayfunc).
+	SourceRelayMain Source = "internal/relayfunc"
 )
 
 // Var is one environment variable.

@@ -151,7 +151,7 @@ func TestEnvTableHasEveryLiteralRead(t *testing.T) {
 	lit := regexp.MustCompile(`(?i)getenv\("([A-Z0-9_]+)"\)`)
 	tab := table(t)
 	found := 0
-	for _, dir := range []string{"functions", "internal/receiverfunc", "internal/awsenv", "internal/telemetry", "internal/envconfig"} {
+	for _, dir := range []string{"functions", "internal/receiverfunc", "internal/relayfunc", "internal/awsenv", "internal/telemetry", "internal/envconfig"} {
 		files, err := gosrc.Files(filepath.Join(root, dir))
 		if err != nil {
 			t.Fatal(err)

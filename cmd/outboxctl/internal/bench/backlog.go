@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/relayfunc"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
 
@@ -22,7 +23,7 @@ type BacklogConfig struct {
 	Batch       int `json:"batch"`
 	Concurrency int `json:"concurrency"`
 	// Deadline is one Lambda invocation's budget (the 15-minute maximum); Reserve what the
-	// function keeps back from it (functions/relay's deadlineReserve).
+	// function keeps back from it (relayfunc.DeadlineReserve).
 	Deadline time.Duration `json:"deadline_ns"`
 	Reserve  time.Duration `json:"reserve_ns"`
 	// MemoryLimitMiB is the template's RelayMemorySize, applied as the relay process's soft
@@ -48,7 +49,7 @@ type BacklogSetting struct {
 // BacklogConfigFor returns the backlog scenario's size.
 func BacklogConfigFor(s Size) BacklogConfig {
 	c := BacklogConfig{Keys: 10_000, RTTMillis: 30, Batch: relay.DefaultBatchSize, Concurrency: relay.DefaultPublishConcurrency,
-		Deadline: 15 * time.Minute, Reserve: 2 * time.Second, MemoryLimitMiB: 256}
+		Deadline: 15 * time.Minute, Reserve: relayfunc.DeadlineReserve, MemoryLimitMiB: 256}
 	for _, b := range []int{100, 250, 500, 1000} {
 		for _, n := range []int{2, 4, 8} {
 			c.Sweep = append(c.Sweep, BacklogSetting{Batch: b, Concurrency: n})

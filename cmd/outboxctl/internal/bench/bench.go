@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/examples/orders"
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 )
 
 // Size picks a scenario's scale.
@@ -37,22 +38,10 @@ func ParseSize(s string) (Size, error) {
 	return "", fmt.Errorf("unknown bench size %q: want tiny, short or full", s)
 }
 
-// openPool opens a pool of at most maxConns connections and checks it.
+// openPool opens a pool of at most maxConns connections and checks that the database
+// answers.
 func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
-	}
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	return pool, nil
+	return awsenv.NewPool(ctx, url, awsenv.PoolConfig{MaxConns: maxConns, MustConnect: true})
 }
 
 // Topic is the topic of every generated event; the webhook's example handler serves it.

@@ -2,9 +2,7 @@ package chaos_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/health"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/internal/pgcluster/clustertest"
 	"github.com/outbox-relay/outbox-relay/pkg/outbox"
@@ -111,18 +110,6 @@ func newRecordingPublisher(t *testing.T) *recordingPublisher {
 	return &recordingPublisher{inner: pub, ok: map[outbox.ID]int{}}
 }
 
-func enqueueN(t *testing.T, pool *pgxpool.Pool, n, keys int) {
-	t.Helper()
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("k%d", i%keys),
-			Payload: json.RawMessage(fmt.Sprintf(`{"order_id":"o-%d","amount_cents":1,"currency":"EUR"}`, i))}
-	}
-	if _, err := outbox.EnqueueBatch(context.Background(), pool, evs); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // rowStates counts outbox rows by state: dispatched, dead-lettered, leased (pending with a
 // lease token), pending without a lease; and checks every dispatched row was published.
 type rowStates struct {
@@ -191,7 +178,7 @@ func testRestartWhileDraining(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "restart")
 	pool := openPool(t, url, 4, nil)
 	const n = 3000
-	enqueueN(t, pool, n, 50)
+	outboxtest.Enqueue(t, pool, outboxtest.Orders(0, n, outboxtest.Mod(50)))
 	pub := newRecordingPublisher(t)
 	restarted := make(chan error, 1)
 	pub.before = func(call int) {
@@ -269,7 +256,7 @@ func testPoolExhausted(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "exhausted")
 	seed := openPool(t, url, 2, nil)
 	const n = 200
-	enqueueN(t, seed, n, 10)
+	outboxtest.Enqueue(t, seed, outboxtest.Orders(0, n, outboxtest.Mod(10)))
 	pool := openPool(t, url, 1, nil)
 	pub := newRecordingPublisher(t)
 	r, err := relay.New(pool, pub, relay.Config{BatchSize: 50, MarkTimeout: 500 * time.Millisecond, PublishTimeout: 2 * time.Second, Logger: quiet()})
@@ -337,7 +324,7 @@ func testStatementTimeout(t *testing.T, c *pgcluster.Cluster) {
 	url := newDatabase(t, c, "timeout")
 	admin := openPool(t, url, 2, nil)
 	const n = 120
-	enqueueN(t, admin, n, 12)
+	outboxtest.Enqueue(t, admin, outboxtest.Orders(0, n, outboxtest.Mod(12)))
 	pool := openPool(t, url, 4, map[string]string{"statement_timeout": "300"})
 	pub := newRecordingPublisher(t)
 	r, err := relay.New(pool, pub, relay.Config{BatchSize: 40, Logger: quiet()})
@@ -409,7 +396,7 @@ func testXminHorizonHeld(t *testing.T, c *pgcluster.Cluster) {
 	pool := openPool(t, url, 4, nil)
 	const n = 2000
 	for range 4 {
-		enqueueN(t, pool, n/4, 20)
+		outboxtest.Enqueue(t, pool, outboxtest.Orders(0, n/4, outboxtest.Mod(20)))
 	}
 	pub := newRecordingPublisher(t)
 	r, err := relay.New(pool, pub, relay.Config{BatchSize: 100, Logger: quiet()})

@@ -1,9 +1,8 @@
-package main
+package relayfunc
 
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,9 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
 	"github.com/outbox-relay/outbox-relay/pkg/relay"
 )
@@ -51,9 +51,9 @@ func (s *stack) handler(t *testing.T) *handler {
 }
 
 // config is s.env read as the cold start reads the environment.
-func (s *stack) config(t *testing.T) config {
+func (s *stack) config(t *testing.T) Env {
 	t.Helper()
-	cfg, err := loadConfig(mapEnv(s.env))
+	cfg, err := Load(t.Context(), mapEnv(s.env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,24 +61,13 @@ func (s *stack) config(t *testing.T) config {
 }
 
 // handlerOn builds the invocation handler on cfg and pool, writing its metrics to s.metrics.
-func (s *stack) handlerOn(t *testing.T, cfg config, pool *pgxpool.Pool, logger *slog.Logger) *handler {
+func (s *stack) handlerOn(t *testing.T, cfg Env, pool *pgxpool.Pool, logger *slog.Logger) *handler {
 	t.Helper()
 	h, err := newHandler(cfg, pool, nil, s.metrics, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return h
-}
-
-func (s *stack) enqueue(t *testing.T, n int) {
-	t.Helper()
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = outbox.Event{Topic: "order.created", PartitionKey: fmt.Sprintf("order:%d", i%7), Payload: json.RawMessage(`{"n":1}`)}
-	}
-	if _, err := outbox.EnqueueBatch(t.Context(), s.db.Pool, evs); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func (s *stack) count(t *testing.T, where string) int {
@@ -96,7 +85,7 @@ func invoke(t *testing.T, h *handler, timeout time.Duration, payload string) (re
 func TestDrainTask(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.enqueue(t, 230)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 230, outboxtest.Mod(7)))
 	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +186,7 @@ func TestPayloadShapes(t *testing.T) {
 func TestUnknownTaskChangesNothing(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.enqueue(t, 3)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 3, outboxtest.Mod(7)))
 	_, err := invoke(t, s.handler(t), 10*time.Second, `{"task":"drian"}`)
 	if err == nil || !strings.Contains(err.Error(), `unknown relay task "drian"`) {
 		t.Fatalf("err = %v", err)
@@ -213,7 +202,7 @@ func TestUnknownTaskChangesNothing(t *testing.T) {
 func TestEnvelopeDrains(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.enqueue(t, 5)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 5, outboxtest.Mod(7)))
 	res, err := invoke(t, s.handler(t), 30*time.Second, `{"version":"0","detail-type":"Scheduled Event","source":"aws.events","detail":{}}`)
 	if err != nil || res.Drain.Dispatched != 5 {
 		t.Fatalf("envelope: %+v %v", res, err)
@@ -232,7 +221,7 @@ func TestRetentionTask(t *testing.T) {
 		SELECT 'webhook', g::text, now() - interval '15 days' FROM generate_series(1, 4) g`); err != nil {
 		t.Fatal(err)
 	}
-	s.enqueue(t, 2) // pending: kept
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 2, outboxtest.Mod(7))) // pending: kept
 	res, err := invoke(t, s.handler(t), 30*time.Second, `{"task":"retention"}`)
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +248,7 @@ func TestDLQSyncTask(t *testing.T) {
 	}))
 	t.Cleanup(failing.Close)
 	s.env["PUBLIC_BASE_URL"], s.env["QSTASH_RETRIES"] = failing.URL, "0"
-	s.enqueue(t, 3)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 3, outboxtest.Mod(7)))
 	h := s.handler(t)
 	if res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`); err != nil || res.Drain.Dispatched != 3 {
 		t.Fatalf("drain: %+v %v", res, err)
@@ -309,10 +298,10 @@ func readEvent(t *testing.T, name string) string {
 func TestDeadlineReserve(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.enqueue(t, 4)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 4, outboxtest.Mod(7)))
 	h := s.handler(t)
 	start := time.Now()
-	timeout := deadlineReserve + 5*time.Second // below reserve + DeadlineMargin (15s)
+	timeout := DeadlineReserve + 5*time.Second // below reserve + DeadlineMargin (15s)
 	res, err := invoke(t, h, timeout, `{}`)
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +326,7 @@ func TestLinger(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.env["LINGER"] = "2s"
-	s.enqueue(t, 10)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 10, outboxtest.Mod(7)))
 	h := s.handler(t)
 	type out struct {
 		res result
@@ -350,7 +339,7 @@ func TestLinger(t *testing.T) {
 		done <- out{r, err}
 	}()
 	testwait.Eventually(t, 10*time.Second, func() bool { return s.count(t, "dispatched_at IS NOT NULL") >= 10 }, "the first drain to finish")
-	s.enqueue(t, 5)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 5, outboxtest.Mod(7)))
 	o := <-done
 	if o.err != nil || o.res.Drain.Dispatched != 15 {
 		t.Fatalf("linger: %+v %v", o.res, o.err)
@@ -390,7 +379,7 @@ func TestLoadConfigReportsEveryBadVariable(t *testing.T) {
 		"FLOW_CONTROL_PERIOD": "q", "LOG_LEVEL": "chatty", "QSTASH_URL": "nope", "PUBLIC_BASE_URL": "nope",
 		"FAILURE_CALLBACK_URL": "nope",
 	}
-	_, err := loadConfig(func(k string) string { return bad[k] })
+	_, err := Load(t.Context(), func(k string) string { return bad[k] })
 	if err == nil {
 		t.Fatal("accepted")
 	}
@@ -416,7 +405,7 @@ func TestFIFOQueuesCheckedAtColdStart(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.env["ORDERING"], s.env["FIFO_QUEUES"], s.env["OUTBOX_NAME"] = "fifo", "3", "shop"
-	s.enqueue(t, 20)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 20, outboxtest.Mod(7)))
 	if _, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`); err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +416,7 @@ func TestFIFOQueuesCheckedAtColdStart(t *testing.T) {
 		t.Fatalf("pause: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	s.enqueue(t, 10)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 10, outboxtest.Mod(7)))
 	res, err := invoke(t, s.handler(t), 40*time.Second, `{"task":"drain"}`)
 	if err == nil || !strings.Contains(err.Error(), "shop-1 is paused") || res.Drain.Claimed != 0 {
 		t.Fatalf("drain with a paused queue: %+v %v", res, err)
@@ -472,13 +461,13 @@ func mapEnv(m map[string]string) func(string) string { return func(k string) str
 func TestRotatedTokenRereadOnce(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.enqueue(t, 120)
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 120, outboxtest.Mod(7)))
 	cfg := s.config(t)
 	var reads atomic.Int32
-	cfg.rereadToken = func(context.Context) (string, error) {
+	cfg.Publisher.Tokens = qstash.NewToken(cfg.Publisher.Token, func(context.Context) (string, error) {
 		reads.Add(1)
 		return "rotated", nil
-	}
+	})
 	h := s.handlerOn(t, cfg, s.db.Pool, slog.New(slog.DiscardHandler))
 	s.qs.SetToken("rotated")
 	res, err := invoke(t, h, 30*time.Second, `{"task":"drain"}`)
