@@ -2,12 +2,14 @@
 // gives a field its default where zero and negative mean unset. Problems collects the
 // invalid fields as *publish.ConfigError, so that a Validate reports all of them at once,
 // each naming its configuration and field for a caller that maps fields to its own
-// settings.
+// settings. HTTPURL and BaseURL are the one check of the URLs the configurations hold.
 package configcheck
 
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
@@ -40,4 +42,30 @@ func (p *Problems) Bad(field, format string, args ...any) {
 // Err joins the recorded problems, or is nil when there are none.
 func (p *Problems) Err() error {
 	return errors.Join(p.errs...)
+}
+
+// HTTPURL reports why s is not an absolute http(s) URL, or nil.
+func HTTPURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %w", s, err)
+	}
+	if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fmt.Errorf("%q is not an absolute http(s) URL", s)
+	}
+	return nil
+}
+
+// BaseURL is HTTPURL for a base that paths are appended to (where the relay publishes,
+// what QStash signs): a query or fragment would end up in the middle of every URL made
+// from it, so neither is allowed, not even an empty "?".
+func BaseURL(s string) error {
+	if err := HTTPURL(s); err != nil {
+		return err
+	}
+	// Parsed, s has "?" only before a query and "#" only before a fragment, empty or not.
+	if strings.ContainsAny(s, "?#") {
+		return fmt.Errorf("%q must not have a query or fragment", s)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package configcheck_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/configcheck"
@@ -52,6 +53,39 @@ func TestRequireFieldsRefuses(t *testing.T) {
 		configchecktest.RequireFields(f, c.err, c.config, c.fields...)
 		if f.n == 0 {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestURLs: the one check of the configurations' URLs. A base URL is one the code appends
+// paths to, so a query or a fragment, even an empty one, is refused.
+func TestURLs(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		url        string
+		http, base bool
+	}{
+		{"https://hooks.example.com", true, true},
+		{"http://127.0.0.1:8080/base/", true, true},
+		{"https://hooks.example.com/?v=1", true, false},
+		{"https://hooks.example.com/?", true, false},
+		{"https://hooks.example.com/#top", true, false},
+		{"https://hooks.example.com/#", true, false},
+		{"ftp://hooks.example.com", false, false},
+		{"hooks.example.com/path", false, false},
+		{"https:///path", false, false},
+		{"", false, false},
+		{"https://bad host", false, false},
+	} {
+		if err := configcheck.HTTPURL(c.url); (err == nil) != c.http {
+			t.Errorf("HTTPURL(%q) = %v, want ok %v", c.url, err, c.http)
+		}
+		err := configcheck.BaseURL(c.url)
+		if (err == nil) != c.base {
+			t.Errorf("BaseURL(%q) = %v, want ok %v", c.url, err, c.base)
+		}
+		if err != nil && c.url != "" && !strings.Contains(err.Error(), c.url) {
+			t.Errorf("BaseURL(%q): %v does not quote the URL", c.url, err)
 		}
 	}
 }

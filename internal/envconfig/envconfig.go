@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/pkg/publish"
 )
 
@@ -137,13 +137,13 @@ func (r *Reader) LogLevel() slog.Level {
 	return l
 }
 
-// absoluteURL reads an optional http(s) URL without a query.
+// AbsoluteURL reads an optional http(s) base URL: no query or fragment (configcheck.BaseURL).
 func (r *Reader) AbsoluteURL(name, example string, fields ...string) string {
 	v := r.Str(name, fields...)
 	if v == "" {
 		return ""
 	}
-	if u, err := url.Parse(v); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
+	if configcheck.BaseURL(v) != nil {
 		r.Fail(name, "%q must be an absolute URL like %s", v, example)
 	}
 	return v

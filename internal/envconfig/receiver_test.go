@@ -91,13 +91,19 @@ func TestByVariableNamesReceiverVariables(t *testing.T) {
 	t.Parallel()
 	m := map[string]string{
 		"DATABASE_URL": "postgres://u@127.0.0.1:5432/db", "QSTASH_CURRENT_SIGNING_KEY": "c", "QSTASH_NEXT_SIGNING_KEY": "n",
-		"PUBLIC_BASE_URL": "https://hooks.example.com/#top", // the reader lets a fragment through; the webhook does not
+		"PUBLIC_BASE_URL": "https://hooks.example.com/#top",
 	}
+	// The reader and the webhook check a base URL alike (configcheck.BaseURL): the reader
+	// refuses the fragment itself, and a fragment added after it is the webhook's to refuse.
+	if _, err := ReadWebhook(1)(env(m)); !slices.Equal(Vars(err), []string{"PUBLIC_BASE_URL"}) {
+		t.Fatalf("PUBLIC_BASE_URL with a fragment: %v", err)
+	}
+	m["PUBLIC_BASE_URL"] = "https://hooks.example.com/"
 	w, err := ReadWebhook(1)(env(m))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = webhook.New(webhook.Config{PublicBaseURL: w.PublicURL, Handlers: webhook.Handlers{"t": nil}})
+	_, err = webhook.New(webhook.Config{PublicBaseURL: w.PublicURL + "#top", Handlers: webhook.Handlers{"t": nil}})
 	err = w.ByVariable(err)
 	if got := Vars(err); !slices.Equal(got, []string{"PUBLIC_BASE_URL"}) || !strings.Contains(err.Error(), "PUBLIC_BASE_URL: webhook config PublicBaseURL:") {
 		t.Fatalf("variables %v in:\n%v", got, err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
@@ -113,16 +112,10 @@ func (c CallbackConfig) validate() error {
 		bad.Bad("Pool", "is nil; it must be the pool the letters are recorded in (a *pgxpool.Pool)")
 	}
 	receive.CheckConfig(bad, c.Verifier, c.MaxBodyBytes, "callbacks", "DefaultCallbackMaxBodyBytes")
-	if c.FailureURL != "" && !absoluteHTTPURL(c.FailureURL) {
+	if c.FailureURL != "" && configcheck.HTTPURL(c.FailureURL) != nil {
 		bad.Bad("FailureURL", "%q must be an absolute URL like https://hooks.example.com/failure", c.FailureURL)
 	}
 	return bad.Err()
-}
-
-// absoluteHTTPURL reports whether s is an absolute http(s) URL.
-func absoluteHTTPURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
 // The callback's rows of the status table; internal/receive has 401, 489 body_too_large,

@@ -76,7 +76,7 @@ func (c SyncConfig) Validate() error {
 	if c.DLQ == nil {
 		bad.Bad("DLQ", "is nil; it must be QStash's dead-letter queue ((*qstash.Publisher).DLQ)")
 	}
-	if !absoluteHTTPURL(c.DestinationBaseURL) {
+	if configcheck.BaseURL(c.DestinationBaseURL) != nil {
 		bad.Bad("DestinationBaseURL", "%q must be the webhook's absolute base URL, e.g. https://hooks.example.com", c.DestinationBaseURL)
 	}
 	return bad.Err()

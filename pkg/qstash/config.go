@@ -139,13 +139,11 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.DestinationBaseURL == "" {
 		bad.Bad("DestinationBaseURL", "is empty")
-	} else if err := checkHTTPURL(c.DestinationBaseURL); err != nil {
+	} else if err := configcheck.BaseURL(c.DestinationBaseURL); err != nil {
 		bad.Bad("DestinationBaseURL", "%v", err)
-	} else if u, _ := url.Parse(c.DestinationBaseURL); u.RawQuery != "" || u.Fragment != "" {
-		bad.Bad("DestinationBaseURL", "%q must not have a query or fragment", c.DestinationBaseURL)
 	}
 	if c.FailureCallbackURL != "" {
-		if err := checkHTTPURL(c.FailureCallbackURL); err != nil {
+		if err := configcheck.HTTPURL(c.FailureCallbackURL); err != nil {
 			bad.Bad("FailureCallbackURL", "%v", err)
 		}
 	}
@@ -205,17 +203,6 @@ func (c PublisherConfig) Validate() error {
 		bad.Bad("MaxBatchItems", "%d must be at least 1", c.MaxBatchItems)
 	}
 	return bad.Err()
-}
-
-func checkHTTPURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return fmt.Errorf("%q is not a URL: %w", s, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an absolute http(s) URL", s)
-	}
-	return nil
 }
 
 // checkBaseURL accepts only a bare API origin: https, or http for a loopback host (the

@@ -6,10 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -146,27 +144,11 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.PublicBaseURL != "" {
-		if err := validBaseURL(c.PublicBaseURL); err != nil {
+		if err := configcheck.BaseURL(c.PublicBaseURL); err != nil {
 			bad.Bad("PublicBaseURL", "%v", err)
 		}
 	}
 	return bad.Err()
-}
-
-// validBaseURL accepts an absolute http(s) URL without query or fragment.
-func validBaseURL(s string) error {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%q is not a URL: %v", s, err)
-	case u.Scheme != "https" && u.Scheme != "http":
-		return fmt.Errorf("%q must start with https://", s)
-	case u.Host == "":
-		return fmt.Errorf("%q has no host", s)
-	case u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(s, "?"):
-		return fmt.Errorf("%q must not have a query or fragment", s)
-	}
-	return nil
 }
 
 // Handler is the webhook http.Handler. It is safe for concurrent use.
