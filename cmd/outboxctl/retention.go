@@ -110,8 +110,9 @@ func runRetentionRun(ctx context.Context, e env, args []string) error {
 	set := fs.envOverlay()
 	// Retention does not publish: stand-ins for the publisher's required settings, so the
 	// shared parser checks only what matters here (durations, retry budgets, the database).
+	// The relay Lambda's environment names the token by QSTASH_TOKEN_PARAM: not read here.
 	if e.getenv("QSTASH_TOKEN") == "" {
-		set["QSTASH_TOKEN"] = "unused-by-retention"
+		set["QSTASH_TOKEN"], set["QSTASH_TOKEN_PARAM"] = "unused-by-retention", ""
 	}
 	if e.getenv("PUBLIC_BASE_URL") == "" {
 		set["PUBLIC_BASE_URL"] = "https://unused-by-retention.invalid"

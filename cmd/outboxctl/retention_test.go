@@ -42,6 +42,14 @@ func TestRetentionRunCLI(t *testing.T) {
 	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d rows left, want the pending one", n)
 	}
+
+	// Run with the relay Lambda's environment, whose token is an SSM parameter: retention
+	// never publishes, so it reads no parameter (there is no AWS here) and runs.
+	code, out, stderr = runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL, "QSTASH_TOKEN_PARAM": "/outbox-relay/qstash/token"},
+		"retention", "run", "--dry-run")
+	if code != 0 || !strings.Contains(out, "would delete 0 outbox rows") {
+		t.Fatalf("with QSTASH_TOKEN_PARAM: %d %q %s", code, out, stderr)
+	}
 }
 
 func TestRetentionRefusesShortDedupeTTL(t *testing.T) {

@@ -47,7 +47,9 @@ type PoolConfig struct {
 	InitPingTimeout time.Duration
 	// MustConnect makes the ping at start a condition: its failure closes the pool and is
 	// NewPool's error. For a command that has nothing to do without the database (outboxctl),
-	// not for a Lambda's init phase.
+	// not for a Lambda's init phase. The ping is then bounded by ctx (and the connection
+	// string's connect_timeout), InitPingTimeout only when set, and tried once more after a
+	// refused password, which Credentials has re-read by then.
 	MustConnect bool
 	// Pooler: the endpoint is RDS Proxy or PgBouncer. Queries use unnamed statements
 	// (QueryExecModeExec): named prepared statements pin an RDS Proxy session and break on
@@ -131,16 +133,34 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, orDefault(cfg.InitPingTimeout, DefaultInitPingTimeout))
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		if cfg.MustConnect {
+	if cfg.MustConnect {
+		if err := mustPing(ctx, pool, cfg); err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("connect to database: %w", err)
 		}
+		return pool, nil
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, orDefault(cfg.InitPingTimeout, DefaultInitPingTimeout))
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
 		logger.WarnContext(ctx, "database not reachable at start; invocations fail until it is", slog.Any("error", err))
 	}
 	return pool, nil
+}
+
+// mustPing is MustConnect's ping: bounded by ctx unless InitPingTimeout is set, and tried
+// again once when Credentials may have re-read a rotated password.
+func mustPing(ctx context.Context, pool *pgxpool.Pool, cfg PoolConfig) error {
+	if cfg.InitPingTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.InitPingTimeout)
+		defer cancel()
+	}
+	err := pool.Ping(ctx)
+	if err != nil && cfg.Credentials != nil && !cfg.IAMAuth && ctx.Err() == nil {
+		err = pool.Ping(ctx)
+	}
+	return err
 }
 
 // iamAuth returns a BeforeConnect hook that puts a fresh token in each new connection's

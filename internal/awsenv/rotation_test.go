@@ -448,3 +448,23 @@ func TestRotationWithOldSessionsOpen(t *testing.T) {
 		t.Fatalf("no re-read logged:\n%s", got)
 	}
 }
+
+// TestMustConnectAfterARotation: a command (MustConnect) that starts with a DATABASE_URL
+// resolved before the password was rotated connects all the same: the refused password
+// makes Credentials re-read the secret and the ping is tried once more.
+func TestMustConnectAfterARotation(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	a := startAppDB(t, ctx)
+	a.Rotate(t, "rotated-before-the-command")
+	pool, err := awsenv.NewPool(ctx, a.getenv("DATABASE_URL"), awsenv.PoolConfig{
+		MustConnect: true, Credentials: awsenv.NewCredentials(a.r.DatabaseURLReader(a.env))})
+	if err != nil {
+		t.Fatalf("connect after a rotation: %v", err)
+	}
+	pool.Close()
+	if _, err := awsenv.NewPool(ctx, a.getenv("DATABASE_URL"), awsenv.PoolConfig{MustConnect: true}); err == nil {
+		t.Fatal("the stale password connected without Credentials")
+	}
+}

@@ -56,7 +56,7 @@ type Env struct {
 func Load(ctx context.Context, getenv func(string) string) (Env, error) {
 	resolved, err := awsenv.Resolve(ctx, getenv)
 	if err != nil {
-		return Env{}, fmt.Errorf("resolve secrets: %w", err)
+		return Env{}, err // it says "resolve secrets: ..."
 	}
 	cfg, err := relayenv.Read(resolved)
 	env := Env{Config: cfg, Getenv: resolved}
