@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/awstest"
 	"github.com/outbox-relay/outbox-relay/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
 )
 
 func testAWS() *aws.Config {
-	return &aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")}
+	c := awstest.Config("")
+	return &c
 }
 
 // withSSLMode returns the test server's URL with sslmode replaced.
@@ -139,7 +140,7 @@ func TestNewPoolIAMAuth(t *testing.T) {
 
 func TestIAMAuthTokenPerConnection(t *testing.T) {
 	t.Parallel()
-	hook := iamAuth("eu-west-1", credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""))
+	hook := iamAuth(awstest.Region, testAWS().Credentials)
 	cc, err := pgx.ParseConfig("postgres://relay@db.abc.eu-west-1.rds.amazonaws.com:5432/app?sslmode=require")
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +157,7 @@ func TestIAMAuthTokenPerConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	if q.Get("Action") != "connect" || q.Get("DBUser") != "relay" ||
-		!strings.HasPrefix(q.Get("X-Amz-Credential"), "AKIDEXAMPLE/") || !strings.HasSuffix(q.Get("X-Amz-Credential"), "/eu-west-1/rds-db/aws4_request") ||
+		!strings.HasPrefix(q.Get("X-Amz-Credential"), awstest.AccessKeyID+"/") || !strings.HasSuffix(q.Get("X-Amz-Credential"), "/eu-west-1/rds-db/aws4_request") ||
 		q.Get("X-Amz-Expires") != "900" || q.Get("X-Amz-Signature") == "" {
 		t.Errorf("token query %v", q)
 	}

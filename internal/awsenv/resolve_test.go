@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/awsenv"
@@ -282,7 +280,7 @@ func TestResolveUnreachableEndpointIsBounded(t *testing.T) {
 	}
 	endpoint := "http://" + l.Addr().String()
 	l.Close() // nothing listens there any more
-	cfg := aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("a", "b", ""), BaseEndpoint: aws.String(endpoint)}
+	cfg := awstest.Config(endpoint)
 	start := time.Now()
 	_, err = awsenv.Resolver{AWSConfig: &cfg, Timeout: 2 * time.Second}.Resolve(context.Background(),
 		envOf(map[string]string{awsenv.VarDBSecretARN: secretARN}))

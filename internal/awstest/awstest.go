@@ -41,6 +41,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
+
 	"github.com/outbox-relay/outbox-relay/internal/prereq"
 )
 
@@ -128,14 +129,21 @@ func New(tb testing.TB) *Account {
 	}))
 	tb.Cleanup(front.Close)
 	a.URL = front.URL
-	a.Config = aws.Config{
-		Region:       Region,
-		Credentials:  credentials.NewStaticCredentialsProvider(AccessKeyID, SecretAccessKey, ""),
-		BaseEndpoint: aws.String(a.URL),
-	}
+	a.Config = Config(a.URL)
 	a.SecretsManager = secretsmanager.NewFromConfig(a.Config)
 	a.SSM = ssm.NewFromConfig(a.Config)
 	return a
+}
+
+// Config is an AWS config with the Region and dummy credentials every Account uses, its
+// base endpoint endpoint unless that is empty: for tests that need a config but no server,
+// or a server of their own (one that is down, say).
+func Config(endpoint string) aws.Config {
+	c := aws.Config{Region: Region, Credentials: credentials.NewStaticCredentialsProvider(AccessKeyID, SecretAccessKey, "")}
+	if endpoint != "" {
+		c.BaseEndpoint = aws.String(endpoint)
+	}
+	return c
 }
 
 // Env is the environment that points a process's AWS SDK at the account.
