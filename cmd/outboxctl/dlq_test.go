@@ -147,7 +147,7 @@ func TestDLQArgumentErrors(t *testing.T) {
 		{[]string{"dlq", "list", "--group=maybe"}, "-group"},
 		{[]string{"dlq", "sync", "--bogus"}, "-bogus"},
 		{[]string{"dlq", "sync", "now"}, "unexpected arguments"},
-		{[]string{"dlq", "sync"}, "QSTASH_TOKEN is not set"},
+		{[]string{"dlq", "sync"}, "QSTASH_TOKEN (or QSTASH_TOKEN_PARAM) is not set"},
 		{[]string{"dlq", "sync"}, "PUBLIC_BASE_URL is not set"},
 	} {
 		code, _, stderr := runCLI(t, "postgres://unused", c.args...)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/outbox-relay/outbox-relay/internal/awsenv"
 	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/pkg/qstash"
 )
@@ -19,8 +20,9 @@ never configured, or failed (a receiver down, a rotating key). The relay runs it
 ({"task":"dlq-sync"}). An entry is this outbox's when its URL is <PUBLIC_BASE_URL>/events/<topic>,
 it names an outbox id, and any deduplication id or queue it shows carries OUTBOX_NAME.
 
-Environment: DATABASE_URL, QSTASH_TOKEN, PUBLIC_BASE_URL (required); QSTASH_URL (default
-https://qstash.upstash.io); OUTBOX_NAME (default outbox).
+Environment: DATABASE_URL (or DB_SECRET_ARN), QSTASH_TOKEN (or QSTASH_TOKEN_PARAM),
+PUBLIC_BASE_URL (required); QSTASH_URL (default https://qstash.upstash.io); OUTBOX_NAME
+(default outbox): the relay function's own variables will do.
 
 --delete-synced then deletes from QStash the entries dead_letters holds, and nothing else.`
 
@@ -31,14 +33,20 @@ func dlqSync(ctx context.Context, e env, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := syncConfigFromEnv(e.getenv)
+	// The relay function's environment names its secrets (QSTASH_TOKEN_PARAM,
+	// DB_SECRET_ARN): they are read once, as its dlq-sync task reads them.
+	getenv, err := awsenv.Resolve(ctx, e.getenv)
+	if err != nil {
+		return err
+	}
+	cfg, err := syncConfigFromEnv(getenv)
 	if err != nil {
 		return usageErr(err)
 	}
 	cfg.DeleteSynced = *deleteSynced
 	// The summary below says what the log line would.
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	pool, err := openPool(ctx, e)
+	pool, err := resolvedPool(ctx, getenv)
 	if err != nil {
 		return err
 	}
@@ -67,7 +75,7 @@ func syncConfigFromEnv(getenv func(string) string) (deadletter.SyncConfig, error
 	token := getenv("QSTASH_TOKEN")
 	var errs []error
 	if token == "" {
-		errs = append(errs, errors.New("QSTASH_TOKEN is not set (the token the relay publishes with)"))
+		errs = append(errs, errors.New("QSTASH_TOKEN (or QSTASH_TOKEN_PARAM) is not set (the token the relay publishes with)"))
 	}
 	if cfg.DestinationBaseURL == "" {
 		errs = append(errs, errors.New("PUBLIC_BASE_URL is not set (the webhook's base URL the relay publishes to)"))

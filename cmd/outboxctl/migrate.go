@@ -28,6 +28,12 @@ func openPool(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	return resolvedPool(ctx, getenv)
+}
+
+// resolvedPool opens and checks a pool on DATABASE_URL of getenv, an environment whose AWS
+// references are resolved already.
+func resolvedPool(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
 	url, err := databaseURL(env{getenv: getenv})
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -21,7 +22,9 @@ func TestMain(m *testing.M) { os.Exit(awstest.Main(m)) }
 // a QStash token rotated in SSM (QSTASH_TOKEN_PARAM) and in QStash must be read again
 // when QStash refuses the old one, as the relay Lambda does: events enqueued after the
 // rotation are published by the same process, each with one attempt, after exactly one
-// more parameter read. The built binary runs with its AWS SDK pointed at moto_server.
+// more parameter read. Then dlq sync runs with the same environment, the relay function's,
+// and reads the token from the parameter too. The built binary runs with its AWS SDK
+// pointed at moto_server.
 func TestRelayProcessOutlivesATokenRotation(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -69,6 +72,13 @@ func TestRelayProcessOutlivesATokenRotation(t *testing.T) {
 	}
 	if n := aws.Requests(awstest.TargetGetParameters) - reads; n != 1 {
 		t.Errorf("%d parameter reads after the rotation, want 1", n)
+	}
+
+	sync := exec.Command(cmd.Path, "dlq", "sync", "--json")
+	sync.Env = env
+	// The destination is unreachable: what QStash gave up on so far is in its DLQ.
+	if out, err := sync.CombinedOutput(); err != nil || !strings.Contains(string(out), `"scanned":`) {
+		t.Errorf("dlq sync with QSTASH_TOKEN_PARAM: %v\n%s", err, out)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
