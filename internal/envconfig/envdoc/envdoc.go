@@ -133,7 +133,7 @@ var Vars = []Var{
 	{"PUBLIC_BASE_URL", "QStash", "relay: required; webhook: the Function URL's origin", Relay | WebhookFunction, ec,
 		"The webhook's public base URL. The relay publishes each event to `<base>/events/<topic>?outbox_id=<id>&generation=<n>`; the webhook checks that the signed URL starts with it (without it: `https://` + the Function URL's domain, never a client-supplied `Host`)."},
 	{"FAILURE_CALLBACK_URL", "QStash", "relay: unset (no failure callback); failure function: the Function URL's origin and path", Relay | FailureFunction, ec,
-		"The failure function's exact URL. The relay sends it as `Upstash-Failure-Callback`; the failure function checks the signed URL against it. Without it on the relay, QStash's dead letters stay in its DLQ until `outboxctl dlq sync` records them."},
+		"The failure function's exact URL, without query or fragment (both functions refuse one at start). The relay sends it as `Upstash-Failure-Callback`; the failure function checks the signed URL against it. Without it on the relay, QStash's dead letters stay in its DLQ until `outboxctl dlq sync` records them."},
 	{"ORDERING", "QStash", "`" + string(publish.OrderingPublish) + "`", Relay, ec,
 		"`publish`: `/v2/batch` with flow control, parallel deliveries, order not kept; `fifo`: per-key order end to end through `FIFO_QUEUES` QStash queues (see [how the relay works](producing.md#ordering-modes-ordering))."},
 	{"FIFO_QUEUES", "QStash", fmt.Sprint(qstash.DefaultFIFOQueues), Relay, ec,

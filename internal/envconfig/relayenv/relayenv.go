@@ -69,7 +69,9 @@ func readPublisher(r *envconfig.Reader) qstash.PublisherConfig {
 		BaseURL:            r.Str("QSTASH_URL", "BaseURL"),
 		Token:              r.Required("QSTASH_TOKEN", "Upstash console, QStash, Request builder", "Token"),
 		DestinationBaseURL: r.Required("PUBLIC_BASE_URL", "the webhook's base URL, e.g. its Function URL; events go to <base>/events/<topic>", "DestinationBaseURL"),
-		FailureCallbackURL: r.Str("FAILURE_CALLBACK_URL", "FailureCallbackURL"),
+		// Read as the failure function reads the same variable, so a URL it would refuse at
+		// its cold start stops the relay first.
+		FailureCallbackURL: r.AbsoluteURL("FAILURE_CALLBACK_URL", "https://abc.lambda-url.eu-west-1.on.aws/", "FailureCallbackURL"),
 		Name:               r.Str("OUTBOX_NAME", "Name", "QueuePrefix"),
 		Plan:               qstash.Plan(strings.ToLower(r.Str("QSTASH_PLAN", "Plan"))),
 	}

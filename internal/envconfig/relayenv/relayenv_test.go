@@ -144,6 +144,9 @@ func TestReadConsistency(t *testing.T) {
 		"in flight bytes with a unit":  {map[string]string{"IN_FLIGHT_BYTES": "32MiB"}, []string{"IN_FLIGHT_BYTES: ", "whole number"}},
 		"in flight under one batch":    {map[string]string{"BATCH_BYTES": "9000000", "IN_FLIGHT_BYTES": "8000000"}, []string{"IN_FLIGHT_BYTES: ", "below MaxBatchBytes"}},
 		"lambda memory size":           {map[string]string{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "256MB"}, []string{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE: ", "whole MB"}},
+		// The failure function refuses a query in its URL (envconfig.ReadFailure): the relay
+		// must not publish callbacks to one.
+		"failure callback url with a query": {map[string]string{"FAILURE_CALLBACK_URL": "https://abc.lambda-url.eu-west-1.on.aws/?k=v"}, []string{"FAILURE_CALLBACK_URL: ", "absolute URL"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
