@@ -76,10 +76,9 @@ type PoolConfig struct {
 
 // NewPool opens the pool an execution environment keeps for its lifetime. It pings the
 // database once, within InitPingTimeout: a failure is logged, not returned (unless
-// MustConnect), because every
-// invocation then fails on its own and the next one retries, whereas a failed init phase
-// would only add a cold start to each attempt. A connection string or configuration that
-// cannot work is an error.
+// MustConnect), because every invocation then fails on its own and the next one retries,
+// whereas a failed init phase would only add a cold start to each attempt. A connection
+// string or configuration that cannot work is an error.
 func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -149,7 +148,7 @@ func NewPool(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, er
 }
 
 // mustPing is MustConnect's ping: bounded by ctx unless InitPingTimeout is set, and tried
-// again once when Credentials may have re-read a rotated password.
+// again once after a refused password, which Credentials re-read on meeting it.
 func mustPing(ctx context.Context, pool *pgxpool.Pool, cfg PoolConfig) error {
 	if cfg.InitPingTimeout > 0 {
 		var cancel context.CancelFunc
@@ -157,7 +156,7 @@ func mustPing(ctx context.Context, pool *pgxpool.Pool, cfg PoolConfig) error {
 		defer cancel()
 	}
 	err := pool.Ping(ctx)
-	if err != nil && cfg.Credentials != nil && !cfg.IAMAuth && ctx.Err() == nil {
+	if IsAuthFailure(err) && cfg.Credentials != nil && !cfg.IAMAuth {
 		err = pool.Ping(ctx)
 	}
 	return err
