@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/bench"
-	"github.com/outbox-relay/outbox-relay/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/bench"
+	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
 
 // TestBenchCommand runs outboxctl bench at the tiny size (the memory scenario re-executes

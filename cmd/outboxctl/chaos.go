@@ -9,8 +9,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/chaos"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/outbox-relay/outbox-relay/cmd/outboxctl/internal/console"
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
 
 // buildCLI compiles outboxctl into a temporary directory, with flags added to go build.

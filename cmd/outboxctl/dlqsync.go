@@ -7,9 +7,9 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
 )
 
 const dlqSyncUsage = `usage: outboxctl dlq sync [--delete-synced] [--json]

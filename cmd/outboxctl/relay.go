@@ -15,15 +15,15 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/internal/health"
-	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/internal/metrics/relaymetrics"
-	"github.com/outbox-relay/outbox-relay/internal/relayfunc"
-	"github.com/outbox-relay/outbox-relay/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/pkg/retention"
+	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v2/internal/metrics/relaymetrics"
+	"github.com/outbox-relay/outbox-relay/v2/internal/relayfunc"
+	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/retention"
 )
 
 const relayUsage = `usage: outboxctl relay [--batch N] [--lease D] [--poll-interval 1s] [--listen 127.0.0.1:9090]

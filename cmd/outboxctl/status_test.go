@@ -13,14 +13,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/health"
-	"github.com/outbox-relay/outbox-relay/internal/health/healthtest"
-	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v2/internal/health/healthtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
 )
 
 func statusJSON(t *testing.T, url string, flags ...string) (int, map[string]any, string) {

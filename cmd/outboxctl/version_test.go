@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
 )
 
 func TestVersionFromBuildInfo(t *testing.T) {

@@ -5,13 +5,13 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/examples/orders"
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/internal/receiverfunc/receivertest"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc/receivertest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
 )
 
 // TestReceiver: the function reads its environment as every receiver does, and its cold

@@ -26,8 +26,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
 )
 
 // InvokePath is the emulator's invoke endpoint.

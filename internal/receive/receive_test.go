@@ -7,8 +7,8 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/receive"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
 )
 
 func TestFromURL(t *testing.T) {

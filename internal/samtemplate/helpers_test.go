@@ -14,15 +14,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
-	"github.com/outbox-relay/outbox-relay/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
 )
 
-const modulePath = "github.com/outbox-relay/outbox-relay"
+const modulePath = "github.com/outbox-relay/outbox-relay/v2"
 
 // functionIDs are the template's functions, by logical id.
 var functionIDs = []string{"RelayFunction", "WebhookFunction", "FailureFunction"}

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v2/internal/samtemplate"
 )
 
 // translateScript runs AWS's SAM translator (aws-sam-translator, which cfn-lint brings) over

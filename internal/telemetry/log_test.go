@@ -4,9 +4,9 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
 )
 
 // TestLogHandlerAddsTraceIDs: a line logged with a span's context carries that span's

@@ -5,9 +5,9 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/receive"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
 )
 
 // FuzzFailureCallback drives the recorder's request path with arbitrary bodies, signed or

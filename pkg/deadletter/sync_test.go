@@ -15,14 +15,14 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
-	"github.com/outbox-relay/outbox-relay/internal/localqstash"
-	"github.com/outbox-relay/outbox-relay/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/localqstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
 )
 
 // answering is an HTTP server that answers every request with status and counts them.

@@ -10,11 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/internal/tracing"
-	"github.com/outbox-relay/outbox-relay/internal/tracing/tracingtest"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
 
 func validEvent() outbox.Event {

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
 // Defaults for PublisherConfig.

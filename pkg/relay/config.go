@@ -8,8 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
 // Defaults for Config.

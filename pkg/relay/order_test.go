@@ -10,13 +10,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/health"
-	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
 )
 
 // callLog records the ids of every Publish call.

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
 )
 
 // Defaults for Config.

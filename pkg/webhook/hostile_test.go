@@ -11,9 +11,9 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
 )
 
 // Hostile input beyond TestSecurityMatrix: tokens an attacker can build, paths that decode

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
 )
 
 func TestPermanentMarker(t *testing.T) {

@@ -15,11 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/examples/orders"
-	"github.com/outbox-relay/outbox-relay/internal/configcheck/configchecktest"
-	"github.com/outbox-relay/outbox-relay/internal/origin"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
 )
 
 const orderPath = "/events/order.created"

@@ -12,12 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/pkg/retention"
+	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/retention"
 )
 
 // Config is the relay's configuration, defaults applied.
