@@ -54,37 +54,42 @@ const (
 	// per id even before the table has statistics (an unanalysed table got a nested loop
 	// over every pending row here).
 	//
-	// @ready_from, @id_from and @pending_from bound the walks that a pinned xmin horizon would otherwise make grow
-	// with every event since the pin (walk.go says how the Store chooses them; NULL, 0 and
-	// NULL walk everything): win starts the ready index at available_at @ready_from, and each head
-	// probe starts its key at id @id_from, or at the window row's own id if that is smaller (so a
-	// row below the bound still finds itself as its key's head and is never starved by
-	// it), unless migration 0016's counter of reopened rows is no longer @reopened: a row made
-	// pending again below @id_from counts there before its transaction commits, so a claim that
-	// can see the row sees the count too, and then probes every key from its start. The
+	// @ready_from, @id_from and @pending_from bound the walks that a pinned xmin horizon would
+	// otherwise make grow with every event since the pin (walk.go says how the Store chooses
+	// them and why they are safe; NULL, 0 and NULL walk everything). bounds lowers them, in
+	// this statement's snapshot, to those of every writer in @writers (transactions that were
+	// running when the bounds were learnt) that has ended since (ended): its rows are now
+	// visible and may lie below the bounds, but not below its own (@writer_ids,
+	// @writer_ats). win starts the ready index at the ready bound, and each head probe starts
+	// its key at the id bound, or at the window row's own id if that is smaller (so a row
+	// below the bound still finds itself as its key's head and is never starved by it),
+	// unless migration 0016's counter of reopened rows is no longer @reopened: a row made
+	// pending again below @id_from counts there before its transaction commits, so a claim
+	// that can see the row sees the count too, and then probes every key from its start. The
 	// counter is looked up by name (to_regclass), not referenced: binaries deployed before
 	// `migrate up` ran 0016 claim as before, with no id bound (reopened -1), instead of
 	// failing every claim until the migration (the day-two chaos run starts its relays on
 	// an older schema). A counter never used reads 0 on both sides (pg_sequence_last_value
 	// is NULL until the first nextval; compared as -1, it once turned every key's probe
 	// into a walk from its start: 15,000 buffers per claim after two minutes of a pin).
-	// The check is a scalar subquery, evaluated once, because pg_sequence_last_value is
-	// volatile: inside the probe's condition it kept the bound out of the index condition.
+	// bounds is a materialized CTE read through scalar subqueries, evaluated once, because
+	// pg_sequence_last_value is volatile: inside the probe's condition it kept the bound out
+	// of the index condition.
 	//
-	// The last seven columns feed the next claim's bounds, read in this statement's
-	// snapshot: db_now, ready_from (the oldest ready row at or after @ready_from), pending_from, a
-	// lower bound of the pending ids: a walk of the primary key from @pending_from up to the first
-	// pending row, or over 2,000 rows, after which it says "past the last row walked" (a
-	// long run of dispatched rows after a row that backed off for an hour takes several
-	// claims, not one long one). The 2,000 are a LIMIT on an ordered subquery rather than
-	// an upper bound on id: a range with both ends was planned as a bitmap scan and a sort
-	// of every row in it on a never-analysed table, the LIMIT as an index walk in every
-	// state (the plan test checks it). With @pending_from NULL, the
-	// minimum over the pending rows, written min(id + 0) so the planner cannot make it a
-	// primary-key walk over the retained history. Then max_id, reopened (migration
-	// 0016's counter of rows made pending again), and the claim's own transaction id and its
-	// snapshot's xmin, from which walk.go learns how old an unseen row can be (scalar
-	// subqueries, evaluated once: pg_current_snapshot copies and sorts the snapshot's
+	// The last columns feed the next claim's bounds, read in this statement's snapshot:
+	// db_now, ready_from (the oldest ready row at or after the ready bound), pending_from, a
+	// lower bound of the pending ids: a walk of the primary key from the pending bound up to
+	// the first pending row, or over 2,000 rows, after which it says "past the last row
+	// walked" (a long run of dispatched rows after a row that backed off for an hour takes
+	// several claims, not one long one). The 2,000 are a LIMIT on an ordered subquery rather
+	// than an upper bound on id: a range with both ends was planned as a bitmap scan and a
+	// sort of every row in it on a never-analysed table, the LIMIT as an index walk in every
+	// state (the plan test checks it). With no pending bound (NULL, or 0 after a writer that
+	// may have reopened rows ended), the minimum over the pending rows, written min(id + 0)
+	// so the planner cannot make it a primary-key walk over the retained history. Then
+	// max_id, reopened (migration 0016's counter of rows made pending again), the claim's own
+	// transaction id and its snapshot's running transaction ids, the next claim's writers
+	// (scalar subqueries, evaluated once: pg_current_snapshot copies and sorts the snapshot's
 	// running transaction ids at every call).
 	//
 	// window_rows tells the caller whether the window was full: if not, every ready row was
@@ -106,7 +111,19 @@ const (
 	// 25.2 vs 23.8 ms and 84 vs 78 ms in two runs on the shared machine (its noise: the
 	// interquartile ranges were 15 and 50 ms wide).
 	qClaim = `
-WITH win AS MATERIALIZED (
+WITH ended AS MATERIALIZED (
+    SELECT min(w.low_id) AS low_id, min(w.low_at) AS low_at
+    FROM unnest(@writers::bigint[], @writer_ids::bigint[], @writer_ats::timestamptz[]) AS w(xid, low_id, low_at)
+    WHERE pg_visible_in_snapshot(w.xid::text::xid8, pg_current_snapshot())
+), bounds AS MATERIALIZED (
+    SELECT least(CASE WHEN @reopened::bigint >= 0 AND to_regclass('outbox_reopened_seq') IS NOT NULL
+                           AND coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) = @reopened::bigint
+                      THEN @id_from::bigint ELSE 0 END, e.low_id) AS id_from,
+           CASE WHEN @ready_from::timestamptz IS NULL THEN '-infinity'::timestamptz
+                ELSE least(@ready_from::timestamptz, e.low_at) END AS ready_from,
+           CASE WHEN @pending_from::bigint IS NOT NULL THEN least(@pending_from::bigint, e.low_id) END AS pending_from
+    FROM ended e
+), win AS MATERIALIZED (
     SELECT o.id, o.partition_key, hd.head_id
     FROM outbox o
     CROSS JOIN LATERAL (
@@ -114,13 +131,11 @@ WITH win AS MATERIALIZED (
         FROM outbox h
         WHERE h.partition_key = o.partition_key
           AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL
-          AND h.id >= least((SELECT CASE WHEN @reopened::bigint >= 0 AND to_regclass('outbox_reopened_seq') IS NOT NULL
-                                              AND coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) = @reopened::bigint
-                                         THEN @id_from::bigint ELSE 0 END), o.id)
+          AND h.id >= least((SELECT id_from FROM bounds), o.id)
         ORDER BY h.id
         LIMIT 1) hd
     WHERE o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL
-      AND o.available_at >= coalesce(@ready_from::timestamptz, '-infinity')
+      AND o.available_at >= (SELECT ready_from FROM bounds)
       AND o.available_at <= coalesce(@now::timestamptz, now())
       AND hd.head_at <= coalesce(@now::timestamptz, now())
     ORDER BY o.available_at, o.id
@@ -194,25 +209,25 @@ RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts
           coalesce(@now::timestamptz, now()) AS db_now,
           (SELECT a.available_at FROM outbox a
            WHERE a.dispatched_at IS NULL AND a.dead_lettered_at IS NULL
-             AND a.available_at >= coalesce(@ready_from::timestamptz, '-infinity')
+             AND a.available_at >= (SELECT ready_from FROM bounds)
              AND a.available_at <= coalesce(@now::timestamptz, now())
            ORDER BY a.available_at, a.id LIMIT 1) AS ready_from,
-          coalesce((SELECT s.id
-                    FROM (SELECT p.id, p.dispatched_at, p.dead_lettered_at FROM outbox p
-                          WHERE p.id >= @pending_from::bigint ORDER BY p.id LIMIT 2000) s
-                    WHERE coalesce(s.dispatched_at, s.dead_lettered_at) IS NULL
-                    ORDER BY s.id LIMIT 1),
-                   (SELECT max(s.id) + 1
-                    FROM (SELECT p.id FROM outbox p WHERE p.id >= @pending_from::bigint ORDER BY p.id LIMIT 2000) s),
-                   CASE WHEN @pending_from::bigint IS NULL THEN
-                       (SELECT min(p.id + 0) FROM outbox p
-                        WHERE p.dispatched_at IS NULL AND p.dead_lettered_at IS NULL)
-                   ELSE @pending_from::bigint END) AS pending_from,
+          CASE WHEN coalesce((SELECT pending_from FROM bounds), 0) <= 0 THEN
+              (SELECT min(p.id + 0) FROM outbox p
+               WHERE p.dispatched_at IS NULL AND p.dead_lettered_at IS NULL)
+          ELSE coalesce((SELECT s.id
+                         FROM (SELECT p.id, p.dispatched_at, p.dead_lettered_at FROM outbox p
+                               WHERE p.id >= (SELECT pending_from FROM bounds) ORDER BY p.id LIMIT 2000) s
+                         WHERE coalesce(s.dispatched_at, s.dead_lettered_at) IS NULL
+                         ORDER BY s.id LIMIT 1),
+                        (SELECT max(s.id) + 1
+                         FROM (SELECT p.id FROM outbox p WHERE p.id >= (SELECT pending_from FROM bounds) ORDER BY p.id LIMIT 2000) s),
+                        (SELECT pending_from FROM bounds)) END AS pending_from,
           (SELECT m.id FROM outbox m ORDER BY m.id DESC LIMIT 1) AS max_id,
           CASE WHEN to_regclass('outbox_reopened_seq') IS NULL THEN -1
                ELSE coalesce(pg_sequence_last_value(to_regclass('outbox_reopened_seq')), 0) END AS reopened,
           (SELECT pg_current_xact_id()::text::bigint) AS xid,
-          (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AS xmin`
+          ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x) AS xip`
 
 	// qClaimPlanner runs before qClaim in its implicit transaction: no sorts where an index
 	// gives the order. Every walk of the claim (the ready index for win, a key's pending

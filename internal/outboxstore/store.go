@@ -180,7 +180,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		m := &c.Messages[len(c.Messages)-1]
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
 			&stored, &windowRows, &runCut, &keysEnd, &c.BytesCut,
-			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xmin); err != nil {
+			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xip); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		c.Bytes += int64(len(m.Payload))
@@ -223,7 +223,17 @@ func claimArgs(n int, token pgtype.UUID, now *time.Time, lease any, window, keyR
 	return pgx.NamedArgs{
 		"batch": n, "token": token, "now": now, "lease": lease, "window": window, "key_run": keyRun, "budget": budget,
 		"ready_from": p.readyFrom, "id_from": p.idFrom, "pending_from": p.pendingFrom, "reopened": p.reopened,
+		"writers": nonNil(p.writers), "writer_ids": nonNil(p.writerIDs), "writer_ats": nonNil(p.writerAts),
 	}
+}
+
+// nonNil returns s, or an empty slice for nil: pgx sends a nil slice as NULL, and unnest
+// of NULL arrays of different types has no type to plan with.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // startProbe runs probeBelow beside the claims on a pool; a transaction or a single

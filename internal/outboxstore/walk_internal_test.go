@@ -167,11 +167,23 @@ func pin(t *testing.T, db *pgtest.DB) {
 // Both states of migration 0016's counter hold the bound: never used (it reads NULL;
 // a claim once compared that with the 0 it reported and walked every key from its start)
 // and moved by an earlier redrive.
-func TestClaimWalksStayFlatUnderAPinnedHorizon(t *testing.T) {
-	t.Parallel()
+//
+// On a cluster of its own: transaction ids are the cluster's, and another test's
+// transaction that began before the rig's first claim is a writer whose bounds it cannot
+// know, so its end lowers one claim's bounds to nothing (walk.go). Not parallel:
+// DATABASE_URL points pgtest at that cluster.
+// TestProbeBelowTheReadyBound and TestClaimFindsRowsBelowItsBounds share the cluster for
+// the same reason: they need a claim whose bounds nothing lowered.
+func TestOnAClusterOfItsOwn(t *testing.T) {
+	t.Setenv("DATABASE_URL", clustertest.Start(t).URL)
+	t.Run("claim walks stay flat under a pinned horizon", testClaimWalksStayFlatUnderAPinnedHorizon)
+	t.Run("claim finds rows below its bounds", testClaimFindsRowsBelowItsBounds)
+	t.Run("probe below the ready bound", testProbeBelowTheReadyBound)
+}
+
+func testClaimWalksStayFlatUnderAPinnedHorizon(t *testing.T) {
 	for _, redriven := range []bool{false, true} {
 		t.Run(map[bool]string{false: "counter never used", true: "after a redrive"}[redriven], func(t *testing.T) {
-			t.Parallel()
 			r := newWalkRig(t)
 			if redriven {
 				outboxtest.Exec(t, r.db.Pool, "SELECT nextval('outbox_reopened_seq')")
@@ -207,11 +219,10 @@ func claimWalksStayFlat(t *testing.T, r *walkRig) {
 	}
 }
 
-// A row that appears below the bounds (its producer's transaction started long before it
-// committed, or available_at was written in the past) is claimed together with its key's
-// next event if that one is in range, and by the periodic unbounded claim otherwise.
-func TestClaimFindsRowsBelowItsBounds(t *testing.T) {
-	t.Parallel()
+// A row that appears below the bounds (available_at written in the past) is claimed
+// together with its key's next event if that one is in range, and by the periodic
+// unbounded claim otherwise.
+func testClaimFindsRowsBelowItsBounds(t *testing.T) {
 	r := newWalkRig(t)
 	r.rounds(8, 50, 50)
 	late := r.insertLate("late-alone", "late-pair")
@@ -229,8 +240,7 @@ func TestClaimFindsRowsBelowItsBounds(t *testing.T) {
 
 // The probe finds a row below the ready bound without a claim walking the whole index:
 // the claims after it start their ready walk at that row.
-func TestProbeBelowTheReadyBound(t *testing.T) {
-	t.Parallel()
+func testProbeBelowTheReadyBound(t *testing.T) {
 	r := newWalkRig(t)
 	r.rounds(8, 50, 50)
 	late := r.insertLate("late-alone")
@@ -277,15 +287,12 @@ func TestClaimRedrivenRowBelowItsBoundHoldsItsKey(t *testing.T) {
 	}
 }
 
-// Under a pin the ready walk trails the last claim by writerMargin, not walkLag, while
-// no transaction that has written anything is open: the pinning session (a reader) takes
-// no transaction id. A producer transaction that wrote before the claims and commits
-// after them holds the bound below its row, and the first claim after its commit takes
-// the row, with no probe (the rig runs none). On a cluster of its own: transaction ids are
-// the cluster's, so any other test's open transaction would hold the bound back too.
-// Not parallel: DATABASE_URL points pgtest at that cluster.
-func TestReadyBoundWaitsForOpenWriters(t *testing.T) {
-	t.Setenv("DATABASE_URL", clustertest.Start(t).URL)
+// Under a pin the ready walk trails the last claim by writerMargin, whatever is open: a
+// producer transaction that wrote before the claims is one of the claims' writers, and
+// the first claim after its commit lowers its bounds to the writer's and takes the row,
+// with no probe (the rig runs none), and with its key's next event behind it.
+func TestClaimAfterALateCommit(t *testing.T) {
+	t.Parallel()
 	r := newWalkRig(t)
 	pin(t, r.db)
 	// step inserts an event, advances the clock by d and claims and marks what is ready;
@@ -299,10 +306,6 @@ func TestReadyBoundWaitsForOpenWriters(t *testing.T) {
 	for range 5 {
 		step(10 * time.Millisecond)
 	}
-	if lag := r.clock.Sub(r.s.walks.readyFrom); lag > 2*writerMargin {
-		t.Fatalf("ready bound %v behind the clock with no writer open, want at most %v", lag, 2*writerMargin)
-	}
-
 	writer := outboxtest.Begin(t, r.db.Pool)
 	written := r.clock
 	var id outbox.ID
@@ -310,44 +313,54 @@ func TestReadyBoundWaitsForOpenWriters(t *testing.T) {
 VALUES ('test.event', 'writer', '{}', $1) RETURNING id`, written).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 5 {
+	for i := range 15 {
 		if got := step(100 * time.Millisecond); slices.Contains(got, id) {
 			t.Fatalf("step %d claimed the uncommitted row %d", i, id)
 		}
-		if r.s.walks.readyFrom.After(written) {
-			t.Fatalf("step %d: ready bound %v is past the open writer's row at %v", i, r.s.walks.readyFrom, written)
-		}
+	}
+	if lag := r.clock.Sub(r.s.walks.readyFrom); lag > 2*writerMargin {
+		t.Fatalf("ready bound %v behind the clock with a writer open, want at most %v", lag, 2*writerMargin)
+	}
+	if p, _ := r.s.walks.next(time.Now(), &r.clock); p.idFrom <= int64(id) {
+		t.Fatalf("id bound %d is not above the open writer's row %d: the test proves nothing", p.idFrom, id)
 	}
 	if err := writer.Commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if got := step(10 * time.Millisecond); !slices.Contains(got, id) {
-		t.Fatalf("the claim after the writer's commit took %v, not its row %d", got, id)
+	next := r.insert("writer")[0]
+	lease, got := r.claim()
+	if !slices.Contains(got, id) || !slices.Contains(got, next) {
+		t.Fatalf("the claim after the writer's commit took %v, want its row %d and its key's next %d", got, id, next)
+	}
+	if _, err := r.s.MarkDispatched(t.Context(), lease, got, &r.clock); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// unseenFrom without a database: the clock of the newest earlier claim whose transaction
-// id is below the xmin, less writerMargin, never earlier than walkLag.
-func TestUnseenFrom(t *testing.T) {
+// writerBoundOf without a database: a writer's rows lie above the newest id of the claim
+// writerMargin before the newest claim whose transaction id is below the writer's, and
+// no earlier than that claim's clock less writerMargin.
+func TestWriterBound(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	w := &walks{samples: []walkSample{{at: ms(0), xid: 100}, {at: ms(300), xid: 200}, {at: ms(600), xid: 300}, {at: ms(900), xid: 0}}}
+	w := &walks{samples: []walkSample{
+		{at: ms(0), xid: 100, maxID: 1000}, {at: ms(30), xid: 150, maxID: 1100},
+		{at: ms(300), xid: 200, maxID: 2000}, {at: ms(600), xid: 300, maxID: 3000}, {at: ms(900), xid: 0, maxID: 4000},
+	}}
 	for _, tc := range []struct {
-		name       string
-		now        int
-		xmin       int64
-		wantMillis int
+		name   string
+		xid    int64
+		wantID int64
+		wantAt time.Time
 	}{
-		{"no writer older than the newest claim", 1000, 301, 600 - 50},
-		{"a writer older than the newest claim", 1000, 250, 300 - 50},
-		{"a writer older than every claim", 1000, 100, 0},
-		{"a writer older than walkLag: the lag", 1200, 150, 200},
-		{"xmin unknown: the lag", 1000, 0, 0},
+		{"newer than every claim", 301, 2000, ms(550)},
+		{"between two claims", 250, 1100, ms(250)},
+		{"older than every claim: anything", 90, 0, time.Time{}},
+		{"no claim writerMargin before the one below it: anything", 120, 0, time.Time{}},
 	} {
-		got := w.unseenFrom(walkView{dbNow: ms(tc.now), xmin: tc.xmin})
-		if want := ms(tc.wantMillis); !got.Equal(want) {
-			t.Errorf("%s: %v, want %v", tc.name, got.Sub(t0), want.Sub(t0))
+		if got := w.writerBoundOf(tc.xid); got.id != tc.wantID || !got.at.Equal(tc.wantAt) {
+			t.Errorf("%s: %+v, want id %d at %v", tc.name, got, tc.wantID, tc.wantAt)
 		}
 	}
 }
@@ -357,7 +370,7 @@ func TestUnseenFrom(t *testing.T) {
 func TestWalkBounds(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	// at counts in fifths of walkLag: view(5, ...) is one walkLag after view(0, ...).
+	// at counts in fifths of walkLag (200 ms, more than writerMargin).
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * walkLag / 5) }
 	view := func(s int, pending, maxID, reopened int64) walkView {
 		return walkView{dbNow: at(s), pendingFrom: pgInt8(pending), maxID: pgInt8(maxID), reopened: reopened}
@@ -372,24 +385,26 @@ func TestWalkBounds(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"no id bound until a view is walkLag old", []step{
-			{view(0, 10, 100, 0), 0, true},
-			{view(3, 50, 200, 0), 0, true},
-			{view(5, 120, 300, 0), 100, true},  // min(pending 120, max id walkLag ago 100)
-			{view(9, 290, 500, 0), 200, true},  // the view at 3 is the newest one walkLag old
-			{view(20, 400, 900, 0), 400, true}, // pending is below the lagged max id
+		{"no id bound until a view is writerMargin old", []step{
+			{view(0, 10, 100, 0), 0, false},
+			{view(1, 50, 200, 0), 50, true},   // min(pending 50, max id writerMargin before 100)
+			{view(2, 290, 300, 0), 200, true}, // the view at 1 is the newest one writerMargin old
+			{view(6, 400, 900, 0), 300, true},
+			{view(7, 400, 900, 0), 400, true}, // pending is below the earlier max id
 		}},
 		{"a reopened row drops the id bound, then pendingFrom is found afresh", []step{
-			{view(0, 10, 100, 7), 0, true},
+			{view(0, 10, 100, 7), 0, false},
 			{view(6, 150, 300, 7), 100, true},
-			{view(7, 310, 400, 8), 0, true},  // counter moved: no id bound
-			{view(10, 410, 500, 8), 0, true}, // still within walkLag of the move
-			{view(12, 510, 600, 8), 0, false},
-			{view(13, 5, 700, 8), 5, true}, // found afresh: the redriven row 5
+			{view(7, 310, 400, 8), 0, false}, // counter moved: no id bound, pendingFrom afresh
+			{view(8, 5, 500, 8), 5, true},    // found afresh: the redriven row 5
 		}},
 		{"nothing pending: the next pending row is a new one", []step{
-			{walkView{dbNow: at(0), maxID: pgInt8(100)}, 0, true},
-			{walkView{dbNow: at(6), maxID: pgInt8(200)}, 100, true}, // pendingFrom 201 (max id + 1), above the lagged max id
+			{walkView{dbNow: at(0), maxID: pgInt8(100)}, 0, false},
+			{walkView{dbNow: at(6), maxID: pgInt8(200)}, 100, true}, // pending 201 (max id + 1), above the earlier max id
+		}},
+		{"no counter (0016 not applied): no id bound, pendingFrom walked", []step{
+			{view(0, 10, 100, -1), 0, false},
+			{view(1, 50, 200, -1), 0, true},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -407,14 +422,81 @@ func TestWalkBounds(t *testing.T) {
 		})
 	}
 
+	t.Run("writers: their bounds, kept while they run, nothing for one that may have reopened a row", func(t *testing.T) {
+		var w walks
+		w.fullEvery = time.Hour
+		w.next(t0, nil)
+		offer := func(v walkView) walkParams {
+			p, n := w.next(t0, nil)
+			w.offer(n, p, v)
+			got, _ := w.next(t0, nil)
+			return got
+		}
+		v := func(s int, xid int64, reopened int64, xip ...int64) walkView {
+			x := view(s, 1000+int64(s), 100*int64(s+1), reopened)
+			x.xid, x.xip = xid, xip
+			return x
+		}
+		bounds := func(p walkParams) map[int64]int64 {
+			m := map[int64]int64{}
+			for i, x := range p.writers {
+				m[x] = p.writerIDs[i]
+			}
+			return m
+		}
+		offer(v(0, 10, 0))
+		offer(v(1, 20, 0))
+		// Writer 25 took its id after the claim with id 20 began: its rows lie above the
+		// newest id of the claim writerMargin before that one (100).
+		if got := bounds(offer(v(2, 30, 0, 25))); got[25] != 100 || len(got) != 1 {
+			t.Fatalf("writers %v, want 25 above 100", got)
+		}
+		// Still running: the bound it was given first stays.
+		if got := bounds(offer(v(3, 40, 0, 25, 35))); got[25] != 100 || got[35] != 200 {
+			t.Fatalf("writers %v, want 25 above 100 and 35 above 200", got)
+		}
+		// The counter moves: any running writer may have reopened a row, until a claim
+		// started after the move reports its transaction id (50).
+		if got := bounds(offer(v(4, 45, 1, 25, 35, 44))); got[25] != 0 || got[35] != 0 || got[44] != 0 {
+			t.Fatalf("writers after the move %v, want every bound 0", got)
+		}
+		if got := bounds(offer(v(5, 50, 1, 25, 49, 55))); got[25] != 0 || got[49] != 0 || got[55] == 0 {
+			t.Fatalf("writers after a claim started after the move %v, want 25 and 49 at 0, 55 bounded", got)
+		}
+		// Writer 25 ended: it is no longer passed.
+		if got := bounds(offer(v(6, 60, 1, 55))); len(got) != 1 {
+			t.Fatalf("writers %v, want only 55", got)
+		}
+	})
+
 	t.Run("an older claim's view does not replace a newer one", func(t *testing.T) {
 		var w walks
 		p1, n1 := w.next(t0, nil)
 		p2, n2 := w.next(t0, nil)
 		w.offer(n2, p2, view(10, 500, 600, 0))
 		w.offer(n1, p1, view(9, 100, 200, 0))
-		if w.pendingFrom != 500 {
-			t.Fatalf("pendingFrom %d, want the newer claim's 500", w.pendingFrom)
+		if last := w.samples[len(w.samples)-1]; last.pending != 500 {
+			t.Fatalf("pending %d, want the newer claim's 500", last.pending)
+		}
+	})
+	t.Run("a probe's find holds until a claim walked from it", func(t *testing.T) {
+		var w walks
+		w.fullEvery = time.Hour
+		w.next(t0, nil)
+		p0, n0 := w.next(t0, nil)
+		w.offer(n0, p0, view(0, 10, 100, 0))
+		late := at(-50)
+		// A claim started before the probe ended, then the probe, then that claim's view.
+		p1, n1 := w.next(t0, nil)
+		w.probed(pgtype.Timestamptz{Time: late, Valid: true}, time.Millisecond)
+		w.offer(n1, p1, view(1, 10, 100, 0))
+		p2, n2 := w.next(t0, nil)
+		if !p2.readyFrom.Time.Equal(late) {
+			t.Fatalf("ready bound %v after a claim that began before the probe, want the find %v", p2.readyFrom.Time, late)
+		}
+		w.offer(n2, p2, view(2, 10, 100, 0))
+		if p3, _ := w.next(t0, nil); !p3.readyFrom.Time.Equal(at(2).Add(-writerMargin)) {
+			t.Fatalf("ready bound %v after a claim walked from the find, want the clock less writerMargin", p3.readyFrom.Time)
 		}
 	})
 	t.Run("a test clock that goes back forgets the bounds", func(t *testing.T) {
