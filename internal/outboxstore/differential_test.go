@@ -78,7 +78,9 @@ func TestDifferentialClaim(t *testing.T) {
 	var total diffStats
 	began := time.Now()
 	run := func(seed uint64) {
-		db := pgtest.New(t)
+		// Up to eight producers and the pin hold a connection each across steps, and the
+		// claims and the probe need theirs.
+		db := pgtest.NewWithOptions(t, pgtest.Options{MaxConns: 16})
 		st, err := runDifferential(t.Context(), db.Pool, seed, steps)
 		total.add(st)
 		if err != nil {
