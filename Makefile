@@ -94,7 +94,8 @@ test: ## run every test against real Postgres (DATABASE_URL), with the race dete
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) test -race -count=1 -timeout 20m ./...
 
 # The claim's differential test (internal/outboxstore): its short run is part of make
-# test; this runs fresh seeds for DIFFERENTIAL_FOR (30m) and prints the summary that
+# test; this runs fresh seeds for DIFFERENTIAL_FOR (30m) on a throwaway cluster with
+# PostgreSQL's defaults (run as root, it uses the postgres user) and prints the summary that
 # docs/reliability.md quotes. DIFFERENTIAL_SEED=<n> replays one seed.
 DIFFERENTIAL_FOR ?= 30m
 .PHONY: differential

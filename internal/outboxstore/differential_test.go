@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster/clustertest"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
@@ -38,7 +39,8 @@ import (
 // transaction), rows rescheduled and dead-lettered by the relay, two claims overlapping
 // (the second one's snapshot taken while the first holds its locks), probes, and a pinned
 // snapshot. A failure prints the seed; DIFFERENTIAL_SEED replays one, DIFFERENTIAL_FOR
-// (a duration) runs seeds until it has passed (make differential), and its summary line
+// (a duration) runs fresh seeds until it has passed, on a cluster of its own (make
+// differential), and its summary line
 // is what docs/reliability.md quotes.
 
 // qReference is the plain statement: the ready rows none of whose earlier pending rows of
@@ -56,7 +58,14 @@ const qPendingByKey = `
 SELECT id, partition_key FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL ORDER BY id`
 
 func TestDifferentialClaim(t *testing.T) {
-	t.Parallel()
+	long := os.Getenv("DIFFERENTIAL_FOR") != ""
+	if long {
+		// The long run has a cluster of its own, with PostgreSQL's defaults (autovacuum
+		// on): no other test's connections or transactions share it.
+		t.Setenv("DATABASE_URL", clustertest.Start(t).URL)
+	} else {
+		t.Parallel()
+	}
 	seeds := []uint64{1, 2, 3}
 	if s := os.Getenv("DIFFERENTIAL_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
