@@ -42,8 +42,10 @@ var receiver = receiverfunc.Receiver{
 			Handlers:      handlers,
 			MaxBodyBytes:  p.MaxBodyBytes,
 			PublicBaseURL: p.PublicURL,
-			Logger:        p.Logger,
-			Tracer:        p.Tracer,
+			// Unset PUBLIC_BASE_URL: the Function URL's own origin, from the Lambda event.
+			OriginFromFunctionURL: true,
+			Logger:                p.Logger,
+			Tracer:                p.Tracer,
 			// The outbox shares this database: deliveries published before the message id
 			// moved into the signed URL are checked against it (README, Message identity).
 			Legacy:  webhook.LegacyOutbox(p.Pool),

@@ -98,10 +98,16 @@ type Config struct {
 	MaxBodyBytes int64
 	// PublicBaseURL is the scheme and host the relay publishes to (PUBLIC_BASE_URL, e.g.
 	// https://hooks.example.com). The signed URL is PublicBaseURL + the request's escaped
-	// path and query. When empty, the trusted origin a transport adapter put in the request
-	// context (internal/origin, set by pkg/funcurl) is used; with neither, every request gets 500
-	// and a configuration error is logged. The client's Host header is never used.
+	// path and query. Required unless OriginFromFunctionURL is set: served over net/http,
+	// the handler has no trusted source for it (the client's Host header is never used).
 	PublicBaseURL string
+	// OriginFromFunctionURL, with PublicBaseURL empty, takes the signed URL's origin from
+	// the Lambda Function URL event (https://<requestContext.domainName>, which pkg/funcurl
+	// puts in the request context): a Function URL cannot be passed to its own function's
+	// environment, so a webhook Lambda served by funcurl.New sets it. A request that did
+	// not come through funcurl then gets 500 and a configuration error is logged.
+	// PublicBaseURL, when set, wins.
+	OriginFromFunctionURL bool
 	// Logger receives one line per delivery. Default slog.Default().
 	Logger *slog.Logger
 	// Observe, when set, is called once per delivery on /events/{topic} with the topic (or
@@ -143,10 +149,15 @@ func (c Config) Validate() error {
 			bad.Bad("Handlers", "topic %q has a nil handler", topic)
 		}
 	}
-	if c.PublicBaseURL != "" {
+	switch {
+	case c.PublicBaseURL != "":
 		if err := configcheck.BaseURL(c.PublicBaseURL); err != nil {
 			bad.Bad("PublicBaseURL", "%v", err)
 		}
+	case !c.OriginFromFunctionURL:
+		// Fail here rather than answer every delivery 500: nothing else can say what QStash signed.
+		bad.Bad("PublicBaseURL", "is empty; set it to the scheme and host QStash delivers to (PUBLIC_BASE_URL, "+
+			"e.g. https://hooks.example.com), or set OriginFromFunctionURL when the handler is served by pkg/funcurl")
 	}
 	return bad.Err()
 }
