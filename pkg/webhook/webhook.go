@@ -32,6 +32,11 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 )
 
+// MaxReasonBytes bounds the reason a 489 for a Permanent handler error carries: the
+// error's text, cut at a rune boundary with "…" appended. Long enough for a sentence that
+// names the field and the rule, short enough that a thousand dead letters stay readable.
+const MaxReasonBytes = 300
+
 // QStash's non-retryable answer: status 489 together with this header set to "true".
 // Defined in internal/receive, with the rest of the QStash status table.
 const (
@@ -247,7 +252,12 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	headers.Del(receive.HeaderSignature)
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
-	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
+	// The handler's own error, before the inbox wraps it: its text is the reason a 489 gives.
+	var handlerErr error
+	outcome, err := h.handleOnce(ctx, func(ctx context.Context, tx pgx.Tx, d Delivery) error {
+		handlerErr = fn(ctx, tx, d)
+		return handlerErr
+	}, d, sum[:])
 	if outcome != 0 && span.IsRecording() {
 		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}
@@ -260,10 +270,22 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		// Two different payloads under one id is a producer or relay bug: loud.
 		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
 	case IsPermanent(err):
+		a.Message = reason(cmp.Or(handlerErr, err))
 		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
 		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
+}
+
+// reason is the "message" a 489 carries for err, a Permanent handler error (Permanent has
+// the rule for its text): err's text with control characters and runs of white space made
+// one space, cut to MaxReasonBytes at a rune boundary. Transient errors stay in the log:
+// their 500 carries the code only.
+func reason(err error) string {
+	if err == nil {
+		return ""
+	}
+	return receive.OneLine(err.Error(), MaxReasonBytes)
 }
 
 // inboxOutcomeKey is the span attribute that says what the inbox did with a delivery:
