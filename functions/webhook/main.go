@@ -23,8 +23,9 @@ import (
 
 func main() { receiver.Main() }
 
-// handlers are the topics this webhook serves. Register your topics here; order.created is
-// the example (examples/orders; its table comes from `outboxctl migrate up --example`).
+// handlers are the topics this webhook serves: the example's order.created (examples/orders;
+// its table comes from `outboxctl migrate up --example`). Your own handlers run in a consumer
+// of your own, with no edit here (examples/consumer, docs/consuming.md).
 var handlers = orders.Handlers()
 
 // receiver is this function: its variables, its metrics (with a Topic dimension for the
