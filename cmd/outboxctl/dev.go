@@ -19,7 +19,10 @@ import (
 )
 
 func runDev(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json] [--ui] [--forever] [--trace]
+	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--rate R] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json]
+                     [--ui [--ui-listen ADDR]] [--forever] [--trace [--traces N]] [--timeout D] [-v]
+                     [--keep] [--data-dir DIR] [--qstash-latency D] [--qstash-latency-jitter D]
+                     [--qstash-max-in-flight N]
 
 Runs the local stack end to end (Postgres: DATABASE_URL in its own schema, else a throwaway
 cluster; the built-in QStash unless QSTASH_URL is set; the relay, the webhook, the failure
