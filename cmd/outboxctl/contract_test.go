@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
@@ -99,5 +102,44 @@ func TestRelayNamesEachMissingVariableOnce(t *testing.T) {
 		if n := strings.Count(stderr, v+":"); n != 1 {
 			t.Errorf("%s named %d times:\n%s", v, n, stderr)
 		}
+	}
+}
+
+// TestDevKeepSaysHowToReachTheSchema: dev --keep prints the kept schema and a DATABASE_URL
+// that reaches it (the other commands answer on it), and refuses when nothing would outlive
+// the run.
+func TestDevKeepSaysHowToReachTheSchema(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	if code, _, stderr := runCLIEnv(t, nil, "dev", "--keep"); code != exitUsage || !strings.Contains(stderr, "--keep needs") {
+		t.Fatalf("--keep on a throwaway cluster: exit %d, %s; want 2", code, stderr)
+	}
+	code, out, stderr := runCLIEnv(t, map[string]string{"DATABASE_URL": pgtest.URL()}, "dev", "--keep", "--events", "20", "--keys", "2", "--poison", "0")
+	if code != 0 {
+		t.Fatalf("dev --keep: exit %d\n%s\n%s", code, out, stderr)
+	}
+	m := regexp.MustCompile(`(?m)^kept schema (dev_\w+) for inspection$[\s\S]*^  DATABASE_URL='([^']+)' outboxctl status`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("dev --keep does not say how to reach the schema:\n%s", out)
+	}
+	schema, url := m[1], m[2]
+	admin := pgtest.OpenPool(t, pgtest.URL(), nil) // closed after the drop: cleanups run last first
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop the kept schema: %v", err)
+		}
+	})
+	if strings.Contains(url, "xxxxx") {
+		t.Skip("DATABASE_URL has a password, which the printed URL hides: the rest needs it")
+	}
+	// The printed URL reaches the kept schema: its 20 events are there.
+	code, out, stderr = runCLIEnv(t, map[string]string{"DATABASE_URL": url}, "dlq", "list", "--json")
+	if code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("dlq list on the printed URL: exit %d %s %s", code, out, stderr)
+	}
+	pool := pgtest.OpenPool(t, url, nil)
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil || n != 20 {
+		t.Fatalf("outbox rows on the printed URL: %d %v, want 20", n, err)
 	}
 }
