@@ -36,7 +36,7 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
 	keys := fs.Int("keys", 50, "partition keys (customers) the orders spread over")
 	poison := fs.Float64("poison", 1, "percent of events with a payload the handler rejects as permanent (exactly floor(events*poison/100))")
-	ordering := fs.String("ordering", "fifo", "QStash ordering mode: fifo (per-key order end to end) or publish")
+	ordering := fs.String("ordering", "fifo", "QStash ordering mode: fifo (per-key order end to end, which the summary checks) or publish (no order; the SAM stack's default, set its Ordering parameter to fifo for this order)")
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object on the last line")
 	forever := fs.Bool("forever", false, "keep the stack up after the demo until Ctrl-C")
 	keep := fs.Bool("keep", false, "keep the dev schema for inspection, and print how to reach it (needs DATABASE_URL or --data-dir)")
@@ -144,6 +144,11 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	}
 	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
 		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
+	if *ordering == string(publish.OrderingFIFO) {
+		// Where the choice shows: a user who saw "order violations 0" here must not deploy
+		// the template's default and expect the same.
+		fmt.Fprintln(progress, "  (fifo keeps each key's order; the SAM stack deploys publish, which does not, unless its Ordering parameter is fifo)")
+	}
 
 	var spans *tracetest.SpanRecorder
 	if *trace {
