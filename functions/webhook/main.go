@@ -48,7 +48,7 @@ var receiver = receiverfunc.Receiver{
 			Logger:                p.Logger,
 			Tracer:                p.Tracer,
 			// The outbox shares this database: deliveries published before the message id
-			// moved into the signed URL are checked against it (README, Message identity).
+			// moved into the signed URL are checked against it (docs/consuming.md, Message identity).
 			Legacy:  webhook.LegacyOutbox(p.Pool),
 			Observe: p.Observe,
 		})
