@@ -73,19 +73,21 @@ func run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("make signature verifier: %w", err)
 	}
+	listen := os.Getenv("LISTEN_ADDR") // set: net/http; empty: Lambda
 	h, err := webhook.New(webhook.Config{
 		Pool:          pool,
 		Verifier:      verifier,
 		Handlers:      handlers,
 		PublicBaseURL: os.Getenv("PUBLIC_BASE_URL"),
 		// A Function URL cannot be given to its own function: without PUBLIC_BASE_URL, the
-		// signed URL's origin is the one the Lambda event names.
-		OriginFromFunctionURL: true,
+		// signed URL's origin is the one the Lambda event names. Over net/http there is no
+		// such event, and New then refuses an empty PublicBaseURL.
+		OriginFromFunctionURL: listen == "",
 		Logger:                log,
 	})
 	if err != nil {
 		return fmt.Errorf("make webhook handler: %w", err)
 	}
 	// Lambda (lambda.Start, which does not return) unless LISTEN_ADDR is set.
-	return funcurl.Serve(h, os.Getenv("LISTEN_ADDR"), funcurl.Config{Logger: log})
+	return funcurl.Serve(h, listen, funcurl.Config{Logger: log})
 }

@@ -4,7 +4,7 @@
 //
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
 // PUBLIC_BASE_URL (the base URL the relay publishes to; default: the Function URL's own
-// origin), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
+// origin; required with LISTEN_ADDR), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
 // LISTEN_ADDR (optional); tracing: the standard OTEL_* variables (package telemetry;
 // off unless an OTLP exporter is configured).
 package main
@@ -44,7 +44,8 @@ var receiver = receiverfunc.Receiver{
 			MaxBodyBytes:  p.MaxBodyBytes,
 			PublicBaseURL: p.PublicURL,
 			// Unset PUBLIC_BASE_URL: the Function URL's own origin, from the Lambda event.
-			OriginFromFunctionURL: true,
+			// Over net/http (LISTEN_ADDR) there is none: the cold start fails naming it.
+			OriginFromFunctionURL: p.FunctionURL,
 			Logger:                p.Logger,
 			Tracer:                p.Tracer,
 			// The outbox shares this database: deliveries published before the message id
