@@ -222,10 +222,10 @@ func (rc *Receiver) Receive(a *Answer) (Request, bool) {
 	return Request{Body: body, URL: u}, true
 }
 
-// OneLine returns s as one line of valid UTF-8 at most limit bytes long (limit >= 3): control characters
-// and runs of white space become one space, and a longer text is cut at a rune boundary
-// with "…" appended. It makes text from a handler or a destination fit a response body, a
-// log line and a text column (which refuses NUL).
+// OneLine returns s as one line of valid UTF-8 at most limit bytes long (limit >= 3):
+// control characters and runs of white space become one space, and a longer text is cut at
+// a rune boundary with "…" appended. It makes text from a handler or a destination fit a
+// response body, a log line and a text column (which refuses NUL).
 func OneLine(s string, limit int) string {
 	s = strings.Join(strings.FieldsFunc(strings.ToValidUTF8(s, "\uFFFD"), func(r rune) bool {
 		return unicode.IsSpace(r) || unicode.IsControl(r)
