@@ -41,7 +41,7 @@ RIE ?= $(shell command -v aws-lambda-rie 2>/dev/null || echo "$$($(GO) env GOPAT
 RIE_PORT ?= 9000
 RIE_API_PORT ?= 9001
 RIE_TIMEOUT ?= 30
-.PHONY: sam-build invoke-relay invoke-retention invoke-webhook invoke-failure rie-install rie-relay rie-retention rie-webhook rie-failure FORCE
+.PHONY: sam-build invoke-relay invoke-retention invoke-webhook invoke-failure rie-install rie-relay rie-retention rie-webhook rie-failure rie-chain FORCE
 
 sam-build: ## sam build (runs the build-<LogicalId> targets into .aws-sam/build)
 	$(SAM) build
@@ -89,6 +89,11 @@ rie-webhook: bin/events/webhook.json ## the webhook under aws-lambda-rie with th
 	$(call rie_invoke,webhook,WebhookFunction,bin/events/webhook.json)
 rie-failure: bin/events/failure.json ## the failure callback under aws-lambda-rie with the re-signed events/failure.json
 	$(call rie_invoke,failure,FailureFunction,bin/events/failure.json)
+# The targets above each run one function alone; this one connects them: the built relay,
+# webhook and failure functions under aws-lambda-rie, the local QStash delivering to the
+# receivers behind emulated Function URLs, on a schema of TEST_DATABASE_URL's server.
+rie-chain: ## relay -> local QStash -> webhook and failure callback, all under aws-lambda-rie (a Go test)
+	DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) test -count=1 -v -run 'TestRIEScheduledDrainEndToEnd' ./internal/samtemplate
 
 test: ## run every test against real Postgres (DATABASE_URL), with the race detector
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(GO) test -race -count=1 -timeout 20m ./...

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,12 +17,16 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
 	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
 	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {
-	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json] [--ui] [--forever] [--trace]
+	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--rate R] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json]
+                     [--ui [--ui-listen ADDR]] [--forever] [--trace [--traces N]] [--timeout D] [-v]
+                     [--keep] [--data-dir DIR] [--qstash-latency D] [--qstash-latency-jitter D]
+                     [--qstash-max-in-flight N]
 
 Runs the local stack end to end (Postgres: DATABASE_URL in its own schema, else a throwaway
 cluster; the built-in QStash unless QSTASH_URL is set; the relay, the webhook, the failure
@@ -29,10 +36,10 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
 	keys := fs.Int("keys", 50, "partition keys (customers) the orders spread over")
 	poison := fs.Float64("poison", 1, "percent of events with a payload the handler rejects as permanent (exactly floor(events*poison/100))")
-	ordering := fs.String("ordering", "fifo", "QStash ordering mode: fifo (per-key order end to end) or publish")
+	ordering := fs.String("ordering", "fifo", "QStash ordering mode: fifo (per-key order end to end, which the summary checks) or publish (no order; the SAM stack's default, set its Ordering parameter to fifo for this order)")
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object on the last line")
 	forever := fs.Bool("forever", false, "keep the stack up after the demo until Ctrl-C")
-	keep := fs.Bool("keep", false, "keep the dev schema for inspection")
+	keep := fs.Bool("keep", false, "keep the dev schema for inspection, and print how to reach it (needs DATABASE_URL or --data-dir)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the pipeline to settle")
 	dataDir := fs.String("data-dir", "", "directory for the throwaway Postgres cluster (default: a temporary one)")
 	verbose := fs.Bool("v", false, "log the components' JSON logs to stderr")
@@ -64,6 +71,10 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	}
 	if *ordering != string(publish.OrderingFIFO) && *ordering != string(publish.OrderingPublish) {
 		bad = append(bad, "--ordering must be fifo or publish")
+	}
+	if *keep && e.getenv("DATABASE_URL") == "" && *dataDir == "" {
+		// The throwaway cluster's temporary directory is removed at exit: nothing to keep.
+		bad = append(bad, "--keep needs a server that outlives the run: set DATABASE_URL, or pass --data-dir DIR to keep the cluster (stopped at exit)")
 	}
 	if *ui && console.CheckListen(*uiListen, "") != nil {
 		bad = append(bad, "--ui-listen must be a loopback host:port (the dev console has no token)")
@@ -133,6 +144,11 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	}
 	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
 		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
+	if *ordering == string(publish.OrderingFIFO) {
+		// Where the choice shows: a user who saw "order violations 0" here must not deploy
+		// the template's default and expect the same.
+		fmt.Fprintln(progress, "  (fifo keeps each key's order; the SAM stack deploys publish, which does not, unless its Ordering parameter is fifo)")
+	}
 
 	var spans *tracetest.SpanRecorder
 	if *trace {
@@ -158,6 +174,9 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 		fmt.Fprintln(e.stdout, string(b))
 	} else {
 		printSummary(e.stdout, s)
+		if s.KeptSchema != "" {
+			printKept(e.stdout, s, opts)
+		}
 	}
 	if err != nil {
 		return err
@@ -180,6 +199,31 @@ summary (from the database)
   order violations      %d (%s mode)
   latency p50 / p99     %.1f ms / %.1f ms
 `, s.Produced, s.Processed, s.DuplicateEffects, s.DuplicatesAbsorbed, s.DeadLetters, s.Poison, s.Lost, s.OrderViolations, s.Ordering, s.LatencyP50ms, s.LatencyP99ms)
+}
+
+// printKept says where the kept schema is and how to reach it: the cluster to start again
+// when it was the throwaway one, the DATABASE_URL the other commands take, how to drop it.
+func printKept(w io.Writer, s localstack.Summary, opts localstack.Options) {
+	fmt.Fprintf(w, "\nkept schema %s for inspection\n", s.KeptSchema)
+	if opts.DatabaseURL == "" {
+		port := "PORT"
+		if u, err := url.Parse(s.KeptURL); err == nil {
+			port = u.Port()
+		}
+		pgctl := "pg_ctl"
+		if bin, err := pgcluster.FindPostgresBin(); err == nil {
+			pgctl = filepath.Join(bin, "pg_ctl")
+		}
+		// pgcluster's own start command; as root, pgcluster ran it as the postgres user.
+		fmt.Fprintf(w, "  the cluster in %s is stopped; start it (as the postgres user if you are root):\n"+
+			"  %s -D %s -o '-p %s -k %s -c listen_addresses=127.0.0.1' -l %s -w start\n",
+			opts.DataDir, pgctl, filepath.Join(opts.DataDir, "data"), port, opts.DataDir, filepath.Join(opts.DataDir, "server.log"))
+	}
+	if strings.Contains(s.KeptURL, "xxxxx") {
+		fmt.Fprintln(w, "  (put DATABASE_URL's password where the URL says xxxxx)")
+	}
+	fmt.Fprintf(w, "  DATABASE_URL='%s' outboxctl status   # or dlq list --groups, ui\n", s.KeptURL)
+	fmt.Fprintf(w, "  drop it when done: DROP SCHEMA %s CASCADE\n", s.KeptSchema)
 }
 
 func isTerminal(w io.Writer) bool {

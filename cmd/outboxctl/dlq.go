@@ -328,6 +328,10 @@ func dlqRedrive(ctx context.Context, e env, args []string) error {
 	if n := len(res.OutboxMissing) + len(res.NotFound); n > 0 {
 		return negativeErr(fmt.Errorf("%d letter(s) could not be redriven", n))
 	}
+	// As dlq show --group answers for the same group: a group with no open letter is a "no".
+	if f.Fingerprint != "" && len(res.Redriven)+len(res.AlreadyPending)+len(res.AlreadyResolved)+len(res.Superseded) == 0 {
+		return negativeErr(fmt.Errorf("no open dead letter in group %s (dlq list --groups lists them)", f.Fingerprint))
+	}
 	return nil
 }
 

@@ -221,7 +221,8 @@ func TestDLQGroups(t *testing.T) {
 	if l, err := deadletter.Get(ctx, db.Pool, other); err != nil || l.Resolved() {
 		t.Fatalf("the other group's letter: %+v %v", l, err)
 	}
-	if code, _, stderr = runCLI(t, db.URL, "dlq", "show", "--group", fp); code != 1 || !strings.Contains(stderr, "--all") {
+	// The hint names the current flag, not its deprecated spelling --all.
+	if code, _, stderr = runCLI(t, db.URL, "dlq", "show", "--group", fp); code != 1 || !strings.Contains(stderr, "--include-resolved") || strings.Contains(stderr, "--all") {
 		t.Fatalf("show redriven group: %d %s", code, stderr)
 	}
 	if code, out, _ = runCLI(t, db.URL, "dlq", "show", "--group", fp, "--all"); code != 0 || !strings.Contains(out, "3 (0 open)") {

@@ -53,7 +53,7 @@ func showGroup(ctx context.Context, e env, fp string, f deadletter.Filter, asJSO
 	if errors.Is(err, deadletter.ErrNotFound) {
 		hint := ""
 		if !f.IncludeResolved {
-			hint = " (add --all to include resolved letters)"
+			hint = " (add --include-resolved to include resolved letters)"
 		}
 		return negativeErr(fmt.Errorf("no dead letter in group %s%s", fp, hint))
 	}

@@ -4,11 +4,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // env is what every command may read: flags come from args, configuration from getenv.
@@ -67,7 +72,7 @@ func run(ctx context.Context, e env, args []string) int {
 		err := c.run(ctx, e, args[1:])
 		if code := exitCode(err); code != exitOK {
 			if msg := err.Error(); msg != "" { // "" when already printed (a flag error)
-				fmt.Fprintf(e.stderr, "outboxctl %s: %s\n", c.name, msg)
+				fmt.Fprintf(e.stderr, "outboxctl %s: %s%s\n", c.name, msg, hint(err))
 			}
 			return code
 		}
@@ -76,6 +81,29 @@ func run(ctx context.Context, e env, args []string) int {
 	fmt.Fprintf(e.stderr, "outboxctl: unknown command %q\n\n", args[0])
 	usage(e.stderr)
 	return exitUsage
+}
+
+// sqlUndefinedTable is Postgres's SQLSTATE for a table that does not exist.
+const sqlUndefinedTable = "42P01"
+
+// hint is what to do about err when one step fixes it, on a line of its own; "" otherwise.
+func hint(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == sqlUndefinedTable {
+		return "\nhint: the database DATABASE_URL names has no " + strconv.Quote(tableOf(pe)) +
+			" table in its search_path: run `outboxctl migrate up` on it first (or fix DATABASE_URL's database or search_path)"
+	}
+	return ""
+}
+
+// tableOf is the table a 42P01 error names ("relation \"outbox\" does not exist").
+func tableOf(pe *pgconn.PgError) string {
+	if _, rest, ok := strings.Cut(pe.Message, `"`); ok {
+		if name, _, ok := strings.Cut(rest, `"`); ok {
+			return name
+		}
+	}
+	return "outbox"
 }
 
 func usage(w io.Writer) {

@@ -46,8 +46,15 @@ func poolFor(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return checkedPool(ctx, url, awsenv.PoolConfig{MaxConns: int32(max(4, runtime.NumCPU()))})
 }
 
-// checkedPool opens a pool on url with cfg and checks that the database answers.
+// checkedPool opens a pool on url with cfg and checks that the database answers. A url that
+// does not parse is the invocation's fault (exit 2, as the help says of an invalid
+// environment), unlike a server that does not answer (3).
 func checkedPool(ctx context.Context, url string, cfg awsenv.PoolConfig) (*pgxpool.Pool, error) {
+	if _, err := pgxpool.ParseConfig(url); err != nil {
+		// Not pgx's message: it may quote the string, password included.
+		return nil, usageErr(errors.New("DATABASE_URL is not a valid Postgres connection string; " +
+			"e.g. postgres://user:password@host:5432/db?sslmode=require"))
+	}
 	cfg.MustConnect = true
 	return awsenv.NewPool(ctx, url, cfg)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
 )
 
-const uiUsage = `usage: outboxctl ui [--listen 127.0.0.1:8089] [--allow-redrive] [--token T]
+const uiUsage = `usage: outboxctl ui [--listen 127.0.0.1:8089] [--allow-redrive] [--token T] [-v]
 
 The operator console: overview, dead letters (filter, inspect, redrive) and event lookup,
 in a browser, on DATABASE_URL. Read-only unless --allow-redrive. A --listen address that

@@ -4,7 +4,7 @@
 //
 // Environment: DATABASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_NEXT_SIGNING_KEY (required);
 // PUBLIC_BASE_URL (the base URL the relay publishes to; default: the Function URL's own
-// origin), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
+// origin; required with LISTEN_ADDR), MAX_BODY_BYTES (default 1 MiB), LOG_LEVEL (debug|info|warn|error, default info), METRICS_NAMESPACE (default OutboxRelay),
 // LISTEN_ADDR (optional); tracing: the standard OTEL_* variables (package telemetry;
 // off unless an OTLP exporter is configured).
 package main
@@ -23,8 +23,9 @@ import (
 
 func main() { receiver.Main() }
 
-// handlers are the topics this webhook serves. Register your topics here; order.created is
-// the example (examples/orders; its table comes from `outboxctl migrate up --example`).
+// handlers are the topics this webhook serves: the example's order.created (examples/orders;
+// its table comes from `outboxctl migrate up --example`). Your own handlers run in a consumer
+// of your own, with no edit here (examples/consumer, docs/consuming.md).
 var handlers = orders.Handlers()
 
 // receiver is this function: its variables, its metrics (with a Topic dimension for the
@@ -42,10 +43,13 @@ var receiver = receiverfunc.Receiver{
 			Handlers:      handlers,
 			MaxBodyBytes:  p.MaxBodyBytes,
 			PublicBaseURL: p.PublicURL,
-			Logger:        p.Logger,
-			Tracer:        p.Tracer,
+			// Unset PUBLIC_BASE_URL: the Function URL's own origin, from the Lambda event.
+			// Over net/http (LISTEN_ADDR) there is none: the cold start fails naming it.
+			OriginFromFunctionURL: p.FunctionURL,
+			Logger:                p.Logger,
+			Tracer:                p.Tracer,
 			// The outbox shares this database: deliveries published before the message id
-			// moved into the signed URL are checked against it (README, Message identity).
+			// moved into the signed URL are checked against it (docs/consuming.md, Message identity).
 			Legacy:  webhook.LegacyOutbox(p.Pool),
 			Observe: p.Observe,
 		})

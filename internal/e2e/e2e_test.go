@@ -232,6 +232,12 @@ func TestPoisonEventDeadLetteredAndRedriven(t *testing.T) {
 		l.QStashMessageID != deliveries[0].MessageID || l.QStashDLQID == "" || l.Topic != "order.created" || l.PartitionKey != "order:o-poison" {
 		t.Fatalf("letter %+v", l)
 	}
+	// The handler's reason, through the 489's body and QStash's failure callback, is the
+	// letter's: in its error (so its group, dlq show and the console say why) and body.
+	if want := "qstash delivery failed: HTTP 489 after 0 of 3 retries: customer is blocked"; l.Error != want ||
+		l.ResponseBody != `{"error":"rejected","message":"customer is blocked"}`+"\n" {
+		t.Fatalf("letter error %q, response body %q; want %q and the handler's message", l.Error, l.ResponseBody, want)
+	}
 	if n := s.count(t, `SELECT count(*) FROM outbox WHERE id = $1 AND dead_lettered_at IS NOT NULL`, id); n != 1 {
 		t.Fatal("outbox row not marked dead-lettered")
 	}

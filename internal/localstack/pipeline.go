@@ -165,7 +165,7 @@ func (p *Pipeline) serveReceivers(cfg PipelineConfig) error {
 	}
 	p.BaseURL = "http://" + ln.Addr().String()
 	p.FailureURL = p.BaseURL + FailurePath
-	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer})
+	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, PublicBaseURL: p.BaseURL, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer})
 	if err != nil {
 		ln.Close()
 		return err

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -51,7 +52,8 @@ type Options struct {
 	Ordering publish.Ordering
 	// Forever keeps the stack up after the demo until ctx is cancelled.
 	Forever bool
-	// Keep leaves the schema in place for inspection.
+	// Keep leaves the schema in place for inspection; the Summary names it. A throwaway
+	// cluster outlives the run only in a DataDir of the caller's (stopped).
 	Keep bool
 	// Timeout bounds the wait for the pipeline to settle. Default 2 minutes.
 	Timeout time.Duration
@@ -81,7 +83,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer stopPostgres()
-	pool, dropSchema, err := openSchema(ctx, base, opts.Keep)
+	pool, schema, dropSchema, err := openSchema(ctx, base, opts.Keep)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -137,6 +139,9 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	}
 	s.DuplicatesAbsorbed = duplicates.Load()
 	s.Ordering = string(opts.Ordering)
+	if opts.Keep {
+		s.KeptSchema, s.KeptURL = schema.Name, redactedURL(schema.URL)
+	}
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return s, prodErr
 	}
@@ -276,10 +281,10 @@ func dataDir(dir string) (string, func(), error) {
 
 // openSchema creates dev_<random> on base, migrated, with the demo tables, and opens a
 // pool on it.
-func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, func(), error) {
+func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, *postgres.Schema, func(), error) {
 	sc, err := postgres.CreateSchema(ctx, base, "dev", true, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	drop := func() {
 		if !keep {
@@ -291,20 +296,30 @@ func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, fun
 	cfg, err := pgxpool.ParseConfig(sc.URL)
 	if err != nil {
 		drop()
-		return nil, nil, fmt.Errorf("parse database url: %w", err)
+		return nil, nil, nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.MaxConns = 12
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		drop()
-		return nil, nil, fmt.Errorf("open pool: %w", err)
+		return nil, nil, nil, fmt.Errorf("open pool: %w", err)
 	}
 	if err := CreateDemoTables(ctx, pool); err != nil {
 		pool.Close()
 		drop()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return pool, drop, nil
+	return pool, sc, drop, nil
+}
+
+// redactedURL is raw with its password, if any, shown as "xxxxx": a kept schema's URL is
+// printed, and DATABASE_URL's password must not be.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "" // CreateSchema made it from a URL that connected: cannot happen
+	}
+	return u.Redacted()
 }
 
 // display renders progress: one line redrawn in place on a terminal, else a line a second.

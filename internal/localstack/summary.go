@@ -26,6 +26,10 @@ type Summary struct {
 	LatencyP50ms    float64 `json:"latency_ms_p50"`
 	LatencyP99ms    float64 `json:"latency_ms_p99"`
 	Ordering        string  `json:"ordering"`
+	// KeptSchema and KeptURL, with Options.Keep, name the schema left in place and a
+	// connection string to it (search_path set, the password shown as "xxxxx").
+	KeptSchema string `json:"kept_schema,omitempty"`
+	KeptURL    string `json:"kept_url,omitempty"`
 }
 
 // OK reports whether nothing was lost, applied twice, or dead-lettered that should not be.

@@ -28,7 +28,7 @@ type traceRow struct {
 // WriteTraceSVG draws the first event trace in spans (the one RenderTraces prints first)
 // as a Gantt chart: the producer's span, the relay batch span that links it (with its
 // children), the delivery and the spans under it, each a bar on one time axis. It is the
-// picture in the README (docs/trace.svg). It returns ErrNoTrace when there is none.
+// picture in docs/observability.md (docs/trace.svg). It returns ErrNoTrace when there is none.
 func WriteTraceSVG(w io.Writer, spans []sdktrace.ReadOnlySpan) error {
 	rows := firstTrace(spans)
 	if rows == nil {

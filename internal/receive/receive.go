@@ -1,6 +1,7 @@
 package receive
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -81,7 +84,10 @@ var (
 // Write answers rep as JSON: {"outcome": code} for 2xx, {"error": code} otherwise. A 489
 // carries Upstash-NonRetryable-Error: true, so QStash gives up at once instead of retrying
 // what cannot change.
-func (rep Reply) Write(w http.ResponseWriter) {
+func (rep Reply) Write(w http.ResponseWriter) { rep.write(w, "") }
+
+// write is Write with "message" beside the code when message is not empty.
+func (rep Reply) write(w http.ResponseWriter, message string) {
 	if rep.Status == StatusNonRetryable {
 		w.Header().Set(HeaderNonRetryable, "true")
 	}
@@ -92,7 +98,13 @@ func (rep Reply) Write(w http.ResponseWriter) {
 	if rep.Status < 300 {
 		key = "outcome"
 	}
-	fmt.Fprintf(w, "{%q:%q}\n", key, rep.Code)
+	if message == "" {
+		fmt.Fprintf(w, "{%q:%q}\n", key, rep.Code)
+		return
+	}
+	// JSON, not %q: Go's quoting escapes differ from JSON's for some runes.
+	b, _ := json.Marshal(map[string]string{key: rep.Code, "message": message}) // strings cannot fail
+	fmt.Fprintf(w, "%s\n", b)
 }
 
 // Answer answers one request: it writes the reply, logs one line with the status and
@@ -108,6 +120,9 @@ type Answer struct {
 	// it, and an error status with the reply's code for a 5xx (QStash retries those). The
 	// log line's error text never goes on the span: it may quote the payload.
 	Span trace.Span
+	// Message, when set, goes in the reply's body beside the code: text the receiver chose
+	// to publish (the webhook's Permanent handler errors), never an internal error's.
+	Message string
 }
 
 // Reply writes rep and logs msg at level with attrs.
@@ -119,7 +134,7 @@ func (a *Answer) Reply(rep Reply, level slog.Level, msg string, attrs ...any) {
 			a.Span.SetStatus(codes.Error, rep.Code)
 		}
 	}
-	rep.Write(a.W)
+	rep.write(a.W, a.Message)
 	ctx := a.R.Context()
 	if a.Span != nil {
 		// The span starts after the request's context was made: put it there, so the line
@@ -205,6 +220,25 @@ func (rc *Receiver) Receive(a *Answer) (Request, bool) {
 		return Request{}, false
 	}
 	return Request{Body: body, URL: u}, true
+}
+
+// OneLine returns s as one line of valid UTF-8 at most limit bytes long (limit >= 3):
+// control characters and runs of white space become one space, and a longer text is cut at
+// a rune boundary with "…" appended. It makes text from a handler or a destination fit a
+// response body, a log line and a text column (which refuses NUL).
+func OneLine(s string, limit int) string {
+	s = strings.Join(strings.FieldsFunc(strings.ToValidUTF8(s, "\uFFFD"), func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r)
+	}), " ")
+	if len(s) <= limit {
+		return s
+	}
+	const ellipsis = "…"
+	cut := max(limit-len(ellipsis), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
 }
 
 // Reason is the log reason of a verification error: a qstash.VerifyReason, or "unknown".

@@ -1,11 +1,14 @@
 package receive_test
 
 import (
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
@@ -99,5 +102,42 @@ func TestReplyWrite(t *testing.T) {
 			w.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("%+v: %d %q %v", c.rep, w.Code, w.Body, w.Header())
 		}
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		in    string
+		limit int
+		want  string
+	}{
+		{"", 10, ""},
+		{"amount_cents 0 is not positive", 100, "amount_cents 0 is not positive"},
+		{"  line one\n\tline two\r\n", 100, "line one line two"},
+		{"nul\x00and\x1bescape", 100, "nul and escape"},
+		{"bad \xff byte", 100, "bad \uFFFD byte"},
+		{"abcdefghij", 10, "abcdefghij"},
+		{"abcdefghijk", 10, "abcdefg…"},
+		// Cut at a rune boundary: "é" is two bytes, and the cut must not split it.
+		{"ééééé", 8, "éé…"},
+	} {
+		got := receive.OneLine(c.in, c.limit)
+		if got != c.want || len(got) > c.limit || !utf8.ValidString(got) {
+			t.Errorf("OneLine(%q, %d) = %q, want %q", c.in, c.limit, got, c.want)
+		}
+	}
+}
+
+// TestAnswerMessage: a message set on the Answer goes in the body beside the code, as JSON.
+func TestAnswerMessage(t *testing.T) {
+	t.Parallel()
+	w := httptest.NewRecorder()
+	a := &receive.Answer{W: w, R: httptest.NewRequest(http.MethodPost, "/", nil), Log: slog.New(slog.DiscardHandler),
+		Message: `order "o-1": amount <0>`}
+	a.Reply(receive.Reply{Status: receive.StatusNonRetryable, Code: "rejected"}, slog.LevelWarn, "rejected")
+	var body map[string]string
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || len(body) != 2 || body["error"] != "rejected" || body["message"] != a.Message {
+		t.Fatalf("body %q (%v)", w.Body, err)
 	}
 }

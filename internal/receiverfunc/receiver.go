@@ -33,9 +33,12 @@ type Receiver struct {
 // verifier, the configured public URL and body limit, its logger and tracer, and an
 // Observe that counts outcomes as the Receiver's Outcomes say.
 type Parts struct {
-	Pool         *pgxpool.Pool
-	Verifier     *qstash.Verifier
-	PublicURL    string
+	Pool      *pgxpool.Pool
+	Verifier  *qstash.Verifier
+	PublicURL string
+	// FunctionURL is true when the handler is served as a Lambda Function URL (no
+	// LISTEN_ADDR), whose event names the signed URL's origin.
+	FunctionURL  bool
 	MaxBodyBytes int64
 	Logger       *slog.Logger
 	// Tracer is nil when tracing is off.
@@ -53,6 +56,7 @@ func (r Receiver) Build(cfg Config, pool *pgxpool.Pool, v *qstash.Verifier, logg
 		Pool:         pool,
 		Verifier:     v,
 		PublicURL:    cfg.PublicURL,
+		FunctionURL:  cfg.ListenAddr == "",
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger:       logger,
 		Tracer:       cfg.Tracer,

@@ -143,3 +143,15 @@ func TestTranslatedTemplateGuardsIamAuthAndLogLevels(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslatedTemplateRefusesAStackWithoutAPassword: without IAM auth the database
+// password comes only from DbSecretArn, so a stack with neither is refused at deploy
+// instead of failing every cold start.
+func TestTranslatedTemplateRefusesAStackWithoutAPassword(t *testing.T) {
+	t.Parallel()
+	rule := samtemplate.Map(samtemplate.Map(translated(t)["Rules"])["PasswordNeedsASecret"])
+	if fmt.Sprint(rule["RuleCondition"]) != "map[Fn::Equals:[map[Ref:DbIamAuth] false]]" ||
+		fmt.Sprint(rule["Assertions"]) != "[map[Assert:map[Fn::Not:[map[Fn::Equals:[map[Ref:DbSecretArn] ]]]] AssertDescription:DbSecretArn is empty and DbIamAuth is false; set the database secret's ARN, or DbIamAuth=true (with DbUser and DbResourceId).]]" {
+		t.Errorf("rule PasswordNeedsASecret = %v, want DbSecretArn asserted non-empty when DbIamAuth is false", rule)
+	}
+}

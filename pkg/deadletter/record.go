@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
 )
@@ -49,13 +50,31 @@ type DeliveryFailure struct {
 	SourceBody []byte
 }
 
-// errorText is the dead letter's error column and the outbox row's last_error.
+// maxReasonBytes bounds the destination's reason copied into a letter's error text. The
+// webhook cuts its own at webhook.MaxReasonBytes; another consumer's may be longer.
+const maxReasonBytes = 1000
+
+// errorText is the dead letter's error column and the outbox row's last_error. When the
+// destination's response is a JSON object with a "message" (the webhook's 489 for a
+// Permanent handler error: the handler's reason), the reason follows, so the letter, its
+// group and the console say why, not only that.
 func (f DeliveryFailure) errorText() string {
 	status := "no response"
 	if f.Status != 0 {
 		status = fmt.Sprintf("HTTP %d", f.Status)
 	}
-	return fmt.Sprintf("qstash delivery failed: %s after %d of %d retries", status, f.Retried, f.MaxRetries)
+	text := fmt.Sprintf("qstash delivery failed: %s after %d of %d retries", status, f.Retried, f.MaxRetries)
+	var body struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(f.ResponseBody, &body) != nil {
+		return text
+	}
+	// One line, no NUL (text columns refuse it), bounded: the body is the destination's.
+	if reason := receive.OneLine(body.Message, maxReasonBytes); reason != "" {
+		return text + ": " + reason
+	}
+	return text
 }
 
 // topicFromURL returns the {topic} of a .../events/{topic} destination, or "".

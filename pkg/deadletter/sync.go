@@ -286,7 +286,7 @@ func (p *syncPage) add(e qstash.DLQEntry, id entryIdentity) {
 	// QStash's DLQ API does not report the retries made. A retryable failure reached the
 	// DLQ by exhausting them all; a non-retryable answer (489) stopped early, after an
 	// unknown number, recorded as NULL attempts.
-	f := DeliveryFailure{Status: e.ResponseStatus, Retried: e.MaxRetries, MaxRetries: e.MaxRetries}
+	f := DeliveryFailure{Status: e.ResponseStatus, ResponseBody: e.ResponseBody, Retried: e.MaxRetries, MaxRetries: e.MaxRetries}
 	attempts := int32ptr(e.MaxRetries)
 	if e.ResponseStatus == 489 && strings.EqualFold(e.ResponseHeader.Get(nonRetryableHeader), "true") {
 		f.Retried, attempts = 0, nil

@@ -5,9 +5,9 @@
 // The request it builds has URL https://<requestContext.domainName><rawPath>[?rawQueryString],
 // Host set to domainName, the body base64-decoded when isBase64Encoded, and the trusted
 // origin https://<domainName> stored in its context: the webhook and the failure callback,
-// when given no public base URL, rebuild the signed URL from it, never from client-supplied
-// Host or X-Forwarded-Host headers. A webhook Lambda of your own serves webhook.New's
-// handler through Serve or New.
+// when given no public base URL (the webhook with Config.OriginFromFunctionURL set), rebuild
+// the signed URL from it, never from client-supplied Host or X-Forwarded-Host headers. A
+// webhook Lambda of your own serves webhook.New's handler through Serve or New.
 package funcurl
 
 import (

@@ -220,7 +220,7 @@ func receiverSetup(t *testing.T) (*pgtest.DB, *qstash.Verifier) {
 func TestWebhookThroughAdapter(t *testing.T) {
 	t.Parallel()
 	db, v := receiverSetup(t)
-	h, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, Handlers: webhook.Handlers{"order.created": orders.OrderCreated}, Logger: quiet()})
+	h, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, Handlers: webhook.Handlers{"order.created": orders.OrderCreated}, OriginFromFunctionURL: true, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestOversizedBodyThroughAdapter(t *testing.T) {
 	db, v := receiverSetup(t)
 	const limit = 1024
 	wh, err := webhook.New(webhook.Config{Pool: db.Pool, Verifier: v, MaxBodyBytes: limit, Logger: quiet(),
-		Handlers: webhook.Handlers{"order.created": orders.OrderCreated}})
+		Handlers: webhook.Handlers{"order.created": orders.OrderCreated}, OriginFromFunctionURL: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@
 //
 // Deletes are the simple answer up to a few million rows a day. Beyond that, time
 // partitioning (drop or detach whole old partitions) costs nothing per row and leaves no
-// dead tuples; see the README.
+// dead tuples; see docs/operations.md, Retention.
 package retention
 
 import (

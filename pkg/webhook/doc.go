@@ -22,5 +22,6 @@
 // table) is internal/receive, shared with the failure callback.
 //
 // Response bodies carry a short error code, never internal error text; the reason is
-// logged. The same Handler serves net/http locally and Lambda through pkg/funcurl.
+// logged. The one exception is chosen by the handler: the text of an error it marks
+// Permanent goes in the 489's body as "message" (see Permanent for the rule). The same Handler serves net/http locally and Lambda through pkg/funcurl.
 package webhook

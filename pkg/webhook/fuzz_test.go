@@ -25,7 +25,7 @@ const (
 	fuzzModes
 )
 
-var fuzzBodyRE = regexp.MustCompile(`^\{"(outcome|error)":"[a-z_]+"\}\n$`)
+var fuzzBodyRE = regexp.MustCompile(`^\{"(outcome|error)":"[a-z_]+"(,"message":"([^"\\]|\\.)*")?\}\n$`)
 
 // FuzzWebhookRequest drives the whole request path (routing, size limit, signature,
 // routing, JSON, validation, inbox) with arbitrary topics and bodies, and checks the

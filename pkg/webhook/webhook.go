@@ -32,6 +32,11 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 )
 
+// MaxReasonBytes bounds the reason a 489 for a Permanent handler error carries: the
+// error's text, cut at a rune boundary with "…" appended. Long enough for a sentence that
+// names the field and the rule, short enough that a thousand dead letters stay readable.
+const MaxReasonBytes = 300
+
 // QStash's non-retryable answer: status 489 together with this header set to "true".
 // Defined in internal/receive, with the rest of the QStash status table.
 const (
@@ -98,10 +103,16 @@ type Config struct {
 	MaxBodyBytes int64
 	// PublicBaseURL is the scheme and host the relay publishes to (PUBLIC_BASE_URL, e.g.
 	// https://hooks.example.com). The signed URL is PublicBaseURL + the request's escaped
-	// path and query. When empty, the trusted origin a transport adapter put in the request
-	// context (internal/origin, set by pkg/funcurl) is used; with neither, every request gets 500
-	// and a configuration error is logged. The client's Host header is never used.
+	// path and query. Required unless OriginFromFunctionURL is set: served over net/http,
+	// the handler has no trusted source for it (the client's Host header is never used).
 	PublicBaseURL string
+	// OriginFromFunctionURL, with PublicBaseURL empty, takes the signed URL's origin from
+	// the Lambda Function URL event (https://<requestContext.domainName>, which pkg/funcurl
+	// puts in the request context): a Function URL cannot be passed to its own function's
+	// environment, so a webhook Lambda served by funcurl.New sets it. A request that did
+	// not come through funcurl then gets 500 and a configuration error is logged.
+	// PublicBaseURL, when set, wins.
+	OriginFromFunctionURL bool
 	// Logger receives one line per delivery. Default slog.Default().
 	Logger *slog.Logger
 	// Observe, when set, is called once per delivery on /events/{topic} with the topic (or
@@ -143,10 +154,15 @@ func (c Config) Validate() error {
 			bad.Bad("Handlers", "topic %q has a nil handler", topic)
 		}
 	}
-	if c.PublicBaseURL != "" {
+	switch {
+	case c.PublicBaseURL != "":
 		if err := configcheck.BaseURL(c.PublicBaseURL); err != nil {
 			bad.Bad("PublicBaseURL", "%v", err)
 		}
+	case !c.OriginFromFunctionURL:
+		// Fail here rather than answer every delivery 500: nothing else can say what QStash signed.
+		bad.Bad("PublicBaseURL", "is empty; set it to the scheme and host QStash delivers to (PUBLIC_BASE_URL, "+
+			"e.g. https://hooks.example.com), or set OriginFromFunctionURL when the handler is served by pkg/funcurl")
 	}
 	return bad.Err()
 }
@@ -236,7 +252,12 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	headers.Del(receive.HeaderSignature)
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
-	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
+	// The handler's own error, before the inbox wraps it: its text is the reason a 489 gives.
+	var handlerErr error
+	outcome, err := h.handleOnce(ctx, func(ctx context.Context, tx pgx.Tx, d Delivery) error {
+		handlerErr = fn(ctx, tx, d)
+		return handlerErr
+	}, d, sum[:])
 	if outcome != 0 && span.IsRecording() {
 		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}
@@ -249,10 +270,22 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		// Two different payloads under one id is a producer or relay bug: loud.
 		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
 	case IsPermanent(err):
+		a.Message = reason(cmp.Or(handlerErr, err))
 		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
 		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
+}
+
+// reason is the "message" a 489 carries for err, a Permanent handler error (Permanent has
+// the rule for its text): err's text with control characters and runs of white space made
+// one space, cut to MaxReasonBytes at a rune boundary. Transient errors stay in the log:
+// their 500 carries the code only.
+func reason(err error) string {
+	if err == nil {
+		return ""
+	}
+	return receive.OneLine(err.Error(), MaxReasonBytes)
 }
 
 // inboxOutcomeKey is the span attribute that says what the inbox did with a delivery:

@@ -270,8 +270,9 @@ func TestPermanentHandlerErrorRollsBack(t *testing.T) {
 	if w.Code != webhook.StatusNonRetryable || w.Header().Get(webhook.HeaderNonRetryable) != "true" {
 		t.Fatalf("status %d", w.Code)
 	}
-	if contains(w.Body.String(), "blocked") {
-		t.Fatalf("response echoes the internal error: %s", w.Body)
+	// The reason is the body's message (TestPermanentReasonInBody has the rule).
+	if w.Body.String() != `{"error":"rejected","message":"customer is blocked"}`+"\n" {
+		t.Fatalf("body %s", w.Body)
 	}
 	f.assertNothingWritten(t)
 }
@@ -316,7 +317,7 @@ func TestDatabaseDownIsTransient(t *testing.T) {
 func TestTrustedOriginFromContext(t *testing.T) {
 	t.Parallel()
 	const fnURL = "https://abc123.lambda-url.eu-west-1.on.aws"
-	f := newFixture(t, func(c *webhook.Config) { c.PublicBaseURL = "" })
+	f := newFixture(t, func(c *webhook.Config) { c.PublicBaseURL, c.OriginFromFunctionURL = "", true })
 	body := order("o-origin")
 
 	// Without configuration or origin the handler refuses to guess from Host.
@@ -362,12 +363,14 @@ func TestConfigValidate(t *testing.T) {
 		fields  []string
 		mention []string
 	}{
-		{"empty", webhook.Config{}, []string{"Pool", "Verifier", "Handlers"}, nil},
-		{"bad topic and nil handler", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: webhook.Handlers{"a/b": orders.OrderCreated, "x": nil}},
+		{"empty", webhook.Config{}, []string{"Pool", "Verifier", "Handlers", "PublicBaseURL"}, nil},
+		// Served over net/http with no base URL, every delivery would get 500: New refuses.
+		{"no base url", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok}, []string{"PublicBaseURL"}, []string{"PUBLIC_BASE_URL", "OriginFromFunctionURL"}},
+		{"bad topic and nil handler", webhook.Config{Pool: f.db.Pool, Verifier: v, PublicBaseURL: baseURL, Handlers: webhook.Handlers{"a/b": orders.OrderCreated, "x": nil}},
 			[]string{"Handlers"}, []string{`"a/b"`, `"x" has a nil handler`}},
 		{"bad base url", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, PublicBaseURL: "hooks.example.com"}, []string{"PublicBaseURL"}, nil},
 		{"base url with query", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, PublicBaseURL: "https://h.example?x=1"}, []string{"PublicBaseURL"}, nil},
-		{"negative limit", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, MaxBodyBytes: -1}, []string{"MaxBodyBytes"}, nil},
+		{"negative limit", webhook.Config{Pool: f.db.Pool, Verifier: v, Handlers: ok, PublicBaseURL: baseURL, MaxBodyBytes: -1}, []string{"MaxBodyBytes"}, nil},
 	}
 	for _, c := range cases {
 		_, err := webhook.New(c.cfg)

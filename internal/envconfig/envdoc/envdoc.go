@@ -131,7 +131,7 @@ var Vars = []Var{
 	{"OUTBOX_NAME", "QStash", "`" + qstash.DefaultName + "` (the template: the stack name)", Relay, ec,
 		"The deployment's name, `[A-Za-z0-9_-]`, at most 128: in every deduplication id (`<name>-<id>`, `<name>-<id>-r<generation>`), the FIFO queue names and the flow-control keys, so deployments sharing a QStash account neither deduplicate nor block each other."},
 	{"PUBLIC_BASE_URL", "QStash", "relay: required; webhook: the Function URL's origin", Relay | WebhookFunction, ec,
-		"The webhook's public base URL. The relay publishes each event to `<base>/events/<topic>?outbox_id=<id>&generation=<n>`; the webhook checks that the signed URL starts with it (without it: `https://` + the Function URL's domain, never a client-supplied `Host`)."},
+		"The webhook's public base URL. The relay publishes each event to `<base>/events/<topic>?outbox_id=<id>&generation=<n>`; the webhook checks that the signed URL starts with it (without it: `https://` + the Function URL's domain, never a client-supplied `Host`; served over net/http with `LISTEN_ADDR` there is no such domain, and the webhook refuses to start without it)."},
 	{"FAILURE_CALLBACK_URL", "QStash", "relay: unset (no failure callback); failure function: the Function URL's origin and path", Relay | FailureFunction, ec,
 		"The failure function's exact URL, without query or fragment (both functions refuse one at start). The relay sends it as `Upstash-Failure-Callback`; the failure function checks the signed URL against it. Without it on the relay, QStash's dead letters stay in its DLQ until `outboxctl dlq sync` records them."},
 	{"ORDERING", "QStash", "`" + string(publish.OrderingPublish) + "`", Relay, ec,

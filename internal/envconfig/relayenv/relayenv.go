@@ -128,8 +128,9 @@ func check(r *envconfig.Reader, c Config) {
 	// and is not reported again.
 	r.Check(c.Relay.Validate())
 	pub := c.Publisher
-	if pub.Token == "" {
-		pub.Token = "unset"
+	if pub.Tokens == nil {
+		// Validate reads the token source, which WithDefaults makes only from a token.
+		pub.Tokens = qstash.NewToken("unset", nil)
 	}
 	if pub.DestinationBaseURL == "" {
 		pub.DestinationBaseURL = "https://unset.invalid"

@@ -2,6 +2,7 @@ package relayenv
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +173,15 @@ func vars(err error) map[string]bool {
 		out[v] = true
 	}
 	return out
+}
+
+// TestReadEmptyNamesEachVariableOnce: with no environment, each required variable is
+// reported once, as not set (not again as the library's empty field).
+func TestReadEmptyNamesEachVariableOnce(t *testing.T) {
+	t.Parallel()
+	_, err := Read(env(nil))
+	got := envconfig.Vars(err)
+	if want := []string{"DATABASE_URL", "QSTASH_TOKEN", "PUBLIC_BASE_URL"}; !slices.Equal(got, want) {
+		t.Fatalf("variables named %v, want %v:\n%v", got, want, err)
+	}
 }
