@@ -18,8 +18,13 @@ import (
 // commits nothing. Without a listening connection (e.g. a pooler that drops LISTEN) it
 // polls, backing off to PollInterval. Cancelling ctx is a clean stop: the batches in flight
 // are marked and Linger returns nil.
+//
+// Linger stops claiming DeadlineMargin before ctx's deadline, whatever until says: a
+// Lambda invocation with a 50 s timeout, a 2 s reserve and the default 15 s margin lingers
+// 33 s at most, and events committed after that wait for the next invocation. On Lambda,
+// DrainIdle with a kick after each commit (package kick) leaves no such hole.
 func (r *Relay) Linger(ctx context.Context, until time.Time) (Stats, error) {
-	return r.linger(ctx, ctx, until)
+	return r.linger(ctx, ctx, lingerEnd{until: until})
 }
 
 // Run drains continuously until stop is cancelled, for a long-lived process, waking as
@@ -27,7 +32,7 @@ func (r *Relay) Linger(ctx context.Context, until time.Time) (Stats, error) {
 // returns (its work is not interrupted); no new batch is claimed. It returns nil on a clean
 // stop.
 func (r *Relay) Run(stop context.Context) (Stats, error) {
-	st, err := r.linger(stop, context.WithoutCancel(stop), time.Time{})
+	st, err := r.linger(stop, context.WithoutCancel(stop), lingerEnd{})
 	if stop.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		return st, nil
 	}
@@ -56,27 +61,55 @@ const (
 	busyGap    = time.Millisecond
 )
 
-// linger stops claiming when stop is done or until passes (zero: never); work is the
-// context batches run under.
-func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, error) {
+// lingerEnd says when linger stops claiming, besides stop and the deadline margin.
+type lingerEnd struct {
+	// until: a fixed end (zero: none).
+	until time.Time
+	// idle > 0: end once idle has passed since the last drain that found events (or since
+	// the start), and only after a drain that began at or after that instant found
+	// nothing, so every event committed before the end is claimed.
+	idle time.Duration
+	// idleAfterEvents: a first drain that finds nothing ends at once.
+	idleAfterEvents bool
+	// seen, if set, receives when the last drain began.
+	seen *time.Time
+}
+
+// linger stops claiming when stop is done or end says so; work is the context batches run
+// under.
+func (r *Relay) linger(stop, work context.Context, end lingerEnd) (Stats, error) {
 	start := time.Now()
 	var total Stats
 	defer func() { total.Duration = time.Since(start) }()
 	l := newListener(r)
 	defer l.close()
+	until := end.until
 	drainStop := stop
 	if !until.IsZero() {
 		var cancel context.CancelFunc
 		drainStop, cancel = context.WithDeadline(stop, until)
 		defer cancel()
 	}
+	// lastFound is when the last drain that found events ended; lastDrain when the last
+	// drain began (its claims' snapshots are taken after it).
+	lastFound, lastDrain := start, time.Time{}
 
 	next, idle := fastPoll, time.Duration(0)
 	for {
-		if stop.Err() != nil || (!until.IsZero() && !time.Now().Before(until)) {
+		if end.idle > 0 {
+			until = lastFound.Add(end.idle)
+			if !lastDrain.Before(until) {
+				return total, nil
+			}
+		}
+		if stop.Err() != nil || (end.idle == 0 && !until.IsZero() && !time.Now().Before(until)) {
 			return total, nil
 		}
 		claimed := total.Claimed
+		lastDrain = time.Now()
+		if end.seen != nil {
+			*end.seen = lastDrain
+		}
 		pace := drainPace{poll: fastPoll}
 		if l.asleep {
 			// A drain that keeps finding events while its batches publish can last as long
@@ -96,6 +129,11 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 			return total, err
 		}
 		found := total.Claimed > claimed
+		if found {
+			lastFound = time.Now()
+		} else if end.idleAfterEvents && total.Claimed == 0 {
+			return total, nil
+		}
 		if found && !l.asleep {
 			next, idle = fastPoll, 0
 		}
