@@ -159,8 +159,6 @@ var Vars = []Var{
 	{"BACKOFF_MAX", "Relay", dur(relay.DefaultBackoffMax), Relay, ec, "Cap of the backoff ceiling."},
 	{"IDLE_GAP", "Relay", dur(relayenv.DefaultIdleGap), Relay, ec,
 		"How long an invocation waits for more events before it returns, closing every database session it opened (fast polls, then asleep on `LISTEN/NOTIFY`). A kicked invocation stays at least this long from its start; a scheduled one that finds the outbox empty returns at once. Producers that kick (`pkg/kick`) skip kicks within their interval, which must stay below it. At most 1m; `0s` drains once."},
-	{"LINGER", "Relay", "unset", Relay, ec,
-		"Replaced by `IDLE_GAP`: the relay refuses to start when it is set to anything but `0s`."},
 
 	{"OUTBOX_RETENTION", "Retention", dur(retention.DefaultOutboxRetention), Relay, ec, "Delete dispatched outbox rows older than this; must outlive the retry horizon."},
 	{"DEDUPE_TTL", "Retention", dur(retention.DefaultDedupeTTL), Relay, ec,

@@ -59,11 +59,6 @@ func Read(getenv func(string) string) (Config, error) {
 	if c.IdleGap > maxIdleGap {
 		r.Fail("IDLE_GAP", "%v is longer than %v: a relay that waits that long for events holds a database session for nothing; the schedule and the producers' kicks wake it", c.IdleGap, maxIdleGap)
 	}
-	// LINGER (before IDLE_GAP) kept every scheduled invocation for a fixed time; IDLE_GAP
-	// replaced it. A stack that still sets it would silently lose the setting.
-	if v := r.Get("LINGER"); v != "" && v != "0" && v != "0s" {
-		r.Fail("LINGER", "%q is no longer read: set IDLE_GAP instead (how long an invocation waits for more events; producers kick the relay after each commit, see docs/deploy.md)", v)
-	}
 	ret := retention.Config{}
 	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
 	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
