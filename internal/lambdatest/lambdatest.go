@@ -146,6 +146,21 @@ func Start(tb testing.TB, opts Options) *Function {
 	return f
 }
 
+// Launch is Start for code without a testing.TB (the local Lambda service, package
+// lambdasvc): it runs opts.Bootstrap under the emulator at RIEPath and waits until it
+// accepts connections. The caller stops it with Stop; a nil opts.Log keeps the output for
+// Log only.
+func Launch(opts Options) (*Function, error) {
+	rie, err := RIEPath()
+	if err != nil {
+		return nil, err
+	}
+	return start(rie, opts)
+}
+
+// Stop stops the emulator and its function, and waits for them to exit.
+func (f *Function) Stop() { f.stop() }
+
 func start(rie string, opts Options) (*Function, error) {
 	if opts.Name == "" {
 		opts.Name = "function"
