@@ -34,16 +34,26 @@ type deployed struct {
 
 func deploy(t *testing.T) *deployed {
 	t.Helper()
+	return deployWith(t, nil)
+}
+
+// deployWith is deploy with extra relay variables (IDLE_GAP, ...).
+func deployWith(t *testing.T, extra map[string]string) *deployed {
+	t.Helper()
 	d := &deployed{db: pgtest.New(t), qs: qstashtest.NewTestServer(t, qstashtest.Options{}), cons: &qstashtest.Destination{}, results: &results{}}
 	dest := httptest.NewServer(d.cons)
 	t.Cleanup(dest.Close)
 	d.app = "relay-" + d.db.Schema
+	env := map[string]string{
+		"DATABASE_URL": d.db.URL + "&application_name=" + d.app, "QSTASH_URL": d.qs.URL, "QSTASH_TOKEN": d.qs.Token,
+		"PUBLIC_BASE_URL": dest.URL, "LOG_LEVEL": "warn",
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
 	svc, err := lambdasvc.Start(lambdasvc.FunctionConfig{
 		Name: "relay", Bootstrap: bootstrap(t, "./functions/relay"), Timeout: 50 * time.Second, ReservedConcurrency: 2,
-		Env: map[string]string{
-			"DATABASE_URL": d.db.URL + "&application_name=" + d.app, "QSTASH_URL": d.qs.URL, "QSTASH_TOKEN": d.qs.Token,
-			"PUBLIC_BASE_URL": dest.URL, "IDLE_GAP": "1s", "LOG_LEVEL": "warn",
-		},
+		Env: env,
 		OnResult: d.results.add,
 	})
 	if err != nil {

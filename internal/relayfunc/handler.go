@@ -286,7 +286,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time, task stri
 		h.log.ErrorContext(ctx, "relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.InfoContext(ctx, "relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+	h.log.InfoContext(ctx, "relay drain", slog.String("task", task), slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
 		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }

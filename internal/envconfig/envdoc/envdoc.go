@@ -30,6 +30,8 @@ const (
 	FailureFunction
 	// OutboxctlRelay is `outboxctl relay`, the relay outside Lambda.
 	OutboxctlRelay
+	// OutboxctlEnqueue is `outboxctl enqueue`, a producer.
+	OutboxctlEnqueue
 
 	// Relay is both relays: they read the same variables (package relayenv).
 	Relay     = RelayFunction | OutboxctlRelay
@@ -46,7 +48,8 @@ func (r Readers) String() string {
 	for _, n := range []struct {
 		r    Readers
 		name string
-	}{{RelayFunction, "RelayFunction"}, {WebhookFunction, "WebhookFunction"}, {FailureFunction, "FailureFunction"}, {OutboxctlRelay, "`outboxctl relay`"}} {
+	}{{RelayFunction, "RelayFunction"}, {WebhookFunction, "WebhookFunction"}, {FailureFunction, "FailureFunction"}, {OutboxctlRelay, "`outboxctl relay`"},
+		{OutboxctlEnqueue, "`outboxctl enqueue`"}} {
 		if r&n.r != 0 {
 			names = append(names, n.name)
 		}
@@ -67,6 +70,8 @@ const (
 	SourceTelemetry Source = "internal/telemetry"
 	// SourceRelayMain: the relay Lambda's cold start (functions/relay, package relayfunc).
 	SourceRelayMain Source = "internal/relayfunc"
+	// SourceOutboxctl: a command of cmd/outboxctl that reads a variable of its own.
+	SourceOutboxctl Source = "cmd/outboxctl"
 )
 
 // Var is one environment variable.
@@ -157,6 +162,8 @@ var Vars = []Var{
 	{"MAX_ATTEMPTS", "Relay", fmt.Sprint(relay.DefaultMaxAttempts), Relay, ec, "The relay's retry budget per event; past it the event is dead-lettered."},
 	{"BACKOFF_BASE", "Relay", dur(relay.DefaultBackoffBase), Relay, ec, "Backoff ceiling `min(BACKOFF_BASE·2^attempt, BACKOFF_MAX)`, full jitter, floor " + dur(relay.MinBackoff) + "."},
 	{"BACKOFF_MAX", "Relay", dur(relay.DefaultBackoffMax), Relay, ec, "Cap of the backoff ceiling."},
+	{"RELAY_FUNCTION", "Relay", "unset (no kick)", OutboxctlEnqueue, env(SourceOutboxctl),
+		"The relay function's name or ARN (the stack's `RelayFunctionArn` output): `outboxctl enqueue` kicks it after each commit, as producers do with package `kick` (an asynchronous `Invoke`; AWS region and credentials from the environment, `AWS_ENDPOINT_URL_LAMBDA` honoured). The caller needs `lambda:InvokeFunction` on it."},
 	{"IDLE_GAP", "Relay", dur(relayenv.DefaultIdleGap), Relay, ec,
 		"How long an invocation waits for more events before it returns, closing every database session it opened (fast polls, then asleep on `LISTEN/NOTIFY`). A kicked invocation stays at least this long from its start; a scheduled one that finds the outbox empty returns at once. Producers that kick (`pkg/kick`) skip kicks within their interval, which must stay below it. At most 1m; `0s` drains once."},
 
