@@ -53,7 +53,7 @@ func deployWith(t *testing.T, extra map[string]string) *deployed {
 	}
 	svc, err := lambdasvc.Start(lambdasvc.FunctionConfig{
 		Name: "relay", Bootstrap: bootstrap(t, "./functions/relay"), Timeout: 50 * time.Second, ReservedConcurrency: 2,
-		Env: env,
+		Env:      env,
 		OnResult: d.results.add,
 	})
 	if err != nil {

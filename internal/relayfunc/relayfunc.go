@@ -117,6 +117,10 @@ func run(ctx context.Context) error {
 		logger.ErrorContext(ctx, "start relay", slog.Any("error", err))
 		return err
 	}
+	// The cold start's ping left a session open; Lambda may initialise an environment
+	// long before its first invocation (proactive initialisation), and an idle
+	// environment holds no session.
+	h.closeSessions()
 	// The batch spans leave before the invocation returns: the environment may be frozen
 	// right after.
 	lambda.Start(telemetry.FlushAfter(tel, logger, h.handle))

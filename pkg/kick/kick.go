@@ -8,7 +8,7 @@
 //
 // A kicked relay drains, stays while events keep arriving, and returns after its idle gap
 // (IDLE_GAP, relay.DrainIdle), counted from its start. So a Kicker skips a kick when its
-// last accepted kick was sent less than Interval ago (Interval is below the relay's gap:
+// last accepted kick was sent less than Interval ago (Interval is at most the relay's gap:
 // the relay that kick woke sees the commit), and at most one kick is in flight at a time.
 // A kick that fails is logged and counted (Stats), never returned to the caller: the
 // event is committed and the relay's schedule delivers it if nothing else does (a lost
@@ -33,10 +33,12 @@ import (
 
 // Defaults for Config.
 const (
-	// defaultInterval is half the relay's default idle gap (1 s): a kick sent within it is
-	// covered by the relay the previous kick woke, with half a second to spare for the
-	// invoke's own latency.
-	defaultInterval = 500 * time.Millisecond
+	// defaultInterval is the relay's default idle gap. A kick requested at t1 within it of
+	// an accepted kick sent at t0 is covered: the relay that kick woke started after t0,
+	// stays the gap from its start, and its last claim begins after t0 + gap > t1 (no
+	// margin for the invoke's latency is needed: a later start only moves that claim
+	// later).
+	defaultInterval = time.Second
 	// defaultTimeout bounds one Invoke call, its SDK retries included.
 	defaultTimeout = 5 * time.Second
 )
@@ -46,8 +48,8 @@ type Config struct {
 	// Function is the relay function's name or ARN (the stack's RelayFunctionArn output).
 	Function string
 	// Interval: a kick requested less than Interval after the start of the last accepted
-	// kick is skipped, and kicks are sent at most once per Interval. It must stay below the
-	// relay's IDLE_GAP. Default 500ms (IDLE_GAP's default is 1s).
+	// kick is skipped, and kicks are sent at most once per Interval. It must not exceed the
+	// relay's IDLE_GAP. Default 1s, IDLE_GAP's default.
 	Interval time.Duration
 	// Timeout bounds one Invoke call, the SDK's retries included. Default 5s.
 	Timeout time.Duration

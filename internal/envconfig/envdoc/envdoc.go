@@ -165,7 +165,7 @@ var Vars = []Var{
 	{"RELAY_FUNCTION", "Relay", "unset (no kick)", OutboxctlEnqueue, env(SourceOutboxctl),
 		"The relay function's name or ARN (the stack's `RelayFunctionArn` output): `outboxctl enqueue` kicks it after each commit, as producers do with package `kick` (an asynchronous `Invoke`; AWS region and credentials from the environment, `AWS_ENDPOINT_URL_LAMBDA` honoured). The caller needs `lambda:InvokeFunction` on it."},
 	{"IDLE_GAP", "Relay", dur(relayenv.DefaultIdleGap), Relay, ec,
-		"How long an invocation waits for more events before it returns, closing every database session it opened (fast polls, then asleep on `LISTEN/NOTIFY`). A kicked invocation stays at least this long from its start; a scheduled one that finds the outbox empty returns at once. Producers that kick (`pkg/kick`) skip kicks within their interval, which must stay below it. At most 1m; `0s` drains once."},
+		"How long an invocation waits for more events before it returns, closing every database session it opened (fast polls, then asleep on `LISTEN/NOTIFY`). A kicked invocation stays at least this long from its start; a scheduled one that finds the outbox empty returns at once. Producers that kick (`pkg/kick`) skip kicks within their interval (1s), which must not exceed it. At most 1m; `0s` drains once."},
 
 	{"OUTBOX_RETENTION", "Retention", dur(retention.DefaultOutboxRetention), Relay, ec, "Delete dispatched outbox rows older than this; must outlive the retry horizon."},
 	{"DEDUPE_TTL", "Retention", dur(retention.DefaultDedupeTTL), Relay, ec,

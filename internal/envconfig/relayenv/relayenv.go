@@ -151,7 +151,7 @@ func check(r *envconfig.Reader, c Config) {
 }
 
 // DefaultIdleGap is IDLE_GAP's default: a kicked relay stays a second for more events;
-// producers that kicked within it skip their kick (package kick's Interval is below it).
+// producers that kicked within it skip their kick (package kick's Interval is at most it).
 const DefaultIdleGap = time.Second
 
 // maxIdleGap bounds IDLE_GAP: beyond a minute the scheduled tick would come first anyway.
