@@ -27,7 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/rie"
 )
 
 // Defaults for FunctionConfig.
@@ -45,9 +45,9 @@ type FunctionConfig struct {
 	// Name is the function's name; invokes may name it by its ARN too
 	// (arn:aws:lambda:<region>:<account>:function:<name>).
 	Name string
-	// Bootstrap is the built executable (lambdatest.Build).
+	// Bootstrap is the built executable (rie.Build).
 	Bootstrap string
-	// Env is the function's environment (lambdatest.Options.Env).
+	// Env is the function's environment (rie.Options.Env).
 	Env map[string]string
 	// Timeout is the function timeout. Default DefaultTimeout.
 	Timeout time.Duration
@@ -108,8 +108,8 @@ type function struct {
 	cfg FunctionConfig
 
 	mu      sync.Mutex
-	idle    []*lambdatest.Function
-	all     []*lambdatest.Function
+	idle    []*rie.Function
+	all     []*rie.Function
 	started int
 
 	sync, async, accepted, throttled, retried, dropped, envs atomic.Int64
@@ -274,7 +274,7 @@ func (s *Service) deliver(f *function, payload []byte, queued time.Time) {
 
 // acquire takes an idle environment, or starts one below the reserved concurrency; nil
 // (and no error) when all are busy.
-func (f *function) acquire() (*lambdatest.Function, error) {
+func (f *function) acquire() (*rie.Function, error) {
 	f.mu.Lock()
 	if n := len(f.idle); n > 0 {
 		env := f.idle[n-1]
@@ -288,7 +288,7 @@ func (f *function) acquire() (*lambdatest.Function, error) {
 	}
 	f.started++ // held for the environment starting now
 	f.mu.Unlock()
-	env, err := lambdatest.Launch(lambdatest.Options{Bootstrap: f.cfg.Bootstrap, Name: f.cfg.Name, Timeout: f.cfg.Timeout, Env: f.cfg.Env, Log: f.cfg.Log})
+	env, err := rie.Launch(rie.Options{Bootstrap: f.cfg.Bootstrap, Name: f.cfg.Name, Timeout: f.cfg.Timeout, Env: f.cfg.Env, Log: f.cfg.Log})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -301,7 +301,7 @@ func (f *function) acquire() (*lambdatest.Function, error) {
 }
 
 // run invokes payload in env, returns env to the idle ones, and reports the result.
-func (f *function) run(env *lambdatest.Function, payload []byte, queued time.Time, async bool) Result {
+func (f *function) run(env *rie.Function, payload []byte, queued time.Time, async bool) Result {
 	res := Result{Function: f.cfg.Name, Async: async, Payload: payload, Queued: queued, Start: time.Now()}
 	ictx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout+30*time.Second)
 	resp, err := env.Invoke(ictx, payload)
