@@ -69,6 +69,12 @@ type Options struct {
 	// transactions, the relay's batches, the deliveries and the failure callbacks
 	// (outboxctl dev --trace records them in memory). Nil: tracing off.
 	Tracer trace.Tracer
+	// Deployed runs the relay as deployed instead of in this process: the built
+	// functions/relay under aws-lambda-rie behind the local Lambda service, kicked by the
+	// producer after each commit, ticked every Schedule (default a minute). The relay's
+	// spans are not recorded then.
+	Deployed bool
+	Schedule time.Duration
 }
 
 // Run brings the stack up, runs the demo, waits until every event is applied or
@@ -81,7 +87,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer stopPostgres()
-	pool, dropSchema, err := openSchema(ctx, base, opts.Keep)
+	pool, schemaURL, dropSchema, err := openSchema(ctx, base, opts.Keep)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -96,8 +102,16 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer pl.Close()
-	stopRelay, err := superviseRelay(pl, pool, log)
-	if err != nil {
+	var stopRelay func() error
+	if opts.Deployed {
+		dr, err := startDeployedRelay(ctx, pl, schemaURL, opts)
+		if err != nil {
+			return Summary{}, err
+		}
+		var once sync.Once
+		stopRelay = func() error { once.Do(dr.stop); return nil }
+		opts.Producer.Waker = dr.kicker
+	} else if stopRelay, err = superviseRelay(pl, pool, log); err != nil {
 		return Summary{}, err
 	}
 	defer stopRelay()
@@ -149,6 +163,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 func (opts Options) withDefaults() Options {
 	opts.Ordering = cmp.Or(opts.Ordering, publish.OrderingFIFO)
 	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
+	opts.Schedule = cmp.Or(opts.Schedule, time.Minute)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return opts
 }
@@ -275,13 +290,13 @@ func dataDir(dir string) (string, func(), error) {
 }
 
 // openSchema creates dev_<random> on base, migrated, with the demo tables, and opens a
-// pool on it.
-func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, func(), error) {
+// pool on it; url connects to the schema.
+func openSchema(ctx context.Context, base string, keep bool) (pool *pgxpool.Pool, url string, drop func(), err error) {
 	sc, err := postgres.CreateSchema(ctx, base, "dev", true, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
-	drop := func() {
+	drop = func() {
 		if !keep {
 			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -291,20 +306,20 @@ func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, fun
 	cfg, err := pgxpool.ParseConfig(sc.URL)
 	if err != nil {
 		drop()
-		return nil, nil, fmt.Errorf("parse database url: %w", err)
+		return nil, "", nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		drop()
-		return nil, nil, fmt.Errorf("open pool: %w", err)
+		return nil, "", nil, fmt.Errorf("open pool: %w", err)
 	}
 	if err := CreateDemoTables(ctx, pool); err != nil {
 		pool.Close()
 		drop()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
-	return pool, drop, nil
+	return pool, sc.URL, drop, nil
 }
 
 // display renders progress: one line redrawn in place on a terminal, else a line a second.
