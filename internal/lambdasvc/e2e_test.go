@@ -37,8 +37,8 @@ func deploy(t *testing.T) *deployed {
 	return deployWith(t, nil)
 }
 
-// deployWith is deploy with extra relay variables (IDLE_GAP, ...).
-func deployWith(t *testing.T, extra map[string]string) *deployed {
+// deployWith is deploy with the function's configuration changed by tune.
+func deployWith(t *testing.T, tune func(*lambdasvc.FunctionConfig)) *deployed {
 	t.Helper()
 	d := &deployed{db: pgtest.New(t), qs: qstashtest.NewTestServer(t, qstashtest.Options{}), cons: &qstashtest.Destination{}, results: &results{}}
 	dest := httptest.NewServer(d.cons)
@@ -48,14 +48,15 @@ func deployWith(t *testing.T, extra map[string]string) *deployed {
 		"DATABASE_URL": d.db.URL + "&application_name=" + d.app, "QSTASH_URL": d.qs.URL, "QSTASH_TOKEN": d.qs.Token,
 		"PUBLIC_BASE_URL": dest.URL, "LOG_LEVEL": "warn",
 	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	svc, err := lambdasvc.Start(lambdasvc.FunctionConfig{
+	fc := lambdasvc.FunctionConfig{
 		Name: "relay", Bootstrap: bootstrap(t, "./functions/relay"), Timeout: 50 * time.Second, ReservedConcurrency: 2,
 		Env:      env,
 		OnResult: d.results.add,
-	})
+	}
+	if tune != nil {
+		tune(&fc)
+	}
+	svc, err := lambdasvc.Start(fc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,4 +188,51 @@ func invocations(all []lambdasvc.Result) string {
 		}
 	}
 	return fmt.Sprintf("%d, %d of them claimed nothing", len(all), empty)
+}
+
+// TestThrottledKicksCoalesce: four producers kick a relay whose reserved concurrency is 1
+// while it drains. The kicks beyond it are throttled and retried by the service, as by
+// Lambda; those that reach the environment after it claimed their commits are answered
+// without a database session. Nothing is lost, and no kick costs a session to find
+// nothing.
+func TestThrottledKicksCoalesce(t *testing.T) {
+	t.Parallel()
+	d := deployWith(t, func(c *lambdasvc.FunctionConfig) { c.ReservedConcurrency, c.RetryBase = 1, 200*time.Millisecond })
+	kickers := make([]*kick.Kicker, 4)
+	for i := range kickers {
+		kickers[i] = newKicker(t, d)
+	}
+	ids := produce(t, d, kickers, 20, 4*time.Second)
+	waitDispatched(t, d, len(ids))
+	// Every kick accepted has run, been answered, or aged out.
+	testwait.Eventually(t, 90*time.Second, func() bool {
+		s := d.svc.Stats("relay")
+		return s.Accepted == s.Async+s.Dropped
+	}, "the queued kicks settled")
+	st := d.svc.Stats("relay")
+	var drained, empty, coalesced int
+	for _, r := range d.results.get() {
+		var res struct {
+			Claimed   int  `json:"claimed"`
+			Coalesced bool `json:"coalesced"`
+		}
+		if err := json.Unmarshal(r.Body, &res); err != nil || r.Err != nil {
+			t.Fatalf("invocation %s: %v %v", r.Body, err, r.Err)
+		}
+		switch {
+		case res.Coalesced:
+			coalesced++
+		case res.Claimed == 0:
+			empty++
+		default:
+			drained++
+		}
+	}
+	t.Logf("%d events; service %+v; invocations: %d drained, %d found nothing, %d coalesced", len(ids), st, drained, empty, coalesced)
+	if st.Retried == 0 || st.Environments != 1 || coalesced == 0 || drained == 0 {
+		t.Fatalf("want throttled kicks retried into one environment and coalesced there: service %+v, %d drained, %d coalesced", st, drained, coalesced)
+	}
+	if empty > 1 {
+		t.Fatalf("%d invocations opened sessions to find nothing", empty)
+	}
 }
