@@ -3,7 +3,6 @@ package lambdasvc_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http/httptest"
 	"slices"
 	"testing"
@@ -171,23 +170,33 @@ func TestKickedRelayUnderTheLocalLambdaService(t *testing.T) {
 	if n := len(d.cons.Counts()); n != 13 {
 		t.Fatalf("the consumer saw %d distinct events, want 13", n)
 	}
-	t.Logf("lost kick delivered by the tick after %v; invocations: %s", l, invocations(d.results.get()))
+	t.Logf("lost kick delivered by the tick after %v; invocations %+v", l, count(d.results.get()))
 }
 
-// invocations summarises the relay's invocations: how many, and how many claimed nothing.
-func invocations(all []lambdasvc.Result) string {
-	empty := 0
+// tally is what the relay's invocations did: claimed events, opened sessions to find
+// nothing, or were answered without a session (coalesced kicks); failed counts those
+// that failed or answered something else.
+type tally struct{ drained, empty, coalesced, failed int }
+
+func count(all []lambdasvc.Result) tally {
+	var n tally
 	for _, r := range all {
 		var res struct {
 			Claimed   int  `json:"claimed"`
 			Coalesced bool `json:"coalesced"`
 		}
-		_ = json.Unmarshal(r.Body, &res)
-		if res.Claimed == 0 {
-			empty++
+		switch {
+		case r.Err != nil || json.Unmarshal(r.Body, &res) != nil:
+			n.failed++
+		case res.Coalesced:
+			n.coalesced++
+		case res.Claimed == 0:
+			n.empty++
+		default:
+			n.drained++
 		}
 	}
-	return fmt.Sprintf("%d, %d of them claimed nothing", len(all), empty)
+	return n
 }
 
 // TestThrottledKicksCoalesce: four producers kick a relay whose reserved concurrency is 1
@@ -210,29 +219,12 @@ func TestThrottledKicksCoalesce(t *testing.T) {
 		return s.Accepted == s.Async+s.Dropped
 	}, "the queued kicks settled")
 	st := d.svc.Stats("relay")
-	var drained, empty, coalesced int
-	for _, r := range d.results.get() {
-		var res struct {
-			Claimed   int  `json:"claimed"`
-			Coalesced bool `json:"coalesced"`
-		}
-		if err := json.Unmarshal(r.Body, &res); err != nil || r.Err != nil {
-			t.Fatalf("invocation %s: %v %v", r.Body, err, r.Err)
-		}
-		switch {
-		case res.Coalesced:
-			coalesced++
-		case res.Claimed == 0:
-			empty++
-		default:
-			drained++
-		}
+	n := count(d.results.get())
+	t.Logf("%d events; service %+v; invocations %+v", len(ids), st, n)
+	if st.Retried == 0 || st.Environments != 1 || n.coalesced == 0 || n.drained == 0 || n.failed != 0 {
+		t.Fatalf("want throttled kicks retried into one environment and coalesced there: service %+v, invocations %+v", st, n)
 	}
-	t.Logf("%d events; service %+v; invocations: %d drained, %d found nothing, %d coalesced", len(ids), st, drained, empty, coalesced)
-	if st.Retried == 0 || st.Environments != 1 || coalesced == 0 || drained == 0 {
-		t.Fatalf("want throttled kicks retried into one environment and coalesced there: service %+v, %d drained, %d coalesced", st, drained, coalesced)
-	}
-	if empty > 1 {
-		t.Fatalf("%d invocations opened sessions to find nothing", empty)
+	if n.empty > 1 {
+		t.Fatalf("%d invocations opened sessions to find nothing", n.empty)
 	}
 }

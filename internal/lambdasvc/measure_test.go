@@ -2,7 +2,6 @@ package lambdasvc_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime"
@@ -69,27 +68,12 @@ func measure(t *testing.T, profile string, schedule time.Duration, rate int) str
 	testwait.Eventually(t, 30*time.Second, func() bool { return d.sessions(t) == 0 }, "the relay's sessions closed")
 	idle := sessionSeconds(t, d, time.Minute)
 	inv := d.results.get()
-	drained, empty, coalesced := 0, 0, 0
-	for _, r := range inv {
-		var res struct {
-			Claimed   int  `json:"claimed"`
-			Coalesced bool `json:"coalesced"`
-		}
-		_ = json.Unmarshal(r.Body, &res)
-		switch {
-		case res.Coalesced:
-			coalesced++
-		case res.Claimed == 0:
-			empty++
-		default:
-			drained++
-		}
-	}
+	n := count(inv)
 	st := d.svc.Stats("relay")
 	t.Logf("%s at %d/s: %d events, service %+v", profile, rate, len(ids), st)
 	return fmt.Sprintf("| %s | %d | %.0f / %.0f / %.0f | %d: %d drained, %d found nothing (%.0f %%), %d coalesced; %d kicks dropped | %.2f |", profile, rate,
-		ms(pct(lat, 50)), ms(pct(lat, 99)), ms(lat[len(lat)-1]), len(inv), drained, empty,
-		100*float64(empty)/float64(max(len(inv), 1)), coalesced, st.Dropped, idle)
+		ms(pct(lat, 50)), ms(pct(lat, 99)), ms(lat[len(lat)-1]), len(inv), n.drained, n.empty,
+		100*float64(n.empty)/float64(max(len(inv), 1)), n.coalesced, st.Dropped, idle)
 }
 
 func newKicker(t *testing.T, d *deployed) *kick.Kicker {
