@@ -101,10 +101,10 @@ type request struct {
 	SentAt time.Time `json:"sent_at"`
 }
 
-// kickClockSkew is how far a producer's clock may run ahead of the relay's before a kick
-// could be answered from seen wrongly (it would then wait for the next kick or tick, never
-// be lost). Lambda and EC2 hosts keep time through the Amazon Time Sync Service, well
-// within a millisecond.
+// kickClockSkew is how far a producer's clock may run behind the relay's before a kick
+// could be answered from seen wrongly: its SentAt would read earlier than the commit
+// really was, and the event would wait for the next kick or tick (never be lost). Lambda
+// and EC2 hosts keep time through the Amazon Time Sync Service, well within a millisecond.
 const kickClockSkew = 200 * time.Millisecond
 
 // result is the invocation's response: the counts of what it did. The drain's counts are
