@@ -98,9 +98,12 @@ type Service struct {
 	srv   *http.Server
 	ln    net.Listener
 	funcs map[string]*function
-	// wg tracks queued events, so Close waits for them.
-	wg     sync.WaitGroup
-	closed chan struct{}
+	// wg tracks queued events, so Close waits for them; mu orders adding to it before
+	// Close's wait (isClosed).
+	mu       sync.Mutex
+	isClosed bool
+	wg       sync.WaitGroup
+	closed   chan struct{}
 }
 
 // function is one function's environments and counters.
@@ -111,6 +114,8 @@ type function struct {
 	idle    []*rie.Function
 	all     []*rie.Function
 	started int
+	// stopped: the service closed; an environment started after it is stopped at once.
+	stopped bool
 
 	sync, async, accepted, throttled, retried, dropped, envs atomic.Int64
 }
@@ -154,7 +159,10 @@ func (s *Service) Stats(name string) Stats {
 // Close stops accepting invokes, drops the events still waiting for an environment,
 // waits for the invocations running, and stops every emulator.
 func (s *Service) Close() {
+	s.mu.Lock()
+	s.isClosed = true
 	close(s.closed)
+	s.mu.Unlock()
 	_ = s.srv.Close()
 	s.wg.Wait()
 	for _, f := range s.funcs {
@@ -162,7 +170,7 @@ func (s *Service) Close() {
 		for _, e := range f.all {
 			e.Stop()
 		}
-		f.all, f.idle = nil, nil
+		f.all, f.idle, f.stopped = nil, nil, true
 		f.mu.Unlock()
 	}
 }
@@ -202,9 +210,10 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) {
 			apiError(w, http.StatusRequestEntityTooLarge, "RequestTooLargeException", "asynchronous payload larger than 1 MB")
 			return
 		}
-		f.accepted.Add(1)
-		s.wg.Add(1)
-		go s.deliver(f, payload, time.Now())
+		if !s.enqueue(f, payload) {
+			apiError(w, http.StatusServiceUnavailable, "ServiceException", "the local Lambda service is closing")
+			return
+		}
 		w.WriteHeader(http.StatusAccepted)
 	case "DryRun":
 		w.WriteHeader(http.StatusNoContent)
@@ -243,6 +252,19 @@ func (s *Service) invokeSync(w http.ResponseWriter, f *function, payload []byte)
 	w.Header().Set("X-Amz-Executed-Version", "$LATEST")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(res.Body)
+}
+
+// enqueue accepts an asynchronous event for f, unless the service is closing.
+func (s *Service) enqueue(f *function, payload []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isClosed {
+		return false
+	}
+	f.accepted.Add(1)
+	s.wg.Add(1)
+	go s.deliver(f, payload, time.Now())
+	return true
 }
 
 // deliver runs a queued event, retrying while every environment is busy, until it is
@@ -294,6 +316,10 @@ func (f *function) acquire() (*rie.Function, error) {
 	if err != nil {
 		f.started--
 		return nil, fmt.Errorf("start an environment of %s: %w", f.cfg.Name, err)
+	}
+	if f.stopped {
+		env.Stop()
+		return nil, fmt.Errorf("start an environment of %s: the service closed", f.cfg.Name)
 	}
 	f.envs.Add(1)
 	f.all = append(f.all, env)
@@ -347,9 +373,7 @@ func (s *Service) Schedule(name string, period time.Duration, payload []byte) (s
 		for {
 			select {
 			case <-t.C:
-				f.accepted.Add(1)
-				s.wg.Add(1)
-				go s.deliver(f, payload, time.Now())
+				s.enqueue(f, payload)
 			case <-done:
 				return
 			case <-s.closed:
