@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -339,7 +340,14 @@ func (f *function) run(env *rie.Function, payload []byte, queued time.Time, asyn
 		res.Err = err
 	}
 	f.mu.Lock()
-	f.idle = append(f.idle, env)
+	if env.Exited() {
+		// A crashed emulator leaves: the next invoke starts a fresh environment, as Lambda
+		// replaces a failed one.
+		f.all = slices.DeleteFunc(f.all, func(e *rie.Function) bool { return e == env })
+		f.started--
+	} else {
+		f.idle = append(f.idle, env)
+	}
 	f.mu.Unlock()
 	if f.cfg.OnResult != nil {
 		f.cfg.OnResult(res)

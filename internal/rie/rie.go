@@ -126,6 +126,16 @@ func Launch(opts Options) (*Function, error) {
 	return start(p, opts)
 }
 
+// Exited reports whether the emulator has exited (crashed, or stopped).
+func (f *Function) Exited() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stop stops the emulator and its function, and waits for them to exit.
 func (f *Function) Stop() { f.stop() }
 
