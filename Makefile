@@ -14,8 +14,11 @@ LAMBDA_BUILD = GOOS=$(LAMBDA_GOOS) GOARCH=$(LAMBDA_GOARCH) CGO_ENABLED=0 $(GO) b
 dev: ## the main job: local stack + demo (1,000 events) end to end; ARGS="--events 5000 --forever" to change it
 	$(GO) run ./cmd/outboxctl dev $(ARGS)
 
+dev-deployed: ## make dev with the relay as deployed: built, under aws-lambda-rie behind a local Lambda service, kicked after each commit, ticked every minute
+	$(GO) run ./cmd/outboxctl dev --deployed $(ARGS)
+
 .DEFAULT_GOAL := help
-.PHONY: help dev test build lint fmt vet
+.PHONY: help dev dev-deployed test build lint fmt vet
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-22s %s\n",$$1,$$2}'

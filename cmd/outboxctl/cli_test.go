@@ -20,6 +20,7 @@ var helpCases = []struct {
 	{[]string{"dlq", "sync"}, "-delete-synced"},
 	{[]string{"ui"}, "-allow-redrive"},
 	{[]string{"relay"}, "-grace"},
+	{[]string{"enqueue"}, "-json"},
 	{[]string{"retention", "run"}, "-dedupe-ttl"},
 	{[]string{"dev"}, "-events"},
 	{[]string{"qstash-dev"}, "-time-scale"},

@@ -26,12 +26,17 @@ func runDev(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "dev").withUsage(`usage: outboxctl dev [--events N] [--rate R] [--keys K] [--poison PCT] [--ordering fifo|publish] [--json]
                      [--ui [--ui-listen ADDR]] [--forever] [--trace [--traces N]] [--timeout D] [-v]
                      [--keep] [--data-dir DIR] [--qstash-latency D] [--qstash-latency-jitter D]
-                     [--qstash-max-in-flight N]
+                     [--qstash-max-in-flight N] [--deployed [--schedule D]]
 
 Runs the local stack end to end (Postgres: DATABASE_URL in its own schema, else a throwaway
 cluster; the built-in QStash unless QSTASH_URL is set; the relay, the webhook, the failure
 callback) with a demo producer, and prints a summary read from the database. Exit status 1
-when an event was lost, applied twice or dead-lettered without being poison.`)
+when an event was lost, applied twice or dead-lettered without being poison.
+
+--deployed runs the relay in the deployed shape: functions/relay built and run under
+aws-lambda-rie (make rie-install) behind a local Lambda Invoke API with the template's
+reserved concurrency (2), kicked by the producer after each commit and ticked every
+--schedule; run it from the repository (it builds the bootstrap).`)
 	events := fs.Int("events", 1000, "orders (and events) the demo producer writes")
 	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
 	keys := fs.Int("keys", 50, "partition keys (customers) the orders spread over")
@@ -50,6 +55,8 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	inFlight := fs.Int("qstash-max-in-flight", 0, "built-in QStash: cap on deliveries in flight (0: none)")
 	trace := fs.Bool("trace", false, "record OpenTelemetry spans in memory and print the span trees of a few events at the end (producer -> relay batch -> delivery -> handler commit)")
 	traces := fs.Int("traces", 3, "with --trace: how many events' trees to print")
+	deployed := fs.Bool("deployed", false, "run the relay as deployed: the built bootstrap under aws-lambda-rie behind a local Lambda service, kicked after each commit, ticked every --schedule")
+	schedule := fs.Duration("schedule", time.Minute, "with --deployed: the relay's scheduled tick (the template's RelaySchedule)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -65,6 +72,9 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	}
 	if *traces < 1 {
 		bad = append(bad, "--traces must be at least 1")
+	}
+	if *schedule <= 0 {
+		bad = append(bad, "--schedule must be positive")
 	}
 	if *rate < 0 {
 		bad = append(bad, "--rate must not be negative")
@@ -113,6 +123,8 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 		Progress:            progress,
 		Terminal:            isTerminal(progress),
 		Logger:              logger,
+		Deployed:            *deployed,
+		Schedule:            *schedule,
 	}
 	if *ui {
 		// The console is the point of --ui: the stack stays up until Ctrl-C. The dev schema
@@ -142,8 +154,12 @@ when an event was lost, applied twice or dead-lettered without being poison.`)
 	if opts.QStashURL != "" {
 		qs = opts.QStashURL
 	}
-	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %d events over %d keys, %d poison, %s mode\n",
-		where, qs, *events, *keys, pc.PoisonCount(), *ordering)
+	relayShape := "the relay in process"
+	if *deployed {
+		relayShape = fmt.Sprintf("the relay as deployed (aws-lambda-rie, kicked, ticked every %v)", *schedule)
+	}
+	fmt.Fprintf(progress, "outbox-relay local stack: Postgres on %s, %s, %s, %d events over %d keys, %d poison, %s mode\n",
+		where, qs, relayShape, *events, *keys, pc.PoisonCount(), *ordering)
 	if *ordering == string(publish.OrderingFIFO) {
 		// Where the choice shows: a user who saw "order violations 0" here must not deploy
 		// the template's default and expect the same.

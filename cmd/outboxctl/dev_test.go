@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
 	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
 	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
@@ -87,13 +88,7 @@ func TestDevTrace(t *testing.T) { // not parallel: the in-memory tracer provider
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errb bytes.Buffer
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return pgtest.URL()
-		}
-		return ""
-	}
-	if code := run(ctx, env{stdout: &out, stderr: &errb, getenv: getenv}, []string{"dev", "--trace", "--events", "20", "--poison", "0"}); code != 0 {
+	if code := run(ctx, env{stdout: &out, stderr: &errb, getenv: devEnv}, []string{"dev", "--trace", "--events", "20", "--poison", "0"}); code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
 	}
 	text := out.String()
@@ -121,4 +116,38 @@ func TestDevTrace(t *testing.T) { // not parallel: the in-memory tracer provider
 			t.Fatalf("trace %d has no processed delivery:\n%s", i, b)
 		}
 	}
+}
+
+// TestDevDeployed: `outboxctl dev --deployed` runs the relay as deployed (built, under
+// aws-lambda-rie behind the local Lambda service, kicked after each commit); with an
+// hour between ticks only the kicks can deliver, and every event is applied once.
+func TestDevDeployed(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	lambdatest.RequireRIE(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	args := []string{"dev", "--deployed", "--schedule", "1h", "--events", "60", "--rate", "30", "--poison", "0", "--json", "--timeout", "1m"}
+	if code := run(ctx, env{stdout: &out, stderr: &errb, getenv: devEnv}, args); code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	var s struct {
+		Produced, Processed, Lost int
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil || s.Produced != 60 || s.Processed != 60 || s.Lost != 0 {
+		t.Fatalf("summary %+v (%v):\n%s\n%s", s, err, out.String(), errb.String())
+	}
+	if !strings.Contains(errb.String(), "the relay as deployed (aws-lambda-rie, kicked, ticked every 1h0m0s)") {
+		t.Fatalf("the banner does not name the deployed relay:\n%s", errb.String())
+	}
+}
+
+// devEnv is the environment of a dev run on the tests' server: DATABASE_URL only.
+func devEnv(k string) string {
+	if k == "DATABASE_URL" {
+		return pgtest.URL()
+	}
+	return ""
 }

@@ -20,6 +20,8 @@ import (
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// stdin is what `outboxctl enqueue` reads; nil reads nothing.
+	stdin io.Reader
 }
 
 type command struct {
@@ -35,6 +37,7 @@ func commands() []command {
 		{"dlq", "dead letters: list, show, redrive", runDLQ},
 		{"ui", "operator console in the browser: overview, dead letters, event lookup", runUI},
 		{"relay", "drain continuously as a long-lived process (outside Lambda)", runRelay},
+		{"enqueue", "commit events read as JSON lines from stdin, kicking the relay Lambda", runEnqueue},
 		{"retention", "delete old dispatched rows and expired dedupe records", runRetention},
 		{"dev", "run the local stack and a demo producer end to end", runDev},
 		{"qstash-dev", "run the local QStash-compatible server", runQStashDev},
@@ -48,7 +51,7 @@ func commands() []command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:])
+	code := run(ctx, env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, stdin: os.Stdin}, os.Args[1:])
 	stop()
 	os.Exit(code)
 }

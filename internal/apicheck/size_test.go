@@ -16,8 +16,10 @@ import (
 // maxExported bounds what pkg/ exports (issue 30): a user imports the library to produce,
 // run the relay, consume, handle dead letters, migrate and test against the local QStash,
 // and should be able to hold that API in their head. What only this project's functions
-// and CLI need belongs in internal/. Raise it only for a name a user calls.
-const maxExported = 350
+// and CLI need belongs in internal/. Raise it only for a name a user calls: issue 41 added
+// 13 (the producer's kick, package kick, and outbox.BeginFunc that kicks after the commit;
+// relay.DrainIdle, which a relay run as a Lambda of the user's own calls).
+const maxExported = 360
 
 // TestExportedNamesBounded counts the exported names of pkg/ as issue 30 counts them
 // (types, funcs, methods on exported types, consts, vars; test files excluded) and fails

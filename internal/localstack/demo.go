@@ -75,6 +75,8 @@ type ProducerConfig struct {
 	// Tracer, when set, wraps each business transaction in a "place order" span, as a
 	// traced service would; Enqueue records it in the event's headers.
 	Tracer trace.Tracer
+	// Waker, when set, is kicked after each commit (outbox.BeginFunc).
+	Waker outbox.Waker
 }
 
 // PoisonCount is the exact number of poison events a config produces.
@@ -127,7 +129,7 @@ func Produce(ctx context.Context, db *pgxpool.Pool, cfg ProducerConfig) (int, er
 			amount = 0
 		}
 		payload, _ := json.Marshal(map[string]any{"order_id": orderID, "amount_cents": amount, "currency": "EUR", "customer": customer})
-		err := placeOrder(ctx, db, cfg.Tracer, orderID, func(ctx context.Context, tx pgx.Tx) error {
+		err := placeOrder(ctx, db, cfg, orderID, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO demo_orders (id, customer, amount_cents, poison) VALUES ($1, $2, $3, $4)`, orderID, customer, amount, poison); err != nil {
 				return err
 			}
@@ -149,12 +151,13 @@ func Produce(ctx context.Context, db *pgxpool.Pool, cfg ProducerConfig) (int, er
 	return cfg.Events, nil
 }
 
-// placeOrder runs one business transaction, inside a "place order" span when tr is set.
-func placeOrder(ctx context.Context, db *pgxpool.Pool, tr trace.Tracer, orderID string, fn func(context.Context, pgx.Tx) error) error {
-	if tr != nil {
+// placeOrder runs one business transaction, inside a "place order" span when cfg.Tracer is
+// set, and kicks cfg.Waker after its commit.
+func placeOrder(ctx context.Context, db *pgxpool.Pool, cfg ProducerConfig, orderID string, fn func(context.Context, pgx.Tx) error) error {
+	if cfg.Tracer != nil {
 		var span trace.Span
-		ctx, span = tr.Start(ctx, "place order", trace.WithAttributes(attribute.String("demo.order_id", orderID)))
+		ctx, span = cfg.Tracer.Start(ctx, "place order", trace.WithAttributes(attribute.String("demo.order_id", orderID)))
 		defer span.End()
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
+	return outbox.BeginFunc(ctx, db, cfg.Waker, func(tx pgx.Tx) error { return fn(ctx, tx) })
 }

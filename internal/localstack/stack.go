@@ -71,13 +71,18 @@ type Options struct {
 	// transactions, the relay's batches, the deliveries and the failure callbacks
 	// (outboxctl dev --trace records them in memory). Nil: tracing off.
 	Tracer trace.Tracer
+	// Deployed runs the relay as deployed instead of in this process: the built
+	// functions/relay under aws-lambda-rie behind the local Lambda service, kicked by the
+	// producer after each commit, ticked every Schedule (default a minute). The relay's
+	// spans are not recorded then.
+	Deployed bool
+	Schedule time.Duration
 }
 
 // Run brings the stack up, runs the demo, waits until every event is applied or
 // dead-lettered (or Timeout), and returns the summary.
 func Run(ctx context.Context, opts Options) (Summary, error) {
 	opts = opts.withDefaults()
-	log := opts.Logger
 	base, stopPostgres, err := startPostgres(ctx, opts)
 	if err != nil {
 		return Summary{}, err
@@ -98,7 +103,7 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer pl.Close()
-	stopRelay, err := superviseRelay(pl, pool, log)
+	stopRelay, err := startRelay(ctx, pl, pool, schema, &opts)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -151,9 +156,26 @@ func Run(ctx context.Context, opts Options) (Summary, error) {
 	return s, nil
 }
 
+// startRelay starts the relay in process, or as deployed (opts.Deployed: the built
+// function under the local Lambda service, kicked by the demo producer, which it sets as
+// opts.Producer.Waker). The stop it returns may be called more than once.
+func startRelay(ctx context.Context, pl *Pipeline, pool *pgxpool.Pool, schema *postgres.Schema, opts *Options) (stop func() error, err error) {
+	if !opts.Deployed {
+		return superviseRelay(pl, pool, opts.Logger)
+	}
+	dr, err := startDeployedRelay(ctx, pl, schema.URL, *opts)
+	if err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	opts.Producer.Waker = dr.kicker
+	return func() error { once.Do(dr.stop); return nil }, nil
+}
+
 func (opts Options) withDefaults() Options {
 	opts.Ordering = cmp.Or(opts.Ordering, publish.OrderingFIFO)
 	opts.Timeout = cmp.Or(opts.Timeout, 2*time.Minute)
+	opts.Schedule = cmp.Or(opts.Schedule, time.Minute)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return opts
 }
@@ -281,12 +303,12 @@ func dataDir(dir string) (string, func(), error) {
 
 // openSchema creates dev_<random> on base, migrated, with the demo tables, and opens a
 // pool on it.
-func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, *postgres.Schema, func(), error) {
-	sc, err := postgres.CreateSchema(ctx, base, "dev", true, nil)
+func openSchema(ctx context.Context, base string, keep bool) (pool *pgxpool.Pool, sc *postgres.Schema, drop func(), err error) {
+	sc, err = postgres.CreateSchema(ctx, base, "dev", true, nil)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	drop := func() {
+	drop = func() {
 		if !keep {
 			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -299,7 +321,7 @@ func openSchema(ctx context.Context, base string, keep bool) (*pgxpool.Pool, *po
 		return nil, nil, nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		drop()
 		return nil, nil, nil, fmt.Errorf("open pool: %w", err)

@@ -27,10 +27,14 @@ type handler struct {
 	relay     *relay.Relay
 	retention retention.Config
 	dlqSync   deadletter.SyncConfig
-	linger    time.Duration
-	emf       *metrics.EMF
-	log       *slog.Logger
-	reserve   time.Duration
+	// idleGap: a drain waits this long for more events before it returns (relay.DrainIdle).
+	idleGap time.Duration
+	// seen: every event committed before it was claimed by an invocation of this
+	// environment (the last idle claim's start); a kick sent before it needs no drain.
+	seen    time.Time
+	emf     *metrics.EMF
+	log     *slog.Logger
+	reserve time.Duration
 	// ensureQueues, in FIFO ordering, sets up and checks the QStash queues; it runs before
 	// the first drain of a cold start and again until it succeeds.
 	ensureQueues func(context.Context) error
@@ -62,7 +66,7 @@ func newHandler(cfg Env, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.
 		pool:      pool,
 		relay:     r,
 		retention: ret,
-		linger:    cfg.Linger,
+		idleGap:   cfg.IdleGap,
 		emf:       metrics.NewEMF(metricsOut, metrics.EMFConfig{Namespace: cfg.MetricsNamespace}),
 		log:       logger,
 		reserve:   DeadlineReserve,
@@ -81,7 +85,10 @@ func newHandler(cfg Env, pool *pgxpool.Pool, pub relay.Publisher, metricsOut io.
 
 // Tasks.
 const (
-	taskDrain     = "drain"
+	taskDrain = "drain"
+	// taskKick is a producer's kick after its commit (package kick): a drain that stays
+	// the idle gap from its start.
+	taskKick      = "kick"
 	taskRetention = "retention"
 	taskDLQSync   = "dlq-sync"
 )
@@ -90,13 +97,24 @@ const (
 // placeholder such as scheduledTime) are ignored; no task means drain.
 type request struct {
 	Task string `json:"task"`
+	// SentAt is when a kick was sent (the producer's clock), after its commit.
+	SentAt time.Time `json:"sent_at"`
 }
+
+// kickClockSkew is how far a producer's clock may run behind the relay's before a kick
+// could be answered from seen wrongly: its SentAt would read earlier than the commit
+// really was, and the event would wait for the next kick or tick (never be lost). Lambda
+// and EC2 hosts keep time through the Amazon Time Sync Service, well within a millisecond.
+const kickClockSkew = 200 * time.Millisecond
 
 // result is the invocation's response: the counts of what it did. The drain's counts are
 // members named as in relay.Stats.Counts, right after task, each when it is not zero
 // (MarshalJSON).
 type result struct {
 	Task string `json:"task"`
+	// Coalesced: a kick answered without a drain, its commit already claimed by an earlier
+	// invocation of this environment.
+	Coalesced bool `json:"coalesced,omitempty"`
 	// Drain is what the drain task did.
 	Drain relay.Stats `json:"-"`
 	// RetentionBatches is the retention task's delete statements; a drain's batches are
@@ -138,35 +156,45 @@ func (r result) MarshalJSON() ([]byte, error) {
 	return append(b, rest[split:]...), nil
 }
 
-func parseTask(payload json.RawMessage) (string, error) {
+func parseTask(payload json.RawMessage) (request, error) {
 	trimmed := bytes.TrimSpace(payload)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return taskDrain, nil
+		return request{Task: taskDrain}, nil
 	}
 	if trimmed[0] != '{' {
-		return "", fmt.Errorf(`decode relay payload: want a JSON object such as {"task":"drain"}, got %.40s`, trimmed)
+		return request{}, fmt.Errorf(`decode relay payload: want a JSON object such as {"task":"drain"}, got %.40s`, trimmed)
 	}
 	var req request
 	if err := json.Unmarshal(trimmed, &req); err != nil {
-		return "", fmt.Errorf(`decode relay payload: %w (want {"task":"drain"}, {"task":"retention"} or {"task":"dlq-sync"})`, err)
+		return request{}, fmt.Errorf(`decode relay payload: %w (want {"task":"drain"}, {"task":"kick"}, {"task":"retention"} or {"task":"dlq-sync"})`, err)
 	}
 	switch req.Task {
-	case "", taskDrain:
-		return taskDrain, nil
-	case taskRetention, taskDLQSync:
-		return req.Task, nil
+	case "":
+		req.Task = taskDrain
+		return req, nil
+	case taskDrain, taskKick, taskRetention, taskDLQSync:
+		return req, nil
 	}
-	return "", fmt.Errorf("unknown relay task %q: want %q, %q or %q", req.Task, taskDrain, taskRetention, taskDLQSync)
+	return request{}, fmt.Errorf("unknown relay task %q: want %q, %q, %q or %q", req.Task, taskDrain, taskKick, taskRetention, taskDLQSync)
 }
 
 // handle runs the task named by payload under ctx (the Lambda deadline) minus the reserve.
 func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, error) {
 	start := time.Now()
-	task, err := parseTask(payload)
+	req, err := parseTask(payload)
 	if err != nil {
 		h.log.ErrorContext(ctx, "reject relay invocation", slog.Any("error", err))
 		return result{}, err
 	}
+	if req.Task == taskKick && h.covers(req.SentAt) {
+		// Kicks that Lambda queued while this environment drained (throttled, retried)
+		// cost no database session.
+		h.log.DebugContext(ctx, "relay kick coalesced", slog.Time("sent_at", req.SentAt), slog.Time("seen", h.seen))
+		return result{Task: taskKick, Coalesced: true, DurationMS: time.Since(start).Milliseconds()}, nil
+	}
+	// No session outlives the invocation: an idle stack holds no connection (Aurora
+	// Serverless v2 can pause), and the next invocation reconnects.
+	defer h.closeSessions()
 	// The pool re-reads a rotated database secret at the first connection the server
 	// refuses (awsenv.Credentials), wherever it is opened, and the relay's statements retry
 	// once; Ready makes sure the invocation starts with a connection that works. A failure
@@ -180,36 +208,60 @@ func (h *handler) handle(ctx context.Context, payload json.RawMessage) (result, 
 		work, cancel = context.WithDeadline(ctx, dl.Add(-h.reserve))
 		defer cancel()
 	}
-	switch task {
+	switch req.Task {
 	case taskRetention:
 		return h.runRetention(ctx, work, start)
 	case taskDLQSync:
 		return h.runDLQSync(work, start)
 	default:
-		return h.runDrain(ctx, work, start)
+		return h.runDrain(ctx, work, start, req.Task)
 	}
 }
 
-func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, error) {
+// covers reports whether an earlier invocation of this environment claimed every event
+// committed before a kick sent at sentAt.
+func (h *handler) covers(sentAt time.Time) bool {
+	return !sentAt.IsZero() && !h.seen.IsZero() && sentAt.Add(kickClockSkew).Before(h.seen)
+}
+
+// closeSessions closes the pool's sessions, idle ones at once, any still in use when
+// released; the pool reconnects on the next acquire.
+func (h *handler) closeSessions() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	for _, c := range h.pool.AcquireAllIdle(ctx) {
+		// Hijacked, the session leaves the pool; Close sends Terminate and waits for it.
+		_ = c.Hijack().Close(ctx)
+	}
+	h.pool.Reset()
+}
+
+// closeTimeout bounds closing the sessions: a Terminate message and a socket close each.
+const closeTimeout = time.Second
+
+func (h *handler) runDrain(ctx, work context.Context, start time.Time, task string) (result, error) {
 	if h.ensureQueues != nil && !h.queuesReady {
 		// A FIFO queue that is missing, paused or not at parallelism 1 would break per-key
 		// order or hold events: nothing is claimed until the queues are right.
 		if err := h.ensureQueues(work); err != nil {
 			err = fmt.Errorf("check qstash fifo queues: %w", err)
 			h.log.ErrorContext(ctx, "refuse to drain", slog.Any("error", err))
-			return result{Task: taskDrain, DurationMS: time.Since(start).Milliseconds()}, err
+			return result{Task: task, DurationMS: time.Since(start).Milliseconds()}, err
 		}
 		h.queuesReady = true
 	}
-	var st relay.Stats
-	var err error
-	if h.linger > 0 {
-		// Linger itself stops claiming DeadlineMargin before work's deadline.
-		st, err = h.relay.Linger(work, start.Add(h.linger))
-	} else {
-		st, err = h.relay.Drain(work)
+	// A kick stays the gap from its start (producers that kicked within it rely on it);
+	// a scheduled tick that finds nothing returns at once. Both stop claiming
+	// DeadlineMargin before work's deadline.
+	from := relay.IdleFromEvents
+	if task == taskKick {
+		from = relay.IdleFromStart
 	}
-	res := result{Task: taskDrain, Drain: st, StoppedAtDeadline: st.StoppedAtDeadline}
+	st, seen, err := h.relay.DrainIdle(work, h.idleGap, from)
+	if seen.After(h.seen) {
+		h.seen = seen
+	}
+	res := result{Task: task, Drain: st, StoppedAtDeadline: st.StoppedAtDeadline}
 	values := relaymetrics.Values(st)
 	// The gauge runs in the reserve, under the real deadline, even when the drain failed:
 	// an alarm on the oldest pending age must see the backlog grow while publishing fails.
@@ -234,7 +286,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time) (result, 
 		h.log.ErrorContext(ctx, "relay drain", slog.Any("error", err), slog.Any("stats", st))
 		return res, fmt.Errorf("drain outbox: %w", err)
 	}
-	h.log.InfoContext(ctx, "relay drain", slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
+	h.log.InfoContext(ctx, "relay drain", slog.String("task", task), slog.Any("stats", st), slog.Int64("backlog_pending", g.Pending),
 		slog.Float64("oldest_pending_age_seconds", g.Lateness.Seconds()), slog.Float64("oldest_created_age_seconds", g.OldestCreatedAge.Seconds()))
 	return res, nil
 }

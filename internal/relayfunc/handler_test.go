@@ -3,6 +3,7 @@ package relayfunc
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -167,15 +168,20 @@ func TestPayloadShapes(t *testing.T) {
 		{`{"task":"drain","scheduledTime":"2026-12-02T20:00:00Z"}`, taskDrain, ""},
 		{`{"task":"retention"}`, taskRetention, ""},
 		{`{"task":"dlq-sync"}`, taskDLQSync, ""},
+		{`{"task":"kick","sent_at":"2026-12-07T01:02:03.5Z"}`, taskKick, ""},
+		{`{"task":"kick","sent_at":"yesterday"}`, "", "decode relay payload"},
 		{`{"task":"vacuum"}`, "", `unknown relay task "vacuum"`},
 		{`"drain"`, "", "want a JSON object"},
 		{`[1]`, "", "want a JSON object"},
 		{`{"task":1}`, "", "decode relay payload"},
 		{`{"task":`, "", "decode relay payload"},
 	} {
-		task, err := parseTask(json.RawMessage(c.payload))
-		if c.err == "" && (err != nil || task != c.task) {
-			t.Errorf("%s: task %q err %v, want %q", c.payload, task, err, c.task)
+		req, err := parseTask(json.RawMessage(c.payload))
+		if c.err == "" && (err != nil || req.Task != c.task) {
+			t.Errorf("%s: task %q err %v, want %q", c.payload, req.Task, err, c.task)
+		}
+		if c.task == taskKick && !req.SentAt.Equal(time.Date(2026, 12, 7, 1, 2, 3, 5e8, time.UTC)) {
+			t.Errorf("%s: sent_at %v", c.payload, req.SentAt)
 		}
 		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
 			t.Errorf("%s: err %v, want %q", c.payload, err, c.err)
@@ -320,13 +326,13 @@ func TestDeadlineReserve(t *testing.T) {
 	}
 }
 
-// TestLinger: with LINGER set, events enqueued after the first drain are dispatched by the
-// same invocation (woken by NOTIFY), which returns once the linger time is over.
-func TestLinger(t *testing.T) {
+// TestIdleGap: a kicked invocation on an empty outbox stays IDLE_GAP from its start and
+// dispatches an event committed inside it, then returns a gap after it; a scheduled tick
+// that finds the outbox empty returns at once.
+func TestIdleGap(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	s.env["LINGER"] = "2s"
-	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 10, outboxtest.Mod(7)))
+	s.env["IDLE_GAP"] = "1s"
 	h := s.handler(t)
 	type out struct {
 		res result
@@ -335,17 +341,104 @@ func TestLinger(t *testing.T) {
 	done := make(chan out, 1)
 	start := time.Now()
 	go func() {
-		r, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
+		r, err := invoke(t, h, 40*time.Second, `{"task":"kick"}`)
 		done <- out{r, err}
 	}()
-	testwait.Eventually(t, 10*time.Second, func() bool { return s.count(t, "dispatched_at IS NOT NULL") >= 10 }, "the first drain to finish")
+	time.Sleep(500 * time.Millisecond) // inside the gap: what is tested
+	committed := time.Now()
 	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 5, outboxtest.Mod(7)))
 	o := <-done
-	if o.err != nil || o.res.Drain.Dispatched != 15 {
-		t.Fatalf("linger: %+v %v", o.res, o.err)
+	if o.err != nil || o.res.Task != taskKick || o.res.Drain.Dispatched != 5 {
+		t.Fatalf("kick: %+v %v", o.res, o.err)
 	}
-	if el := time.Since(start); el < 2*time.Second || el > 10*time.Second {
-		t.Fatalf("linger returned after %v, want about 2s", el)
+	if el, want := time.Since(start), committed.Sub(start)+time.Second; el < want || el > want+5*time.Second {
+		t.Fatalf("kick returned after %v, want about %v", el, want)
+	}
+	start = time.Now()
+	res, err := invoke(t, h, 40*time.Second, `{"task":"drain"}`)
+	if err != nil || res.Drain.Claimed != 0 || time.Since(start) >= time.Second {
+		t.Fatalf("empty tick: %+v %v after %v, want at once", res, err, time.Since(start))
+	}
+}
+
+// sessions counts the server's backends of application name app, other than the
+// caller's.
+func (s *stack) sessions(t *testing.T, app string) int {
+	t.Helper()
+	return s.db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
+}
+
+// relayPool opens the pool an invocation handler runs on, its sessions named app.
+func (s *stack) relayPool(t *testing.T, app string) *pgxpool.Pool {
+	t.Helper()
+	return pgtest.OpenPool(t, s.db.URL, func(c *pgxpool.Config) {
+		c.MaxConns = 12
+		c.ConnConfig.RuntimeParams["application_name"] = app
+	})
+}
+
+// TestInvocationClosesEverySession: after each task, drains that waited on LISTEN and
+// published batches on several connections included, the relay holds no session: an idle
+// stack lets Aurora Serverless v2 pause. The next invocation reconnects.
+func TestInvocationClosesEverySession(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.env["IDLE_GAP"] = "300ms"
+	s.env["BATCH_SIZE"] = "10"
+	app := "relay-" + s.db.Schema
+	pool := s.relayPool(t, app)
+	h := s.handlerOn(t, s.config(t), pool, slog.New(slog.DiscardHandler))
+	for i, payload := range []string{`{"task":"drain"}`, `{"task":"kick"}`, `{"task":"retention"}`, `{"task":"drain"}`} {
+		outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(i*100, 100, outboxtest.Mod(7)))
+		res, err := invoke(t, h, 40*time.Second, payload)
+		if err != nil {
+			t.Fatalf("%s: %v", payload, err)
+		}
+		if payload != `{"task":"retention"}` && res.Drain.Dispatched == 0 {
+			t.Fatalf("%s: %+v, want events dispatched", payload, res)
+		}
+		if n := pool.Stat().TotalConns(); n != 0 {
+			t.Fatalf("%s: the pool keeps %d sessions after the invocation", payload, n)
+		}
+		// The server ends a backend just after its client's Terminate.
+		testwait.Eventually(t, 5*time.Second, func() bool { return s.sessions(t, app) == 0 }, "%s: no backend of %s left", payload, app)
+	}
+	if n := s.count(t, "dispatched_at IS NULL"); n != 0 {
+		t.Fatalf("%d events not dispatched", n)
+	}
+}
+
+// TestKickCoalesced: a kick sent before an earlier invocation of the same environment last
+// found the outbox idle is answered without a database session; a later one drains.
+func TestKickCoalesced(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.env["IDLE_GAP"] = "200ms"
+	pool := s.relayPool(t, "relay-"+s.db.Schema)
+	h := s.handlerOn(t, s.config(t), pool, slog.New(slog.DiscardHandler))
+	kick := func(sentAt time.Time) result {
+		t.Helper()
+		res, err := invoke(t, h, 40*time.Second, fmt.Sprintf(`{"task":"kick","sent_at":%q}`, sentAt.Format(time.RFC3339Nano)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(0, 3, outboxtest.Mod(7)))
+	first := time.Now()
+	if res := kick(first); res.Coalesced || res.Drain.Dispatched != 3 {
+		t.Fatalf("first kick: %+v", res)
+	}
+	conns := pool.Stat().NewConnsCount()
+	if res := kick(first); !res.Coalesced || res.Drain.Claimed != 0 {
+		t.Fatalf("kick sent before the first one's end: %+v, want coalesced", res)
+	}
+	if n := pool.Stat().NewConnsCount(); n != conns {
+		t.Fatalf("a coalesced kick opened %d sessions", n-conns)
+	}
+	outboxtest.Enqueue(t, s.db.Pool, outboxtest.Orders(3, 2, outboxtest.Mod(7)))
+	if res := kick(time.Now()); res.Coalesced || res.Drain.Dispatched != 2 {
+		t.Fatalf("kick after the first one's end: %+v, want a drain", res)
 	}
 }
 
@@ -374,7 +467,7 @@ func TestLoadConfigReportsEveryBadVariable(t *testing.T) {
 	t.Parallel()
 	bad := map[string]string{
 		"BATCH_SIZE": "0", "LEASE": "x", "PUBLISH_TIMEOUT": "y", "MAX_ATTEMPTS": "-1", "BACKOFF_BASE": "z",
-		"BACKOFF_MAX": "w", "LINGER": "v", "OUTBOX_RETENTION": "u", "DEDUPE_TTL": "1m", "QSTASH_RETRIES": "x",
+		"BACKOFF_MAX": "w", "IDLE_GAP": "v", "OUTBOX_RETENTION": "u", "DEDUPE_TTL": "1m", "QSTASH_RETRIES": "x",
 		"ORDERING": "random", "FIFO_QUEUES": "-3", "FLOW_CONTROL_PARALLELISM": "p", "FLOW_CONTROL_RATE": "r",
 		"FLOW_CONTROL_PERIOD": "q", "LOG_LEVEL": "chatty", "QSTASH_URL": "nope", "PUBLIC_BASE_URL": "nope",
 		"FAILURE_CALLBACK_URL": "nope",

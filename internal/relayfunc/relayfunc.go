@@ -25,7 +25,7 @@ import (
 const (
 	// baseConns: one environment runs one invocation at a time. The drain claims on one
 	// connection and marks each batch in flight (PUBLISH_CONCURRENCY) on its own; the
-	// backlog gauge uses one more; linger adds the LISTEN session.
+	// backlog gauge uses one more; waiting for events (IDLE_GAP) adds the LISTEN session.
 	baseConns = 2
 	// DeadlineReserve is kept back from the Lambda deadline: the runtime is killed at the
 	// deadline itself, so the metrics line and the response must be out before it.
@@ -117,6 +117,10 @@ func run(ctx context.Context) error {
 		logger.ErrorContext(ctx, "start relay", slog.Any("error", err))
 		return err
 	}
+	// The cold start's ping left a session open; Lambda may initialise an environment
+	// long before its first invocation (proactive initialisation), and an idle
+	// environment holds no session.
+	h.closeSessions()
 	// The batch spans leave before the invocation returns: the environment may be frozen
 	// right after.
 	lambda.Start(telemetry.FlushAfter(tel, logger, h.handle))
@@ -153,8 +157,8 @@ func checkTimeout(getenv func(string) string, margin time.Duration) error {
 // newPool opens the pool once per cold start.
 func newPool(ctx context.Context, env Env, logger *slog.Logger) (*pgxpool.Pool, error) {
 	conns := int32(baseConns + env.Relay.PublishConcurrency)
-	if env.Linger > 0 {
-		conns++
+	if env.IdleGap > 0 {
+		conns++ // the LISTEN session while it waits for events
 	}
 	return awsenv.NewPool(ctx, env.DatabaseURL, awsenv.PoolConfig{MaxConns: conns, Logger: logger, Credentials: env.Credentials})
 }

@@ -1,6 +1,15 @@
 // Package relay drains the outbox: claim a batch under a lease, publish it outside any
 // transaction, then record every outcome with one statement per kind, fenced by the lease.
 //
+// # How long a relay runs
+//
+// Drain returns once a batch comes back short. DrainIdle, what the relay Lambda runs for a
+// producer's kick and for its scheduled tick, keeps draining while events keep arriving
+// and returns an idle gap after the last one, its LISTEN session closed; Linger drains
+// until a fixed time, Run until stopped (a long-lived process). All of them stop claiming
+// Config.DeadlineMargin before their context's deadline and return only when every batch
+// they claimed is marked.
+//
 // # Pipelining
 //
 // Up to Config.PublishConcurrency batches are in flight at once: while earlier batches wait

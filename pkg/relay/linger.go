@@ -18,8 +18,13 @@ import (
 // commits nothing. Without a listening connection (e.g. a pooler that drops LISTEN) it
 // polls, backing off to PollInterval. Cancelling ctx is a clean stop: the batches in flight
 // are marked and Linger returns nil.
+//
+// Linger stops claiming DeadlineMargin before ctx's deadline, whatever until says: a
+// Lambda invocation with a 50 s timeout, a 2 s reserve and the default 15 s margin lingers
+// 33 s at most, and events committed after that wait for the next invocation. On Lambda,
+// DrainIdle with a kick after each commit (package kick) leaves no such hole.
 func (r *Relay) Linger(ctx context.Context, until time.Time) (Stats, error) {
-	return r.linger(ctx, ctx, until)
+	return r.linger(ctx, ctx, lingerEnd{until: until})
 }
 
 // Run drains continuously until stop is cancelled, for a long-lived process, waking as
@@ -27,7 +32,7 @@ func (r *Relay) Linger(ctx context.Context, until time.Time) (Stats, error) {
 // returns (its work is not interrupted); no new batch is claimed. It returns nil on a clean
 // stop.
 func (r *Relay) Run(stop context.Context) (Stats, error) {
-	st, err := r.linger(stop, context.WithoutCancel(stop), time.Time{})
+	st, err := r.linger(stop, context.WithoutCancel(stop), lingerEnd{})
 	if stop.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		return st, nil
 	}
@@ -56,27 +61,78 @@ const (
 	busyGap    = time.Millisecond
 )
 
-// linger stops claiming when stop is done or until passes (zero: never); work is the
-// context batches run under.
-func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, error) {
+// lingerEnd says when linger stops claiming, besides stop and the deadline margin.
+type lingerEnd struct {
+	// until: a fixed end (zero: none).
+	until time.Time
+	// idle > 0: end once idle has passed since the last drain that found events (or since
+	// the start), and only after a drain that began at or after that instant found
+	// nothing, so every event committed before the end is claimed.
+	idle time.Duration
+	// idleAfterEvents: a first drain that finds nothing ends at once.
+	idleAfterEvents bool
+	// seen, if set, receives when the last drain began.
+	seen *time.Time
+}
+
+// lingerClock tracks a linger's end: until, fixed or moved by each drain that finds events.
+type lingerClock struct {
+	end   lingerEnd
+	until time.Time
+	// lastFound is when the last drain that found events ended (or the start);
+	// lastDrain when the last drain began (its claims' snapshots are taken after it).
+	lastFound, lastDrain time.Time
+}
+
+// over reports, before a drain, whether the linger is over.
+func (c *lingerClock) over() bool {
+	if c.end.idle == 0 {
+		return !c.until.IsZero() && !time.Now().Before(c.until)
+	}
+	c.until = c.lastFound.Add(c.end.idle)
+	return !c.lastDrain.Before(c.until)
+}
+
+// began records a drain's start.
+func (c *lingerClock) began() {
+	c.lastDrain = time.Now()
+	if c.end.seen != nil {
+		*c.end.seen = c.lastDrain
+	}
+}
+
+// drained records what a drain found and reports whether the linger ends there: a first
+// drain that found nothing when the gap counts only after events.
+func (c *lingerClock) drained(found bool, total *Stats) bool {
+	if found {
+		c.lastFound = time.Now()
+	}
+	return !found && c.end.idleAfterEvents && total.Claimed == 0
+}
+
+// linger stops claiming when stop is done or end says so; work is the context batches run
+// under.
+func (r *Relay) linger(stop, work context.Context, end lingerEnd) (Stats, error) {
 	start := time.Now()
 	var total Stats
 	defer func() { total.Duration = time.Since(start) }()
 	l := newListener(r)
 	defer l.close()
+	clock := lingerClock{end: end, until: end.until, lastFound: start}
 	drainStop := stop
-	if !until.IsZero() {
+	if !end.until.IsZero() {
 		var cancel context.CancelFunc
-		drainStop, cancel = context.WithDeadline(stop, until)
+		drainStop, cancel = context.WithDeadline(stop, end.until)
 		defer cancel()
 	}
 
-	next, idle := fastPoll, time.Duration(0)
+	poll := pollPace{next: fastPoll}
 	for {
-		if stop.Err() != nil || (!until.IsZero() && !time.Now().Before(until)) {
+		if clock.over() || stop.Err() != nil {
 			return total, nil
 		}
 		claimed := total.Claimed
+		clock.began()
 		pace := drainPace{poll: fastPoll}
 		if l.asleep {
 			// A drain that keeps finding events while its batches publish can last as long
@@ -96,20 +152,23 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 			return total, err
 		}
 		found := total.Claimed > claimed
+		if clock.drained(found, &total) {
+			return total, nil
+		}
 		if found && !l.asleep {
-			next, idle = fastPoll, 0
+			poll = pollPace{next: fastPoll}
 		}
 		wait := r.cfg.PollInterval
 		if !l.asleep {
-			if idle >= sleepAfter && l.sleep(stop) {
+			if poll.idle >= sleepAfter && l.sleep(stop) {
 				// Asleep from now on; this drain sees every event whose producer found
 				// the relay awake (see sleep).
 				continue
 			}
-			wait = min(next, wait)
+			wait = min(poll.next, wait)
 		}
-		if !until.IsZero() {
-			wait = min(wait, time.Until(until))
+		if !clock.until.IsZero() {
+			wait = min(wait, time.Until(clock.until))
 		}
 		if dl, ok := work.Deadline(); ok {
 			wait = min(wait, time.Until(dl)-r.cfg.DeadlineMargin)
@@ -117,23 +176,34 @@ func (r *Relay) linger(stop, work context.Context, until time.Time) (Stats, erro
 		if wait <= 0 {
 			continue
 		}
-		waited := time.Now()
-		notified := l.wait(stop, wait)
-		switch {
-		case l.asleep && notified && found && time.Since(waited) < busyGap:
-			// Producers commit faster than the relay goes round: poll instead, so that
-			// they stop notifying.
-			l.wake(stop)
-			next, idle = fastPoll, 0
-		case l.asleep && notified:
-			// Every event committed before this notification is seen by the next claim.
-			l.discard()
-		case notified:
-			next, idle = fastPoll, 0
-		case !l.asleep:
-			idle += time.Since(waited)
-			next *= 2
-		}
+		poll.wait(stop, l, wait, found)
+	}
+}
+
+// pollPace is an awake relay's polling: the next wait, and how long it has polled in vain.
+type pollPace struct {
+	next, idle time.Duration
+}
+
+// wait waits up to d for a notification and paces what follows; found: the drain before
+// it found events.
+func (p *pollPace) wait(stop context.Context, l *listener, d time.Duration, found bool) {
+	waited := time.Now()
+	notified := l.wait(stop, d)
+	switch {
+	case l.asleep && notified && found && time.Since(waited) < busyGap:
+		// Producers commit faster than the relay goes round: poll instead, so that
+		// they stop notifying.
+		l.wake(stop)
+		*p = pollPace{next: fastPoll}
+	case l.asleep && notified:
+		// Every event committed before this notification is seen by the next claim.
+		l.discard()
+	case notified:
+		*p = pollPace{next: fastPoll}
+	case !l.asleep:
+		p.idle += time.Since(waited)
+		p.next *= 2
 	}
 }
 

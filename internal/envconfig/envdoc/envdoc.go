@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
 	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
@@ -29,6 +30,8 @@ const (
 	FailureFunction
 	// OutboxctlRelay is `outboxctl relay`, the relay outside Lambda.
 	OutboxctlRelay
+	// OutboxctlEnqueue is `outboxctl enqueue`, a producer.
+	OutboxctlEnqueue
 
 	// Relay is both relays: they read the same variables (package relayenv).
 	Relay     = RelayFunction | OutboxctlRelay
@@ -45,7 +48,8 @@ func (r Readers) String() string {
 	for _, n := range []struct {
 		r    Readers
 		name string
-	}{{RelayFunction, "RelayFunction"}, {WebhookFunction, "WebhookFunction"}, {FailureFunction, "FailureFunction"}, {OutboxctlRelay, "`outboxctl relay`"}} {
+	}{{RelayFunction, "RelayFunction"}, {WebhookFunction, "WebhookFunction"}, {FailureFunction, "FailureFunction"}, {OutboxctlRelay, "`outboxctl relay`"},
+		{OutboxctlEnqueue, "`outboxctl enqueue`"}} {
 		if r&n.r != 0 {
 			names = append(names, n.name)
 		}
@@ -66,6 +70,8 @@ const (
 	SourceTelemetry Source = "internal/telemetry"
 	// SourceRelayMain: the relay Lambda's cold start (functions/relay, package relayfunc).
 	SourceRelayMain Source = "internal/relayfunc"
+	// SourceOutboxctl: a command of cmd/outboxctl that reads a variable of its own.
+	SourceOutboxctl Source = "cmd/outboxctl"
 )
 
 // Var is one environment variable.
@@ -145,7 +151,7 @@ var Vars = []Var{
 	{"BATCH_SIZE", "Relay", fmt.Sprint(relay.DefaultBatchSize), Relay, ec,
 		"Rows per claim, at most " + fmt.Sprint(relay.MaxBatchSize) + ". Payload memory is bounded by `BATCH_BYTES` and `IN_FLIGHT_BYTES`, so large payloads need no smaller batch."},
 	{"PUBLISH_CONCURRENCY", "Relay", fmt.Sprint(relay.DefaultPublishConcurrency), Relay, ec,
-		"Batches in flight at once per relay (the next claim overlaps earlier publishes; 1 is strictly serial), each marked on a database connection of its own (the relay Lambda opens up to `PUBLISH_CONCURRENCY` + 2, one more with `LINGER`; `outboxctl relay` + 3, one more with retention); per-key order and leases hold for any value. At most " + fmt.Sprint(relay.MaxPublishConcurrency) + "."},
+		"Batches in flight at once per relay (the next claim overlaps earlier publishes; 1 is strictly serial), each marked on a database connection of its own (the relay Lambda opens up to `PUBLISH_CONCURRENCY` + 2, one more while it waits for events (`IDLE_GAP`); `outboxctl relay` + 3, one more with retention); per-key order and leases hold for any value. At most " + fmt.Sprint(relay.MaxPublishConcurrency) + "."},
 	{"BATCH_BYTES", "Relay", bytes(relay.DefaultMaxBatchBytes), Relay, ec,
 		"Payload bytes one claim takes at most (counted as stored, scaled by the text/stored ratio learnt from earlier claims); one larger event still goes, alone. At most `IN_FLIGHT_BYTES`."},
 	{"IN_FLIGHT_BYTES", "Relay", "an eighth of `AWS_LAMBDA_FUNCTION_MEMORY_SIZE` (32 MiB at 256 MB); " + bytes(relay.DefaultMaxInFlightBytes) + " outside Lambda", Relay, ec,
@@ -156,8 +162,10 @@ var Vars = []Var{
 	{"MAX_ATTEMPTS", "Relay", fmt.Sprint(relay.DefaultMaxAttempts), Relay, ec, "The relay's retry budget per event; past it the event is dead-lettered."},
 	{"BACKOFF_BASE", "Relay", dur(relay.DefaultBackoffBase), Relay, ec, "Backoff ceiling `min(BACKOFF_BASE·2^attempt, BACKOFF_MAX)`, full jitter, floor " + dur(relay.MinBackoff) + "."},
 	{"BACKOFF_MAX", "Relay", dur(relay.DefaultBackoffMax), Relay, ec, "Cap of the backoff ceiling."},
-	{"LINGER", "Relay", "0 (off)", Relay, ec,
-		"Keep a scheduled invocation draining this long (fast polls while events come, then asleep on `LISTEN/NOTIFY`), capped by the invocation's deadline: sub-second latency with a one-minute schedule."},
+	{"RELAY_FUNCTION", "Relay", "unset (no kick)", OutboxctlEnqueue, env(SourceOutboxctl),
+		"The relay function's name or ARN (the stack's `RelayFunctionArn` output): `outboxctl enqueue` kicks it after each commit, as producers do with package `kick` (an asynchronous `Invoke`; AWS region and credentials from the environment, `AWS_ENDPOINT_URL_LAMBDA` honoured). The caller needs `lambda:InvokeFunction` on it."},
+	{"IDLE_GAP", "Relay", dur(relayenv.DefaultIdleGap), Relay, ec,
+		"How long an invocation waits for more events before it returns, closing every database session it opened (fast polls, then asleep on `LISTEN/NOTIFY`). A kicked invocation stays at least this long from its start; a scheduled one that finds the outbox empty returns at once. Producers that kick (`pkg/kick`) skip kicks within their interval (1s), which must not exceed it. At most 1m; `0s` drains once. Measured as deployed (docs/performance.md): with kicks, commit -> dispatched p50 4-15 ms, p99 18-142 ms; each kicked invocation holds its sessions `IDLE_GAP` after its last event; idle, no session at all between invocations."},
 
 	{"OUTBOX_RETENTION", "Retention", dur(retention.DefaultOutboxRetention), Relay, ec, "Delete dispatched outbox rows older than this; must outlive the retry horizon."},
 	{"DEDUPE_TTL", "Retention", dur(retention.DefaultDedupeTTL), Relay, ec,

@@ -25,9 +25,9 @@ type Config struct {
 	DatabaseURL string
 	Relay       relay.Config
 	Publisher   qstash.PublisherConfig
-	// Linger, when positive, keeps a scheduled invocation draining (LISTEN/NOTIFY plus
-	// polling) for this long, capped by the invocation's deadline.
-	Linger           time.Duration
+	// IdleGap: an invocation keeps draining while events keep arriving and returns once
+	// this long has passed with none (relay.DrainIdle); 0 drains once and returns.
+	IdleGap          time.Duration
 	Retention        retention.Config
 	MetricsNamespace string
 	LogLevel         slog.Level
@@ -52,7 +52,13 @@ func Read(getenv func(string) string) (Config, error) {
 	// queue orders them (also when a test injects another publisher).
 	c.Relay.Ordering = c.Publisher.Ordering
 
-	c.Linger, _ = r.Duration("LINGER")
+	c.IdleGap = DefaultIdleGap
+	if d, ok := r.Duration("IDLE_GAP"); ok {
+		c.IdleGap = d
+	}
+	if c.IdleGap > maxIdleGap {
+		r.Fail("IDLE_GAP", "%v is longer than %v: a relay that waits that long for events holds a database session for nothing; the schedule and the producers' kicks wake it", c.IdleGap, maxIdleGap)
+	}
 	ret := retention.Config{}
 	ret.OutboxRetention, _ = r.Duration("OUTBOX_RETENTION", "OutboxRetention")
 	ret.DedupeTTL, _ = r.Duration("DEDUPE_TTL", "DedupeTTL")
@@ -144,6 +150,13 @@ func check(r *envconfig.Reader, c Config) {
 	r.Check(retention.ValidateDedupeTTL(c.Retention.DedupeTTL, c.Relay, retries))
 	r.Check(retention.ValidateOutboxRetention(c.Retention.OutboxRetention, c.Relay, retries))
 }
+
+// DefaultIdleGap is IDLE_GAP's default: a kicked relay stays a second for more events;
+// producers that kicked within it skip their kick (package kick's Interval is at most it).
+const DefaultIdleGap = time.Second
+
+// maxIdleGap bounds IDLE_GAP: beyond a minute the scheduled tick would come first anyway.
+const maxIdleGap = time.Minute
 
 // maxBudgetBytes bounds BATCH_BYTES and IN_FLIGHT_BYTES: 10 GB is the largest Lambda.
 const maxBudgetBytes = 10 << 30

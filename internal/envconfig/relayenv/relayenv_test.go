@@ -47,8 +47,8 @@ func TestReadDefaults(t *testing.T) {
 	if c.Retention.OutboxRetention != retention.DefaultOutboxRetention || c.Retention.DedupeTTL != retention.DefaultDedupeTTL {
 		t.Fatalf("retention defaults: %+v", c.Retention)
 	}
-	if c.Linger != 0 || c.MetricsNamespace != "OutboxRelay" || c.LogLevel.String() != "INFO" {
-		t.Fatalf("defaults: linger %v ns %q level %v", c.Linger, c.MetricsNamespace, c.LogLevel)
+	if c.IdleGap != time.Second || c.MetricsNamespace != "OutboxRelay" || c.LogLevel.String() != "INFO" {
+		t.Fatalf("defaults: idle gap %v ns %q level %v", c.IdleGap, c.MetricsNamespace, c.LogLevel)
 	}
 	if _, err := qstash.NewPublisher(c.Publisher); err != nil {
 		t.Fatalf("publisher config does not build: %v", err)
@@ -62,7 +62,7 @@ func TestReadEverySetting(t *testing.T) {
 		"QSTASH_URL": "http://127.0.0.1:8080", "FAILURE_CALLBACK_URL": "https://fail.example.com/",
 		"QSTASH_RETRIES": "0", "ORDERING": "FIFO", "FIFO_QUEUES": "4", "BATCH_SIZE": "250", "LEASE": "45s",
 		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
-		"LINGER": "40s", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
+		"IDLE_GAP": "2500ms", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
 		"OUTBOX_NAME": "shop-prod", "QSTASH_PLAN": "Free", "QSTASH_MAX_MESSAGE_BYTES": "500000", "QSTASH_MAX_REQUEST_BYTES": "1048576",
 	})
 	c, err := Read(env(m))
@@ -80,7 +80,7 @@ func TestReadEverySetting(t *testing.T) {
 		c.Relay.PublishConcurrency != 8 || c.Relay.Ordering != publish.OrderingFIFO {
 		t.Fatalf("relay: %+v", c.Relay)
 	}
-	if c.Linger != 40*time.Second || c.Retention.OutboxRetention != 72*time.Hour || c.Retention.DedupeTTL != 30*24*time.Hour ||
+	if c.IdleGap != 2500*time.Millisecond || c.Retention.OutboxRetention != 72*time.Hour || c.Retention.DedupeTTL != 30*24*time.Hour ||
 		c.MetricsNamespace != "Shop" || c.LogLevel.String() != "DEBUG" {
 		t.Fatalf("rest: %+v", c)
 	}
@@ -99,7 +99,7 @@ func TestReadReportsEverythingAtOnce(t *testing.T) {
 		"FAILURE_CALLBACK_URL": "mailto:x", "QSTASH_RETRIES": "-2", "ORDERING": "lifo", "FIFO_QUEUES": "0",
 		"FLOW_CONTROL_PARALLELISM": "x", "FLOW_CONTROL_RATE": "-1", "FLOW_CONTROL_PERIOD": "soon",
 		"BATCH_SIZE": "0", "PUBLISH_CONCURRENCY": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
-		"BACKOFF_MAX": "y", "LINGER": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
+		"BACKOFF_MAX": "y", "IDLE_GAP": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
 	}
 	_, err := Read(env(bad))
