@@ -136,13 +136,16 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxBatchBytes bounds the payload bytes (their JSON text) one claim takes: a claim
 	// stops adding rows once the budget is reached, but always takes at least one, so an
-	// event larger than the budget still moves alone. Default DefaultMaxBatchBytes.
+	// event larger than the budget still moves alone. It holds on the text as read,
+	// whatever Postgres's compression of the stored payloads. Default
+	// DefaultMaxBatchBytes.
 	MaxBatchBytes int64
 	// MaxInFlightBytes bounds the payload bytes of every batch in flight together: the
 	// drain claims only up to what is left of it, and while less than a quarter of
 	// MaxBatchBytes is left it waits for a batch to finish instead. Each batch in flight
-	// can exceed its share by one event (the one a claim always takes). Default
-	// DefaultMaxInFlightBytes; at least MaxBatchBytes.
+	// can exceed its share by one event (the one a claim always takes). An event larger
+	// than MaxInFlightBytes is dead-lettered at its claim, its payload never copied: the
+	// relay could not hold it. Default DefaultMaxInFlightBytes; at least MaxBatchBytes.
 	MaxInFlightBytes int64
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
