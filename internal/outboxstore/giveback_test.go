@@ -136,8 +136,9 @@ func TestClaimIsolatesARowItsRelayDiesHolding(t *testing.T) {
 		if i == 0 && c.Len() != 6 {
 			t.Fatalf("first claim took %d rows, want all 6", c.Len())
 		}
-		if i > 0 && c.Len() != 1 {
-			t.Fatalf("claim %d took %d rows after the batch died: want every row of that batch alone", i, c.Len())
+		if i > 0 && (c.Len() != 1 || !c.Isolated || !c.More || c.BytesCut) {
+			t.Fatalf("claim %d took %d rows after the batch died (isolated %v, more %v, bytes cut %v): want every row of that batch alone, isolated, more",
+				i, c.Len(), c.Isolated, c.More, c.BytesCut)
 		}
 		if len(c.Undecodable) > 0 {
 			f := c.Undecodable[0]

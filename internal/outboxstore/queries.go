@@ -116,7 +116,9 @@ const (
 	// per claim, and the row that kills is the only one that dies with it again. The
 	// update counts such claims in relay_deaths (migration 0020; NULL again after a claim
 	// of the row that follows an outcome), which Claim reads to dead-letter a row that
-	// keeps dying. qClaimPre0020 is this statement for a schema without the column.
+	// keeps dying. isolated tells the caller that a suspect shaped the batch (bytes_cut is
+	// then true too, not for want of memory). qClaimPre0020 is this statement for a schema
+	// without the column.
 	qClaim = `
 WITH win AS MATERIALIZED (
     SELECT o.id, o.partition_key, hd.head_id
@@ -200,7 +202,7 @@ SET lease_token  = @token,
     available_at = coalesce(@now::timestamptz, now()) + @lease::interval
 WHERE o.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
-          pg_column_size(o.payload) AS stored, o.relay_deaths,
+          pg_column_size(o.payload) AS stored, o.relay_deaths, EXISTS (SELECT FROM eligible WHERE stored IS NULL) AS isolated,
           (SELECT count(*) FROM win) AS window_rows,
           coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut,
           (SELECT coalesce(max(ord), 0) FROM chosen) AS keys_end,

@@ -96,6 +96,10 @@ type Claimed struct {
 	// BytesCut is true when the byte budget left out rows the claim had chosen (see
 	// Claim); More is then true as well.
 	BytesCut bool
+	// Isolated is true when the claim holds alone a row whose last claim died holding it,
+	// or stopped before one (see Claim); More is then true as well. BytesCut is then
+	// false: memory did not shape the batch.
+	Isolated bool
 }
 
 // Len is the number of rows the claim leased.
@@ -208,7 +212,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		c.Messages = append(c.Messages, outbox.Message{})
 		m := &c.Messages[len(c.Messages)-1]
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, nil, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
-			&stored, &deaths, &windowRows, &runCut, &keysEnd, &c.BytesCut,
+			&stored, &deaths, &c.Isolated, &windowRows, &runCut, &keysEnd, &c.BytesCut,
 			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xmin); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
@@ -240,6 +244,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
 	rows.Close()
+	c.BytesCut = c.BytesCut && !c.Isolated
 	if c.Len() > 0 {
 		s.walks.offer(claimNo, wp, view)
 	}
@@ -254,7 +259,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 
 	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
-	c.More = c.Len() == limit || len(cut.back) > 0 || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut))
+	c.More = c.Len() == limit || len(cut.back) > 0 || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut || c.Isolated))
 	next := int64(0) // the batch size
 	if c.Len() == limit && 4*keysEnd <= int64(limit) {
 		next = 2 * keysEnd

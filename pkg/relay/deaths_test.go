@@ -1,0 +1,98 @@
+package relay_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+)
+
+// A batch that kills its process does not kill every process after it. One event takes
+// down any relay that publishes it (a publisher that panics on it, as a process killed
+// for memory or by the Lambda deadline would, with its batch leased and unmarked). Each
+// run is a fresh process after the last one's lease has ended. Before, every process
+// claimed the dead batch again and died with it, and nothing more was ever dispatched.
+// Now the rows of the dead batch come back one per claim, so only the guilty row dies
+// again, alone, and after three deaths it is dead-lettered with that reason; every other
+// event is dispatched.
+func TestRelayIsolatesTheEventItDiesHolding(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ids := seed(t, db, 30, outboxtest.Mod(10))
+	guilty := ids[4]
+	clk := newClock()
+	var mu sync.Mutex
+	var withGuilty [][]outbox.ID // the publish calls that held it
+	pub := &fakePublisher{before: func(_ context.Context, msgs []outbox.Message) {
+		for _, m := range msgs {
+			if m.ID == guilty {
+				mu.Lock()
+				call := make([]outbox.ID, 0, len(msgs))
+				for _, m := range msgs {
+					call = append(call, m.ID)
+				}
+				withGuilty = append(withGuilty, call)
+				mu.Unlock()
+				panic("the relay's process dies holding its batch")
+			}
+		}
+	}}
+	deaths := 0
+	for run := 0; ; run++ {
+		if run == 10 {
+			t.Fatalf("after 10 runs (%d deaths): %+v", deaths, states(t, db))
+		}
+		clk.Add(time.Minute) // the last process's lease (30s) has ended
+		r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 2, Now: clk.Now})
+		if drainOrDie(t, r) {
+			deaths++
+			continue
+		}
+		break
+	}
+	if s := states(t, db); s.dispatched != 29 || s.deadLettered != 1 || s.pending != 0 || s.leased != 0 {
+		t.Fatalf("rows %+v after %d deaths; want 29 dispatched, the guilty one dead-lettered", s, deaths)
+	}
+	var reason string
+	if err := db.Pool.QueryRow(t.Context(), `SELECT error FROM dead_letters WHERE outbox_id = $1`, guilty).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "the relay died 3 times while holding this row") {
+		t.Fatalf("dead letter's error %q", reason)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if deaths != 3 || len(withGuilty) != 3 || len(withGuilty[0]) < 2 {
+		t.Fatalf("%d deaths, publish calls holding the guilty event %v; want 3, the first one with others", deaths, withGuilty)
+	}
+	for _, call := range withGuilty[1:] {
+		if !slices.Equal(call, []outbox.ID{guilty}) {
+			t.Fatalf("publish calls holding the guilty event %v: after its first death it must be alone", withGuilty)
+		}
+	}
+	for _, id := range ids {
+		if id != guilty && !slices.ContainsFunc(pub.records(), func(p publishRecord) bool { return p.id == id && p.ok }) {
+			t.Errorf("event %d never published", id)
+		}
+	}
+}
+
+// drainOrDie drains r and reports whether its process died (Drain ended in a panic, the
+// batch's lease left to run out).
+func drainOrDie(t *testing.T, r *relay.Relay) (died bool) {
+	t.Helper()
+	defer func() {
+		if recover() != nil {
+			died = true
+		}
+	}()
+	drain(t.Context(), t, r)
+	return false
+}
