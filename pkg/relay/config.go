@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
@@ -70,6 +71,9 @@ const (
 	// (1,000 x 8 of them are 2.4 MB).
 	DefaultMaxBatchBytes    = 8 << 20
 	DefaultMaxInFlightBytes = 32 << 20
+	// DefaultMaxDeaths: the relay died holding a row this many times in a row (the first
+	// in a batch, then with the row claimed alone) before it dead-letters the row.
+	DefaultMaxDeaths = outboxstore.DefaultMaxDeaths
 )
 
 // Config tunes a Relay. Zero fields take the Default* values.
@@ -150,6 +154,12 @@ type Config struct {
 	// than MaxInFlightBytes is dead-lettered at its claim, its payload never copied: the
 	// relay could not hold it. Default DefaultMaxInFlightBytes; at least MaxBatchBytes.
 	MaxInFlightBytes int64
+	// MaxDeaths: a row whose claims ended without an outcome this many times in a row (the
+	// relay died holding it: killed for memory, a panic, the Lambda deadline) is
+	// dead-lettered at its next claim, never published again into the same death. From its
+	// first such death on, the row is claimed alone, so a batch that kills its process
+	// costs the next processes one row, not the backlog. Default DefaultMaxDeaths.
+	MaxDeaths int
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
 	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
@@ -181,6 +191,7 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
+	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
@@ -227,6 +238,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		bad.Bad("PollInterval", "%v must be positive", c.PollInterval)
+	}
+	if c.MaxDeaths < 1 {
+		bad.Bad("MaxDeaths", "%d must be at least 1", c.MaxDeaths)
 	}
 	if c.MaxBatchBytes < 1 {
 		bad.Bad("MaxBatchBytes", "%d must be positive", c.MaxBatchBytes)

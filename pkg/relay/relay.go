@@ -490,7 +490,7 @@ func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, o
 	// An event over MaxInFlightBytes is more than the drain may ever hold: the claim hands
 	// it back to be dead-lettered rather than let it kill this process and the next.
 	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes,
-		MaxEventBytes: r.cfg.MaxInFlightBytes, For: r.cfg.Lease, Now: r.now()})
+		MaxEventBytes: r.cfg.MaxInFlightBytes, MaxDeaths: r.cfg.MaxDeaths, For: r.cfg.Lease, Now: r.now()})
 	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
 		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
 			"a claim this slow usually walks dead rows vacuum cannot remove yet, held back by a long-open transaction or a "+
