@@ -98,7 +98,9 @@ type Claimed struct {
 	BytesCut bool
 	// Isolated is true when the claim holds alone a row whose last claim died holding it,
 	// or stopped before one (see Claim); More is then true as well. BytesCut is then
-	// false: memory did not shape the batch.
+	// false: memory did not shape the batch. An isolated batch of one row is to be
+	// published with no other batch in flight: a process that dies holding it again then
+	// kills no other row.
 	Isolated bool
 }
 

@@ -15,13 +15,14 @@ import (
 )
 
 // A batch that kills its process does not kill every process after it. One event takes
-// down any relay that publishes it (a publisher that panics on it, as a process killed
-// for memory or by the Lambda deadline would, with its batch leased and unmarked). Each
-// run is a fresh process after the last one's lease has ended. Before, every process
-// claimed the dead batch again and died with it, and nothing more was ever dispatched.
-// Now the rows of the dead batch come back one per claim, so only the guilty row dies
-// again, alone, and after three deaths it is dead-lettered with that reason; every other
-// event is dispatched.
+// down any relay that publishes it, with every batch it has in flight (a publisher that
+// panics on it and in every call still publishing, as a process killed for memory or by
+// the Lambda deadline would leave them: leased and unmarked). Each run is a fresh process
+// after the last one's lease has ended. Before, every process claimed the dead batch
+// again and died with it, and nothing more was ever dispatched. Now the rows of the dead
+// batch come back one per claim, each published with no other batch in flight, so only
+// the guilty row dies again, alone, and after three deaths it is dead-lettered with that
+// reason; every other event is dispatched (none dies three times beside it).
 func TestRelayIsolatesTheEventItDiesHolding(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -30,18 +31,31 @@ func TestRelayIsolatesTheEventItDiesHolding(t *testing.T) {
 	clk := newClock()
 	var mu sync.Mutex
 	var withGuilty [][]outbox.ID // the publish calls that held it
+	var dying *relay.Relay       // the process the guilty event is killing
+	var current *relay.Relay     // the process running
 	pub := &fakePublisher{before: func(_ context.Context, msgs []outbox.Message) {
-		for _, m := range msgs {
-			if m.ID == guilty {
-				mu.Lock()
-				call := make([]outbox.ID, 0, len(msgs))
-				for _, m := range msgs {
-					call = append(call, m.ID)
-				}
-				withGuilty = append(withGuilty, call)
-				mu.Unlock()
-				panic("the relay's process dies holding its batch")
+		mu.Lock()
+		killer := slices.ContainsFunc(msgs, func(m outbox.Message) bool { return m.ID == guilty })
+		if killer {
+			call := make([]outbox.ID, 0, len(msgs))
+			for _, m := range msgs {
+				call = append(call, m.ID)
 			}
+			withGuilty = append(withGuilty, call)
+			dying = current
+		}
+		mu.Unlock()
+		if killer {
+			panic("the relay's process dies holding its batches")
+		}
+		// Long enough for the batches of one process to overlap; a batch still
+		// publishing when its process dies dies with it.
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		dead := dying != nil && dying == current
+		mu.Unlock()
+		if dead {
+			panic("the relay's process is gone")
 		}
 	}}
 	deaths := 0
@@ -50,7 +64,10 @@ func TestRelayIsolatesTheEventItDiesHolding(t *testing.T) {
 			t.Fatalf("after 10 runs (%d deaths): %+v", deaths, states(t, db))
 		}
 		clk.Add(time.Minute) // the last process's lease (30s) has ended
-		r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 2, Now: clk.Now})
+		r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 4, Now: clk.Now})
+		mu.Lock()
+		current = r
+		mu.Unlock()
 		if drainOrDie(t, r) {
 			deaths++
 			continue

@@ -253,7 +253,11 @@ func (r *Relay) drain(stop, work context.Context, total *Stats, pace drainPace) 
 			break
 		}
 		if c.Len() > 0 {
-			d.start(work, lease, c, claimedAt)
+			if c.Isolated && c.Len() == 1 {
+				d.startAlone(work, lease, c, claimedAt)
+			} else {
+				d.start(work, lease, c, claimedAt)
+			}
 			if pace.busy != nil && (c.More || d.inFlight > 1) {
 				pace.busy()
 				pace.busy = nil
@@ -317,6 +321,17 @@ func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxs
 		b.st, b.err = d.r.process(work, lease, c, claimedAt)
 		b.aborted = false
 	}()
+}
+
+// startAlone publishes and marks a batch of one row that a relay died holding
+// (outboxstore.Claimed.Isolated) with no other batch in flight: if it kills this process
+// too, no other row dies with it (each death counts towards its dead letter).
+func (d *drainer) startAlone(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
+	for d.inFlight > 0 {
+		d.collect(<-d.done)
+	}
+	d.start(work, lease, c, claimedAt)
+	d.collect(<-d.done)
 }
 
 // collect accounts for a finished batch.
