@@ -151,6 +151,9 @@ func TestClaimIsolatesARowItsRelayDiesHolding(t *testing.T) {
 			letters++
 			continue
 		}
+		if c.Messages[0].ID == guilty && c.Deaths != died {
+			t.Fatalf("claim %d: the guilty row after %d deaths says Deaths %d", i, died, c.Deaths)
+		}
 		if c.Messages[0].ID == guilty || i == 0 {
 			died++ // the process dies holding the batch: no outcome, the lease runs out
 			continue

@@ -253,7 +253,7 @@ func (r *Relay) drain(stop, work context.Context, total *Stats, pace drainPace) 
 			break
 		}
 		if c.Len() > 0 {
-			if c.Isolated && c.Len() == 1 {
+			if c.Isolated && c.Len() == 1 && c.Deaths+1 >= r.cfg.MaxDeaths {
 				d.startAlone(work, lease, c, claimedAt)
 			} else {
 				d.start(work, lease, c, claimedAt)
@@ -323,9 +323,12 @@ func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxs
 	}()
 }
 
-// startAlone publishes and marks a batch of one row that a relay died holding
-// (outboxstore.Claimed.Isolated) with no other batch in flight: if it kills this process
-// too, no other row dies with it (each death counts towards its dead letter).
+// startAlone publishes and marks a batch of one row that relays died holding
+// MaxDeaths-1 times (outboxstore.Claimed.Deaths) with no other batch in flight: if it
+// kills this process too, it is dead-lettered, and no other row died with it (a row
+// that died beside it twice would be next). Rows with fewer deaths are claimed alone but
+// go beside other batches: a row that dies beside the guilty one gains a death, not a
+// dead letter.
 func (d *drainer) startAlone(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
 	for d.inFlight > 0 {
 		d.collect(<-d.done)
