@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
@@ -168,6 +169,18 @@ func TestClaimIsolatesARowItsRelayDiesHolding(t *testing.T) {
 	scan(t, db, fmt.Sprintf(`SELECT error FROM dead_letters WHERE outbox_id = %d`, guilty), &reason)
 	if !strings.Contains(reason, "the relay died 3 times while holding this row") {
 		t.Fatalf("dead letter's error %q", reason)
+	}
+
+	// Redriven, it is an event like any other: its count of deaths starts again.
+	if _, err := deadletter.Redrive(t.Context(), db.Pool, deadletter.Filter{All: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh Store (the next process): this one's walk bounds, learnt at the test's clock,
+	// lie past the redrive's real time (walk.go's probe finds such rows, later).
+	clock = clock.Add(2 * time.Minute)
+	_, c := claimLeased(t, outboxstore.NewStore(db.Pool), outboxstore.ClaimRequest{Rows: 100, KeyRun: 4, For: time.Minute, Now: &clock})
+	if len(c.Messages) != 1 || len(c.Undecodable) != 0 || c.Messages[0].ID != guilty || c.Deaths != 0 || c.Isolated {
+		t.Fatalf("redriven: claimed %+v, refused %+v, deaths %d, isolated %v; want the row, as any other", c.Messages, c.Undecodable, c.Deaths, c.Isolated)
 	}
 }
 
