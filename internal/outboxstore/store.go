@@ -165,8 +165,8 @@ type ClaimRequest struct {
 // on the dev machine). The two differ both ways: a 116-byte order event is 164 bytes of
 // jsonb, and 400 kB of JSON order lines compressed to 202 kB, repeated line items to
 // 4 kB. So the store learns the text size per stored byte from each claim's rows and
-// turns maxBytes into stored bytes with it; the first claim of a process assumes one to
-// one. That only spares the wire: the budget itself is kept on the text as the rows
+// turns maxBytes into stored bytes with it; the first claim of a process assumes the
+// compression of repetitive JSON (coldTextPerStored). That only spares the wire: the budget itself is kept on the text as the rows
 // arrive, one at a time, a payload's size read before it is copied (pgx holds one row at
 // a time). A row whose payload would take the kept bytes over maxBytes (never the first)
 // is given back, with every later row of its key, under the same lease and without
@@ -328,14 +328,26 @@ func (s *Store) probeBelow(bound time.Time, now *time.Time) {
 // probeTimeout bounds one probe below the ready bound.
 const probeTimeout = time.Minute
 
+// coldTextPerStored is the text size per stored byte the first claim of a process
+// assumes: about what Postgres's compression reaches on repetitive JSON. The claim keeps
+// the budget on the text whatever this says; it bounds what Postgres renders and sends
+// for the claim to give back. Assuming one to one, a claim of 1,000 payloads of 400 kB
+// stored in 4 kB each rendered and sent 400 MB to keep 8 MB; this way it sends about
+// 8 MB of them, and a batch of small payloads is cut at about an eighth of its rows
+// (a smaller first batch, then the ratio is learnt).
+const coldTextPerStored = 64
+
 // storedBudget turns a budget in payload text bytes into stored bytes, at textPerStored
-// text bytes per stored byte (0: unknown, taken as one).
+// text bytes per stored byte (0: unknown, taken as coldTextPerStored).
 func storedBudget(maxBytes int64, textPerStored float64) int64 {
 	if maxBytes <= 0 {
 		return 1 // one row, whatever its size
 	}
-	if textPerStored <= 0 || maxBytes == math.MaxInt64 {
+	if maxBytes == math.MaxInt64 {
 		return maxBytes
+	}
+	if textPerStored <= 0 {
+		textPerStored = coldTextPerStored
 	}
 	b := float64(maxBytes) / textPerStored
 	if b >= math.MaxInt64 {
