@@ -333,8 +333,9 @@ const probeTimeout = time.Minute
 // the budget on the text whatever this says; it bounds what Postgres renders and sends
 // for the claim to give back. Assuming one to one, a claim of 1,000 payloads of 400 kB
 // stored in 4 kB each rendered and sent 400 MB to keep 8 MB; this way it sends about
-// 8 MB of them, and a batch of small payloads is cut at about an eighth of its rows
-// (a smaller first batch, then the ratio is learnt).
+// 8 MB of them. The cost is a smaller first batch of small payloads (about 320 of 1,000
+// events of 300 bytes, with an 8 MiB budget), and the next claims ramp up as the ratio
+// is learnt.
 const coldTextPerStored = 64
 
 // storedBudget turns a budget in payload text bytes into stored bytes, at textPerStored
