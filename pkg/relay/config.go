@@ -66,8 +66,8 @@ const (
 	// memory limit, 205 MiB, which bounds it), against 203.1 and 1021.8 MiB without them
 	// (batch 1,000 x 8 in flight, no memory limit). The claim keeps the budget on the
 	// payloads' text, whatever Postgres's compression: 1,200 x 400 kB stored about a
-	// hundredfold smaller, then 300 x 1 MB incompressible, peaked at 100.7 MiB (with 75 x 1
-	// MB, 112.0 MiB, against 858.1 MiB when the claim counted stored bytes). With ~300-byte payloads neither bound is reached
+	// hundredfold smaller, then 300 x 1 MB incompressible, peaked at 101-146 MiB (with 75 x
+	// 1 MB, 112-165 MiB, against 858.1 MiB when the claim counted stored bytes). With ~300-byte payloads neither bound is reached
 	// (1,000 x 8 of them are 2.4 MB).
 	DefaultMaxBatchBytes    = 8 << 20
 	DefaultMaxInFlightBytes = 32 << 20
