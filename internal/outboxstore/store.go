@@ -333,7 +333,7 @@ const probeTimeout = time.Minute
 // the budget on the text whatever this says; it bounds what Postgres renders and sends
 // for the claim to give back. Assuming one to one, a claim of 1,000 payloads of 400 kB
 // stored in 4 kB each rendered and sent 400 MB to keep 8 MB; this way it sends about
-// 8 MB of them. The cost is a smaller first batch of small payloads (about 320 of 1,000
+// 8 MB of them. The cost is a smaller first batch of small payloads (about 420 of 1,000
 // events of 300 bytes, with an 8 MiB budget), and the next claims ramp up as the ratio
 // is learnt.
 const coldTextPerStored = 64
