@@ -96,10 +96,11 @@ const (
 	//
 	// kept is the byte budget: chosen's rows in chosen's order (oldest keys first, each
 	// key's run in id order) while the payloads up to and including a row, as stored
-	// (pg_column_size, read from the tuple locked already: no TOASTed value is fetched), stay
-	// within @budget. The first row always fits, so one event larger than the budget still moves, and a cut in
-	// that order leaves every key a prefix of its run. Rows cut are locked by this
-	// statement only and stay ready. bytes_cut tells the caller the budget left rows out.
+	// (pg_column_size, read from the tuple locked already: no TOASTed value is fetched),
+	// stay within @budget. The first row always fits, so one event larger than the budget
+	// still moves, and a cut in that order leaves every key a prefix of its run. Rows cut
+	// are locked by this statement only and stay ready. bytes_cut tells the caller the
+	// budget left rows out.
 	// Measured on the dev machine (batch 1,000 over 1,000 keys, ~300-byte payloads, budget
 	// not reached): the sort and running sum cost about 1.5 ms of EXPLAIN ANALYZE time in a
 	// 20-250 ms claim, and claims alternating with the statement without them took a median
@@ -113,12 +114,13 @@ const (
 	// as the first row, alone, counting it as the whole budget: a suspect at the front of
 	// the order is claimed on its own, one further back ends the batch before it (and before
 	// every later row of its key). So a batch that killed its process comes back one row
-	// per claim, and the row that kills is the only one that dies with it again. The
-	// update counts such claims in relay_deaths (migration 0020; NULL again after a claim
-	// of the row that follows an outcome), which Claim reads to dead-letter a row that
-	// keeps dying. isolated tells the caller that a suspect shaped the batch (bytes_cut is
-	// then true too, not for want of memory). qClaimPre0020 is this statement for a schema
-	// without the column.
+	// per claim, and the row that kills is never inside a batch again: it may take the
+	// batches in flight beside it once more, but the relay publishes the claim that would
+	// dead-letter it with nothing else in flight. The update counts such claims in
+	// relay_deaths (migration 0020; NULL again after a claim of the row that follows an
+	// outcome), which Claim reads to dead-letter a row that keeps dying. isolated tells the
+	// caller that a suspect shaped the batch (bytes_cut is then true too, not for want of
+	// memory). qClaimPre0020 is this statement for a schema without the column.
 	qClaim = `
 WITH win AS MATERIALIZED (
     SELECT o.id, o.partition_key, hd.head_id

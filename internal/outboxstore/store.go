@@ -166,14 +166,15 @@ type ClaimRequest struct {
 // jsonb, and 400 kB of JSON order lines compressed to 202 kB, repeated line items to
 // 4 kB. So the store learns the text size per stored byte from each claim's rows and
 // turns maxBytes into stored bytes with it; the first claim of a process assumes the
-// compression of repetitive JSON (coldTextPerStored). That only spares the wire: the budget itself is kept on the text as the rows
-// arrive, one at a time, a payload's size read before it is copied (pgx holds one row at
-// a time). A row whose payload would take the kept bytes over maxBytes (never the first)
-// is given back, with every later row of its key, under the same lease and without
-// counting an attempt (Release), so a claim holds at most maxBytes of payload plus its
-// first row on the first claim of a cold process, whatever the payloads' compression. A
-// batch the budget cut says More, and the next claim chooses only twice the rows the
-// budget let through (not n that it would lock and leave), until a claim is not cut.
+// compression of repetitive JSON (coldTextPerStored). That only spares the wire: the
+// budget itself is kept on the text as the rows arrive, one at a time, a payload's size
+// read before it is copied (pgx holds one row at a time). A row whose payload would take
+// the kept bytes over maxBytes (never the first) is given back, with every later row of
+// its key, under the same lease and without counting an attempt (Release). So a claim
+// holds at most maxBytes of payload, or its first row alone, whatever the payloads'
+// compression, on the first claim of a cold process too. A batch the budget cut says
+// More, and the next claim chooses only twice the rows the budget let through (not n
+// that it would lock and leave), until a claim is not cut.
 //
 // A row that a claim died holding (its lease ended with no outcome) is claimed alone
 // (qClaim's suspects), and after r.MaxDeaths such deaths in a row it is returned in
