@@ -113,3 +113,34 @@ func drainOrDie(t *testing.T, r *relay.Relay) (died bool) {
 	drain(t.Context(), t, r)
 	return false
 }
+
+// An event larger than the relay may ever hold (MaxInFlightBytes) is dead-lettered at its
+// claim with that reason, never published, and its key's later event waits for the dead
+// letter, then goes; the other events are dispatched.
+func TestRelayDeadLettersAnEventItCannotHold(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	// ~64 kB of hex digits (Postgres cannot compress them) between small events, the one
+	// after it on its key.
+	outboxtest.Exec(t, db.Pool, `INSERT INTO outbox (topic, partition_key, payload) VALUES
+		('order.created', 'a', '{"n": 1}'),
+		('order.created', 'big', jsonb_build_object('pad', (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 2000) i))),
+		('order.created', 'big', '{"n": 3}'), ('order.created', 'b', '{"n": 4}')`)
+	pub := &fakePublisher{}
+	st := drain(t.Context(), t, newRelay(t, db, pub, relay.Config{BatchSize: 10, MaxBatchBytes: 20_000, MaxInFlightBytes: 40_000}))
+	if s := states(t, db); st.DeadLettered != 1 || s.dispatched != 3 || s.deadLettered != 1 || s.pending != 0 {
+		t.Fatalf("stats %+v, rows %+v; want the 64 kB event dead-lettered, the 3 others dispatched", st, s)
+	}
+	var reason string
+	if err := db.Pool.QueryRow(t.Context(), `SELECT error FROM dead_letters WHERE outbox_id = 2`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "larger than the relay can hold (40000 bytes") {
+		t.Fatalf("dead letter's error %q", reason)
+	}
+	for _, p := range pub.records() {
+		if p.id == 2 {
+			t.Fatal("the event the relay cannot hold was published")
+		}
+	}
+}
