@@ -27,11 +27,12 @@ FROM generate_series(1, $1::int) g`, n, keys)
 }
 
 // The byte budget holds on the first claim of a fresh Store whatever the payloads'
-// compression: 400 kB events that Postgres stores in a hundredth of that passed the
-// stored-size budget a hundred times over (every row of the batch, 16 MB for a 2 MB
-// budget). Now the claim keeps payloads only while their text fits, gives the rest back
-// ready and with no attempt counted, keeps every key's events in order, and the next
-// claims take the rest; every event is claimed once.
+// compression: 400 kB events that Postgres stores about 60 times smaller passed the
+// stored-size budget that many times over (every row of the batch, 16 MB for a 2 MB
+// budget). Now the claim keeps payloads only while their text fits (what it leases past
+// that it gives back: TestClaimGivesBackPastTheBudget), leaves the rest ready and
+// unattempted, keeps every key's events in order, and the next claims take the rest;
+// every event is claimed once.
 func TestClaimByteBudgetHoldsForCompressiblePayloads(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -58,7 +59,7 @@ func TestClaimByteBudgetHoldsForCompressiblePayloads(t *testing.T) {
 			t.Fatalf("claim %d: %d rows holding %d payload bytes (Bytes %d); want some, within the %d-byte budget", i, c.Len(), held, c.Bytes, budget)
 		}
 		if i == 0 {
-			// What the first claim gave back is ready again, its attempt uncounted.
+			// What the first claim did not keep is ready, its attempt uncounted.
 			var back, leftLeased int
 			scan(t, db, `SELECT count(*) FILTER (WHERE attempts = 0 AND lease_token IS NULL AND available_at <= now()),
 			       count(*) FILTER (WHERE lease_token IS NOT NULL)
@@ -88,6 +89,73 @@ func claimLeased(t *testing.T, s *outboxstore.Store, req outboxstore.ClaimReques
 		t.Fatal(err)
 	}
 	return lease, c
+}
+
+// What Postgres renders beyond the budget is given back under the claim's lease: padded
+// documents of 400 kB stored about 87 times smaller pass even the first claim's assumed
+// ratio (coldTextPerStored), so the stored budget lets seven through where the text
+// budget holds five. The two past it are ready again at once with no attempt counted, and
+// every key keeps a prefix of its events (a given-back event is never older than a kept
+// one of its key).
+func TestClaimGivesBackPastTheBudget(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	outboxtest.Exec(t, db.Pool, `
+INSERT INTO outbox (topic, partition_key, payload, available_at)
+SELECT 'doc.padded', 'k-' || (g % 2), jsonb_build_object('n', g, 'pad', repeat('x', 400000)), now() - interval '1 hour' + g * interval '1 millisecond'
+FROM generate_series(1, 20) g`)
+	s := outboxstore.NewStore(db.Pool)
+	_, c := claimLeased(t, s, outboxstore.ClaimRequest{Rows: 100, KeyRun: 4, MaxBytes: 2 << 20})
+	if len(c.Messages) != 5 || c.Bytes > 2<<20 || !c.BytesCut || !c.More {
+		t.Fatalf("%d rows, %d bytes, cut %v, more %v; want the 5 that fit 2 MiB, cut, more", len(c.Messages), c.Bytes, c.BytesCut, c.More)
+	}
+	kept := map[string]outbox.ID{} // per key, the newest kept event
+	for _, m := range c.Messages {
+		kept[m.PartitionKey] = max(kept[m.PartitionKey], m.ID)
+	}
+	// Every other event: given back (ready again since the claim, the lease cleared, no
+	// attempt) or never chosen (untouched); either way newer than its key's kept ones.
+	rows, err := db.Pool.Query(t.Context(), `
+SELECT id, partition_key, attempts, lease_token IS NULL, available_at > now() - interval '1 minute', available_at <= now()
+FROM outbox WHERE NOT id = ANY($1::bigint[]) ORDER BY id`, ids(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	given := 0
+	for rows.Next() {
+		var id outbox.ID
+		var key string
+		var attempts int
+		var free, back, ready bool
+		if err := rows.Scan(&id, &key, &attempts, &free, &back, &ready); err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 0 || !free || !ready {
+			t.Errorf("event %d not kept: attempts %d, lease cleared %v, ready %v; want it ready, unleased, unattempted", id, attempts, free, ready)
+		}
+		if id < kept[key] {
+			t.Errorf("event %d of %s is not kept but %d is", id, key, kept[key])
+		}
+		if back {
+			given++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if given != 2 {
+		t.Errorf("%d events given back, want the 2 the stored size let through past the text budget", given)
+	}
+}
+
+// ids are the ids of c's messages.
+func ids(c outboxstore.Claimed) []outbox.ID {
+	out := make([]outbox.ID, 0, len(c.Messages))
+	for _, m := range c.Messages {
+		out = append(out, m.ID)
+	}
+	return out
 }
 
 // mark records c's rows as dispatched under lease.
