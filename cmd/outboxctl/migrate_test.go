@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -103,18 +104,31 @@ func TestMigrateLockWait(t *testing.T) {
 		t.Fatalf("migrate up after the lock was released: %d %s %s", code, out, stderr)
 	}
 
-	// 0017 (available_at's default: ACCESS EXCLUSIVE for an instant) gives up on the lock
-	// timeout beside an open producer transaction too, and applies once it has ended.
-	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 17`); err != nil {
-		t.Fatal(err)
-	}
-	producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
-	if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 3 || strings.Contains(out, "applied 0017") || !strings.Contains(stderr, "SQLSTATE 55P03") {
-		t.Fatalf("0017 beside an open producer transaction: %d %q %q, want it given up on the lock timeout", code, out, stderr)
-	}
-	_ = producer.Rollback(ctx)
-	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0017") {
-		t.Fatalf("0017 after the producer ended: %d %s %s", code, out, stderr)
+	// 0017 (available_at's default) and 0020 (a nullable column), each ACCESS EXCLUSIVE for
+	// an instant, give up on the lock timeout beside an open producer transaction too, and
+	// apply once it has ended. Each is made pending with every later version.
+	for _, m := range []struct {
+		version int
+		undo    string
+	}{
+		{17, `ALTER TABLE outbox ALTER COLUMN available_at SET DEFAULT now()`},
+		{20, `ALTER TABLE outbox DROP COLUMN relay_deaths`},
+	} {
+		name := fmt.Sprintf("%04d", m.version)
+		if _, err := db.Pool.Exec(ctx, m.undo); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id >= $1`, m.version); err != nil {
+			t.Fatal(err)
+		}
+		producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
+		if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 3 || strings.Contains(out, "applied "+name) || !strings.Contains(stderr, "SQLSTATE 55P03") {
+			t.Fatalf("%s beside an open producer transaction: %d %q %q, want it given up on the lock timeout", name, code, out, stderr)
+		}
+		_ = producer.Rollback(ctx)
+		if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied "+name) {
+			t.Fatalf("%s after the producer ended: %d %s %s", name, code, out, stderr)
+		}
 	}
 	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
 		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {

@@ -100,16 +100,32 @@ const (
 	// the window the batch needed, from which the caller sizes the next claim's window.
 	//
 	// kept is the byte budget: chosen's rows in chosen's order (oldest keys first, each
-	// key's run in id order) while the payloads before a row, as stored (pg_column_size,
-	// read from the tuple locked already: no TOASTed value is fetched), stay under @budget. The
-	// first row always fits, so one event larger than the budget still moves, and a cut in
-	// that order leaves every key a prefix of its run. Rows cut are locked by this
-	// statement only and stay ready. bytes_cut tells the caller the budget left rows out.
+	// key's run in id order) while the payloads up to and including a row, as stored
+	// (pg_column_size, read from the tuple locked already: no TOASTed value is fetched),
+	// stay within @budget. The first row always fits, so one event larger than the budget
+	// still moves, and a cut in that order leaves every key a prefix of its run. Rows cut
+	// are locked by this statement only and stay ready. bytes_cut tells the caller the
+	// budget left rows out.
 	// Measured on the dev machine (batch 1,000 over 1,000 keys, ~300-byte payloads, budget
 	// not reached): the sort and running sum cost about 1.5 ms of EXPLAIN ANALYZE time in a
 	// 20-250 ms claim, and claims alternating with the statement without them took a median
 	// 25.2 vs 23.8 ms and 84 vs 78 ms in two runs on the shared machine (its noise: the
 	// interquartile ranges were 15 and 50 ms wide).
+	//
+	// A row that still carries a lease token when it is locked is a suspect: the claim that
+	// left the token ended without an outcome (every outcome statement clears it), so the
+	// relay holding it died (killed for memory, a panic, the Lambda deadline) and may die
+	// again on the same row. locked gives a suspect no stored size, and kept lets it in only
+	// as the first row, alone, counting it as the whole budget: a suspect at the front of
+	// the order is claimed on its own, one further back ends the batch before it (and before
+	// every later row of its key). So a batch that killed its process comes back one row
+	// per claim, and the row that kills is never inside a batch again: it may take the
+	// batches in flight beside it once more, but the relay publishes the claim that would
+	// dead-letter it with nothing else in flight. The update counts such claims in
+	// relay_deaths (migration 0020; NULL again after a claim of the row that follows an
+	// outcome), which Claim reads to dead-letter a row that keeps dying. isolated tells the
+	// caller that a suspect shaped the batch (bytes_cut is then true too, not for want of
+	// memory). qClaimPre0020 is this statement for a schema without the column.
 	qClaim = `
 WITH ended AS MATERIALIZED (
     SELECT min(w.low_id) AS low_id, min(w.low_at) AS low_at
@@ -171,7 +187,7 @@ WITH ended AS MATERIALIZED (
     WHERE per_key.lim > 1 AND r.ready
     LIMIT @batch)
 ), locked AS (
-    SELECT o.id, o.partition_key, pg_column_size(o.payload) AS stored
+    SELECT o.id, o.partition_key, CASE WHEN o.lease_token IS NULL THEN pg_column_size(o.payload) END AS stored
     FROM outbox o
     WHERE o.id = ANY (ARRAY(SELECT id FROM chosen))
       AND coalesce(o.dispatched_at, o.dead_lettered_at) IS NULL
@@ -190,18 +206,20 @@ WITH ended AS MATERIALIZED (
     WHERE prefix_locked
 ), kept AS (
     SELECT id
-    FROM (SELECT id, sum(stored) OVER (ORDER BY ord, rn ROWS UNBOUNDED PRECEDING) - stored AS before
+    FROM (SELECT id, stored,
+                 sum(coalesce(stored, @budget::bigint)) OVER (ORDER BY ord, rn ROWS UNBOUNDED PRECEDING) - coalesce(stored, @budget::bigint) AS before
           FROM eligible) y
-    WHERE before < @budget
+    WHERE before = 0 OR (stored IS NOT NULL AND before + stored <= @budget)
 )
 UPDATE outbox o
 SET lease_token  = @token,
     attempts     = o.attempts + 1,
+    relay_deaths = CASE WHEN o.lease_token IS NULL THEN NULL ELSE coalesce(o.relay_deaths, 0) + 1 END,
     locked_until = coalesce(@now::timestamptz, now()) + @lease::interval,
     available_at = coalesce(@now::timestamptz, now()) + @lease::interval
 WHERE o.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING o.id, o.topic, o.partition_key, o.payload::text, o.headers, o.attempts, o.generation, o.created_at,
-          pg_column_size(o.payload) AS stored,
+          pg_column_size(o.payload) AS stored, o.relay_deaths, EXISTS (SELECT FROM eligible WHERE stored IS NULL) AS isolated,
           (SELECT count(*) FROM win) AS window_rows,
           coalesce((SELECT lim FROM per_key) > 1 AND (SELECT max(rn) FROM chosen) >= (SELECT lim FROM per_key), false) AS run_cut,
           (SELECT coalesce(max(ord), 0) FROM chosen) AS keys_end,

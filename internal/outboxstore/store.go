@@ -5,6 +5,7 @@
 package outboxstore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -43,6 +44,9 @@ type Store struct {
 	textPerStored atomic.Uint64
 	// walks bounds the claim's index walks (walk.go).
 	walks walks
+	// pre0020Until: until this instant (unix nanoseconds) the claim runs qClaimPre0020,
+	// the schema having no relay_deaths column when it last looked (giveback.go).
+	pre0020Until atomic.Int64
 }
 
 // NewStore returns a Store over db (a *pgxpool.Pool in practice).
@@ -74,10 +78,12 @@ func (l Lease) String() string {
 type Claimed struct {
 	// Messages are the leased rows, sorted by id.
 	Messages []outbox.Message
-	// Undecodable are leased rows that cannot become a outbox.Message (headers that are not a
-	// JSON object of string values, written around Enqueue), sorted by id, each with the
-	// reason. The caller dead-letters them under the same lease, so one bad row never
-	// holds the rest of the batch.
+	// Undecodable are leased rows that must not be published, sorted by id, each with the
+	// reason: rows that cannot become an outbox.Message (headers that are not a JSON object
+	// of string values, written around Enqueue), payloads over ClaimRequest.MaxEventBytes,
+	// and rows the relay died holding ClaimRequest.MaxDeaths times. The caller
+	// dead-letters them under the same lease, so one bad row never holds the rest of the
+	// batch.
 	Undecodable []Failure
 	// More is true when rows beyond what was looked at may be ready: the caller should
 	// claim again even if the batch was short.
@@ -90,6 +96,16 @@ type Claimed struct {
 	// BytesCut is true when the byte budget left out rows the claim had chosen (see
 	// Claim); More is then true as well.
 	BytesCut bool
+	// Isolated is true when the claim holds alone a row whose last claim died holding it,
+	// or stopped before one (see Claim); More is then true as well. BytesCut is then
+	// false: memory did not shape the batch.
+	Isolated bool
+	// Deaths is the most times in a row a relay died holding one of the leased rows, the
+	// death this claim found included (0 on a schema without migration 0020). A row
+	// claimed with Deaths one short of ClaimRequest.MaxDeaths is dead-lettered if this
+	// process dies too: the caller publishes it with no other batch in flight, so that no
+	// other row dies with it.
+	Deaths int
 }
 
 // Len is the number of rows the claim leased.
@@ -109,6 +125,14 @@ type ClaimRequest struct {
 	KeyRun int
 	// MaxBytes is the payload budget of the batch (see Claim); 0 or less: none.
 	MaxBytes int64
+	// MaxEventBytes is the largest payload the caller can hold (0 or less: any); a
+	// larger one is returned in Undecodable, its payload never copied, for the caller to
+	// dead-letter: publishing it could kill the process, and every process after it.
+	MaxEventBytes int64
+	// MaxDeaths: a row whose claims ended without an outcome this many times in a row
+	// (its relay died holding it) is returned in Undecodable, its payload never copied.
+	// 0: DefaultMaxDeaths.
+	MaxDeaths int
 	// For is how long the lease lasts.
 	For time.Duration
 	// Now overrides the database clock (tests); nil in production.
@@ -139,11 +163,23 @@ type ClaimRequest struct {
 // without reading a TOASTed value), not as the caller receives it (its JSON text, which
 // Postgres would have to render for every chosen row to measure: 3.3 ms per 400 kB row
 // on the dev machine). The two differ both ways: a 116-byte order event is 164 bytes of
-// jsonb, and 400 kB of JSON order lines compressed to 202 kB. So the store learns the
-// text size per stored byte from each claim's rows and turns maxBytes into stored bytes
-// with it; the first claim of a process assumes one to one. A batch the budget cut says
+// jsonb, and 400 kB of JSON order lines compressed to 202 kB, repeated line items to
+// 4 kB. So the store learns the text size per stored byte from each claim's rows and
+// turns maxBytes into stored bytes with it; the first claim of a process assumes the
+// compression of repetitive JSON (coldTextPerStored). That only spares the wire: the
+// budget itself is kept on the text as the rows arrive, one at a time, a payload's size
+// read before it is copied (pgx holds one row at a time). A row whose payload would take
+// the kept bytes over maxBytes (never the first) is given back, with every later row of
+// its key, under the same lease and without counting an attempt (Release). So a claim
+// holds at most maxBytes of payload, or its first row alone, whatever the payloads'
+// compression, on the first claim of a cold process too. A batch the budget cut says
 // More, and the next claim chooses only twice the rows the budget let through (not n
 // that it would lock and leave), until a claim is not cut.
+//
+// A row that a claim died holding (its lease ended with no outcome) is claimed alone
+// (qClaim's suspects), and after r.MaxDeaths such deaths in a row it is returned in
+// Undecodable to be dead-lettered, as is a payload over r.MaxEventBytes: neither is ever
+// retried into the same death.
 func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 	lease, n, keyRun, d, now := r.Lease, r.Rows, r.KeyRun, r.For, r.Now
 	maxBytes := r.MaxBytes
@@ -163,44 +199,77 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 	if !wp.probeBelow.IsZero() {
 		s.startProbe(wp.probeBelow, now)
 	}
-	rows, err := s.query(ctx, qClaimPlanner, qClaim, claimArgs(limit, lease.Token, now, d, window, max(keyRun, 1), budget, wp))
+	rows, err := s.claimQuery(ctx, claimArgs(limit, lease.Token, now, d, window, max(keyRun, 1), budget, wp))
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
 	defer rows.Close()
 	c := Claimed{Messages: make([]outbox.Message, 0, limit), Window: window}
+	cut := byteCut{max: maxBytes}
+	maxDeaths := int32(cmp.Or(r.MaxDeaths, DefaultMaxDeaths))
 	var windowRows, keysEnd, stored, storedSum int64
+	var deaths pgtype.Int4
 	var runCut bool
 	var headers []byte
 	var view walkView
 	for rows.Next() {
 		// Scanned in place: a local Message would escape to the heap through Scan, once
-		// per row.
+		// per row. The payload is not scanned (pgx skips a nil destination): its size
+		// decides first whether it is copied at all.
 		c.Messages = append(c.Messages, outbox.Message{})
 		m := &c.Messages[len(c.Messages)-1]
-		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, &m.Payload, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
-			&stored, &windowRows, &runCut, &keysEnd, &c.BytesCut,
+		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, nil, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
+			&stored, &deaths, &c.Isolated, &windowRows, &runCut, &keysEnd, &c.BytesCut,
 			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xip); err != nil {
 			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
-		c.Bytes += int64(len(m.Payload))
-		storedSum += stored
-		if err := decodeHeaders(headers, &m.Headers); err != nil {
-			c.Undecodable = append(c.Undecodable, Failure{ID: m.ID, PartitionKey: m.PartitionKey,
-				Error: fmt.Sprintf("decode outbox row %d: %v", m.ID, err)})
+		if deaths.Valid {
+			c.Deaths = max(c.Deaths, int(deaths.Int32))
+		}
+		payload := rows.RawValues()[3]
+		size := int64(len(payload))
+		var refused string
+		switch {
+		case deaths.Valid && deaths.Int32 >= maxDeaths:
+			refused = diedError(m.ID, deaths.Int32)
+		case r.MaxEventBytes > 0 && size > r.MaxEventBytes:
+			refused = tooLargeError(m.ID, size, r.MaxEventBytes)
+		case !cut.fits(m.ID, m.PartitionKey, size, c.Bytes):
+			c.Messages = c.Messages[:len(c.Messages)-1]
+			continue
+		default:
+			m.Payload = bytes.Clone(payload)
+			c.Bytes += size
+			storedSum += stored
+			if err := decodeHeaders(headers, &m.Headers); err != nil {
+				refused = fmt.Sprintf("decode outbox row %d: %v", m.ID, err)
+			}
+		}
+		if refused != "" {
+			c.Undecodable = append(c.Undecodable, Failure{ID: m.ID, PartitionKey: m.PartitionKey, Error: refused})
 			c.Messages = c.Messages[:len(c.Messages)-1]
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
+	rows.Close()
+	c.BytesCut = c.BytesCut && !c.Isolated
 	if c.Len() > 0 {
 		s.walks.offer(claimNo, wp, view)
+	}
+	c.Bytes -= cut.settle(&c)
+	if len(cut.back) > 0 {
+		// Given back now rather than left to the lease: the rows are ready again at once,
+		// and a lease left to run out would count as a death (qClaim's suspects). If this
+		// fails they come back when the lease ends.
+		_, _ = s.Release(ctx, lease, cut.back, now)
+		c.BytesCut = true
 	}
 
 	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
-	c.More = c.Len() == limit || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut))
+	c.More = c.Len() == limit || len(cut.back) > 0 || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut || c.Isolated))
 	next := int64(0) // the batch size
 	if c.Len() == limit && 4*keysEnd <= int64(limit) {
 		next = 2 * keysEnd
@@ -208,10 +277,13 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 	s.window.Store(next)
 	nextRows := int64(0) // the batch size
 	if c.BytesCut {
-		nextRows = 2 * int64(c.Len())
+		// At least one: a claim whose every row was given back (a key's later row came
+		// first and was kept, its earlier one did not fit) takes one row next time, the
+		// oldest key's head, which is always kept.
+		nextRows = max(2*int64(c.Len()), 1)
 	}
 	s.rows.Store(nextRows)
-	if storedSum > 0 {
+	if storedSum > 0 && c.Bytes > 0 {
 		s.textPerStored.Store(math.Float64bits(float64(c.Bytes) / float64(storedSum)))
 	}
 	return c, nil
@@ -267,14 +339,27 @@ func (s *Store) probeBelow(bound time.Time, now *time.Time) {
 // probeTimeout bounds one probe below the ready bound.
 const probeTimeout = time.Minute
 
+// coldTextPerStored is the text size per stored byte the first claim of a process
+// assumes: about what Postgres's compression reaches on repetitive JSON. The claim keeps
+// the budget on the text whatever this says; it bounds what Postgres renders and sends
+// for the claim to give back. Assuming one to one, a claim of 1,000 payloads of 400 kB
+// stored in 4 kB each rendered and sent 400 MB to keep 8 MB; this way it sends about
+// 8 MB of them. The cost is a smaller first batch of small payloads (about 420 of 1,000
+// events of 300 bytes, with an 8 MiB budget), and the next claims ramp up as the ratio
+// is learnt.
+const coldTextPerStored = 64
+
 // storedBudget turns a budget in payload text bytes into stored bytes, at textPerStored
-// text bytes per stored byte (0: unknown, taken as one).
+// text bytes per stored byte (0: unknown, taken as coldTextPerStored).
 func storedBudget(maxBytes int64, textPerStored float64) int64 {
 	if maxBytes <= 0 {
 		return 1 // one row, whatever its size
 	}
-	if textPerStored <= 0 || maxBytes == math.MaxInt64 {
+	if maxBytes == math.MaxInt64 {
 		return maxBytes
+	}
+	if textPerStored <= 0 {
+		textPerStored = coldTextPerStored
 	}
 	b := float64(maxBytes) / textPerStored
 	if b >= math.MaxInt64 {

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
 )
 
@@ -63,10 +64,16 @@ const (
 	// 1,200 x 400 kB with these budgets (218.8 and 196.6 MiB with the test under -race,
 	// its slower local QStash holding batches in flight longer: the heap then grows to the
 	// memory limit, 205 MiB, which bounds it), against 203.1 and 1021.8 MiB without them
-	// (batch 1,000 x 8 in flight, no memory limit). With ~300-byte payloads neither bound is
-	// reached (1,000 x 8 of them are 2.4 MB).
+	// (batch 1,000 x 8 in flight, no memory limit). The claim keeps the budget on the
+	// payloads' text, whatever Postgres's compression: 1,200 x 400 kB stored about a
+	// hundredfold smaller, then 300 x 1 MB incompressible, peaked at 101-146 MiB (with 75 x
+	// 1 MB, 112-165 MiB, against 858.1 MiB when the claim counted stored bytes). With ~300-byte payloads neither bound is reached
+	// (1,000 x 8 of them are 2.4 MB).
 	DefaultMaxBatchBytes    = 8 << 20
 	DefaultMaxInFlightBytes = 32 << 20
+	// DefaultMaxDeaths: the relay died holding a row this many times in a row (the first
+	// in a batch, then with the row claimed alone) before it dead-letters the row.
+	DefaultMaxDeaths = outboxstore.DefaultMaxDeaths
 )
 
 // Config tunes a Relay. Zero fields take the Default* values.
@@ -136,14 +143,23 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxBatchBytes bounds the payload bytes (their JSON text) one claim takes: a claim
 	// stops adding rows once the budget is reached, but always takes at least one, so an
-	// event larger than the budget still moves alone. Default DefaultMaxBatchBytes.
+	// event larger than the budget still moves alone. It holds on the text as read,
+	// whatever Postgres's compression of the stored payloads. Default
+	// DefaultMaxBatchBytes.
 	MaxBatchBytes int64
 	// MaxInFlightBytes bounds the payload bytes of every batch in flight together: the
 	// drain claims only up to what is left of it, and while less than a quarter of
 	// MaxBatchBytes is left it waits for a batch to finish instead. Each batch in flight
-	// can exceed its share by one event (the one a claim always takes). Default
-	// DefaultMaxInFlightBytes; at least MaxBatchBytes.
+	// can exceed its share by one event (the one a claim always takes). An event larger
+	// than MaxInFlightBytes is dead-lettered at its claim, its payload never copied: the
+	// relay could not hold it. Default DefaultMaxInFlightBytes; at least MaxBatchBytes.
 	MaxInFlightBytes int64
+	// MaxDeaths: a row whose claims ended without an outcome this many times in a row (the
+	// relay died holding it: killed for memory, a panic, the Lambda deadline) is
+	// dead-lettered at its next claim, never published again into the same death. From its
+	// first such death on, the row is claimed alone, so a batch that kills its process
+	// costs the next processes one row, not the backlog. Default DefaultMaxDeaths.
+	MaxDeaths int
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
 	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
@@ -175,6 +191,7 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
+	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
@@ -221,6 +238,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		bad.Bad("PollInterval", "%v must be positive", c.PollInterval)
+	}
+	if c.MaxDeaths < 1 {
+		bad.Bad("MaxDeaths", "%d must be at least 1", c.MaxDeaths)
 	}
 	if c.MaxBatchBytes < 1 {
 		bad.Bad("MaxBatchBytes", "%d must be positive", c.MaxBatchBytes)

@@ -253,7 +253,11 @@ func (r *Relay) drain(stop, work context.Context, total *Stats, pace drainPace) 
 			break
 		}
 		if c.Len() > 0 {
-			d.start(work, lease, c, claimedAt)
+			if c.Isolated && c.Len() == 1 && c.Deaths+1 >= r.cfg.MaxDeaths {
+				d.startAlone(work, lease, c, claimedAt)
+			} else {
+				d.start(work, lease, c, claimedAt)
+			}
 			if pace.busy != nil && (c.More || d.inFlight > 1) {
 				pace.busy()
 				pace.busy = nil
@@ -317,6 +321,20 @@ func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxs
 		b.st, b.err = d.r.process(work, lease, c, claimedAt)
 		b.aborted = false
 	}()
+}
+
+// startAlone publishes and marks a batch of one row that relays died holding
+// MaxDeaths-1 times (outboxstore.Claimed.Deaths) with no other batch in flight: if it
+// kills this process too, it is dead-lettered, and no other row died with it (a row
+// that died beside it twice would be next). Rows with fewer deaths are claimed alone but
+// go beside other batches: a row that dies beside the guilty one gains a death, not a
+// dead letter.
+func (d *drainer) startAlone(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
+	for d.inFlight > 0 {
+		d.collect(<-d.done)
+	}
+	d.start(work, lease, c, claimedAt)
+	d.collect(<-d.done)
 }
 
 // collect accounts for a finished batch.
@@ -487,7 +505,10 @@ func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, o
 	// SIGTERM behind a pinned xmin horizon.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
-	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes, For: r.cfg.Lease, Now: r.now()})
+	// An event over MaxInFlightBytes is more than the drain may ever hold: the claim hands
+	// it back to be dead-lettered rather than let it kill this process and the next.
+	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes,
+		MaxEventBytes: r.cfg.MaxInFlightBytes, MaxDeaths: r.cfg.MaxDeaths, For: r.cfg.Lease, Now: r.now()})
 	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
 		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
 			"a claim this slow usually walks dead rows vacuum cannot remove yet, held back by a long-open transaction or a "+

@@ -304,6 +304,11 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 			hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
 		return relay.New(pool, pub, relay.Config{
 			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: o.Ordering,
+			// The faults kill a relay holding a row far more often than a deployment sees
+			// (a few percent of publish calls, a killed connection a second): a healthy row
+			// dies with three processes in a row within a run, as a real one would with
+			// MaxAttempts retryable failures. Like MaxAttempts, the budget is the run's.
+			MaxDeaths:      o.MaxAttempts,
 			Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
 			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
 			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,

@@ -1,0 +1,18 @@
+-- +goose Up
+-- relay_deaths counts the claims of a row in a row that ended without an outcome: the
+-- relay's process died while it held the row (killed for memory, a panic, the Lambda
+-- deadline) and its lease ran out. The claim tells such a row by the lease token the dead
+-- claim left behind (every outcome statement clears it), adds one, and resets the count
+-- when it claims the row after an outcome. A row that arrives with a token left behind is
+-- claimed alone, so that a batch which kills its process once cannot kill every process
+-- after it; after three deaths the relay dead-letters it (internal/outboxstore, Claim).
+--
+-- Why a column: the attempt count rises with every claim, deaths and retries alike, and
+-- the error column stays empty when a process dies, so neither tells a row that kills
+-- its relay from one that failed to publish.
+--
+-- Nullable with no default: adding it rewrites nothing and takes ACCESS EXCLUSIVE on
+-- outbox for an instant, under the migration runner's lock_timeout and retries. A relay
+-- binary started before this migration claims without the column (it still claims such
+-- rows alone, but cannot count their deaths) and uses it once it exists.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS relay_deaths integer;
