@@ -203,25 +203,60 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
-	defer rows.Close()
 	c := Claimed{Messages: make([]outbox.Message, 0, limit), Window: window}
 	cut := byteCut{max: maxBytes}
+	seen, err := readClaim(rows, r, &c, &cut)
+	if err != nil {
+		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	c.BytesCut = c.BytesCut && !c.Isolated
+	if c.Len() > 0 {
+		s.walks.offer(claimNo, wp, seen.view)
+	}
+	c.Bytes -= cut.settle(&c)
+	if len(cut.back) > 0 {
+		// Given back now rather than left to the lease: the rows are ready again at once,
+		// and a lease left to run out would count as a death (qClaim's suspects). If this
+		// fails they come back when the lease ends.
+		_, _ = s.Release(ctx, lease, cut.back, now)
+		c.BytesCut = true
+	}
+
+	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
+	c.More = c.Len() == limit || len(cut.back) > 0 || (c.Len() > 0 && (seen.windowRows >= int64(window) || seen.runCut || c.BytesCut || c.Isolated))
+	s.learn(c, limit, seen)
+	return c, nil
+}
+
+// claimSeen is what a claim's rows say beyond the rows themselves.
+type claimSeen struct {
+	windowRows, keysEnd, storedSum int64
+	runCut                         bool
+	view                           walkView
+}
+
+// readClaim reads a claim's rows into c one at a time, keeping a payload only while the
+// batch fits cut (see byteCut) and refusing, unread, a row over r.MaxEventBytes or one
+// its relays died holding r.MaxDeaths times; it closes rows.
+func readClaim(rows pgx.Rows, r ClaimRequest, c *Claimed, cut *byteCut) (claimSeen, error) {
+	defer rows.Close()
 	maxDeaths := int32(cmp.Or(r.MaxDeaths, DefaultMaxDeaths))
-	var windowRows, keysEnd, stored, storedSum int64
+	var seen claimSeen
+	var stored int64
 	var deaths pgtype.Int4
-	var runCut bool
 	var headers []byte
-	var view walkView
 	for rows.Next() {
 		// Scanned in place: a local Message would escape to the heap through Scan, once
 		// per row. The payload is not scanned (pgx skips a nil destination): its size
 		// decides first whether it is copied at all.
 		c.Messages = append(c.Messages, outbox.Message{})
 		m := &c.Messages[len(c.Messages)-1]
+		v := &seen.view
 		if err := rows.Scan(&m.ID, &m.Topic, &m.PartitionKey, nil, &headers, &m.Attempt, &m.Generation, &m.CreatedAt,
-			&stored, &deaths, &c.Isolated, &windowRows, &runCut, &keysEnd, &c.BytesCut,
-			&view.dbNow, &view.readyFrom, &view.pendingFrom, &view.maxID, &view.reopened, &view.xid, &view.xip); err != nil {
-			return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
+			&stored, &deaths, &c.Isolated, &seen.windowRows, &seen.runCut, &seen.keysEnd, &c.BytesCut,
+			&v.dbNow, &v.readyFrom, &v.pendingFrom, &v.maxID, &v.reopened, &v.xid, &v.xip); err != nil {
+			return seen, err
 		}
 		if deaths.Valid {
 			c.Deaths = max(c.Deaths, int(deaths.Int32))
@@ -240,7 +275,7 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		default:
 			m.Payload = bytes.Clone(payload)
 			c.Bytes += size
-			storedSum += stored
+			seen.storedSum += stored
 			if err := decodeHeaders(headers, &m.Headers); err != nil {
 				refused = fmt.Sprintf("decode outbox row %d: %v", m.ID, err)
 			}
@@ -250,29 +285,15 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 			c.Messages = c.Messages[:len(c.Messages)-1]
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return Claimed{}, fmt.Errorf("claim outbox batch: %w", err)
-	}
-	rows.Close()
-	c.BytesCut = c.BytesCut && !c.Isolated
-	if c.Len() > 0 {
-		s.walks.offer(claimNo, wp, view)
-	}
-	c.Bytes -= cut.settle(&c)
-	if len(cut.back) > 0 {
-		// Given back now rather than left to the lease: the rows are ready again at once,
-		// and a lease left to run out would count as a death (qClaim's suspects). If this
-		// fails they come back when the lease ends.
-		_, _ = s.Release(ctx, lease, cut.back, now)
-		c.BytesCut = true
-	}
+	return seen, rows.Err()
+}
 
-	slices.SortFunc(c.Messages, func(a, b outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
-	slices.SortFunc(c.Undecodable, func(a, b Failure) int { return cmp.Compare(a.ID, b.ID) })
-	c.More = c.Len() == limit || len(cut.back) > 0 || (c.Len() > 0 && (windowRows >= int64(window) || runCut || c.BytesCut || c.Isolated))
+// learn sizes the next claim from this one (see Claim): its window, its row limit after
+// a cut, and the payloads' text size per stored byte.
+func (s *Store) learn(c Claimed, limit int, seen claimSeen) {
 	next := int64(0) // the batch size
-	if c.Len() == limit && 4*keysEnd <= int64(limit) {
-		next = 2 * keysEnd
+	if c.Len() == limit && 4*seen.keysEnd <= int64(limit) {
+		next = 2 * seen.keysEnd
 	}
 	s.window.Store(next)
 	nextRows := int64(0) // the batch size
@@ -283,10 +304,9 @@ func (s *Store) Claim(ctx context.Context, r ClaimRequest) (Claimed, error) {
 		nextRows = max(2*int64(c.Len()), 1)
 	}
 	s.rows.Store(nextRows)
-	if storedSum > 0 && c.Bytes > 0 {
-		s.textPerStored.Store(math.Float64bits(float64(c.Bytes) / float64(storedSum)))
+	if seen.storedSum > 0 && c.Bytes > 0 {
+		s.textPerStored.Store(math.Float64bits(float64(c.Bytes) / float64(seen.storedSum)))
 	}
-	return c, nil
 }
 
 // claimArgs are qClaim's named arguments (see its comment); lease is an interval: a
