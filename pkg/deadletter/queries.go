@@ -153,6 +153,32 @@ WITH locked AS (
 )
 SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FROM ins`
 
+	// qReopenDelivery puts the outbox row $1 back to pending after a transient delivery
+	// failure of its generation $2 (NULL: the current one), with last_error $3: the same
+	// reset as qResetOutbox (generation+1: a deduplication id QStash has not seen;
+	// available_at the statement's own time, for the claim's walks), for a row that is
+	// dispatched and not dead-lettered at that generation only. It returns the row's state
+	// as locked, and whether it was reopened, so the caller can tell a repeated callback or
+	// one that beat the relay's mark from a reopen. The row lock comes first, as in
+	// qRecordDelivery.
+	qReopenDelivery = `
+WITH cur AS (
+    SELECT o.id, o.generation, o.topic, o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
+    FROM outbox o
+    WHERE o.id = $1::bigint
+    FOR UPDATE
+), re AS (
+    UPDATE outbox o
+    SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
+        locked_until = NULL, last_error = $3::text, generation = o.generation + 1
+    FROM cur
+    WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
+    RETURNING o.generation
+)
+SELECT coalesce((SELECT generation FROM re), cur.generation), cur.topic, cur.dispatched, cur.dead,
+       EXISTS (SELECT 1 FROM re)
+FROM cur`
+
 	// qExistingLetter finds the letter that made qRecordDelivery a no-op: the one recorded
 	// for this QStash message ($1), else the open letter of the event generation ($2, $3;
 	// $3 NULL: the row's current generation).

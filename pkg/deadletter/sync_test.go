@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/v2/internal/localqstash"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
@@ -32,6 +33,9 @@ func answering(t *testing.T, status int) (*httptest.Server, *atomic.Int64) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
+		if status == receive.StatusNonRetryable {
+			w.Header().Set(receive.HeaderNonRetryable, "true")
+		}
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(`{"error":"down for maintenance"}`))
 	}))
@@ -128,14 +132,17 @@ func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestSyncRecordsQStashDLQOnce runs the real path: events published by the real publisher to a
-// webhook that answers 500 exhaust their retries in the local QStash server, some with no
+// webhook that rejects them (489 + Upstash-NonRetryable-Error: the failure callback
+// dead-letters that, where it reschedules a 5xx) fail in the local QStash server, some with no
 // failure callback, some with a callback that answers 500 too, some with a working failure
 // callback (the real handler). Two syncs run at once; then every event is in dead_letters
 // exactly once, other deployments' entries are untouched, and --delete-synced removes what
 // was recorded and nothing else.
 func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	t.Parallel()
-	db, qs, webhook := syncSetup(t)
+	db := pgtest.New(t)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	webhook, _ := answering(t, receive.StatusNonRetryable)
 	ctx := context.Background()
 	brokenCallback, brokenHits := answering(t, http.StatusInternalServerError)
 	otherWebhook, _ := answering(t, http.StatusServiceUnavailable)
@@ -239,8 +246,8 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	synced := slices.Concat(noCallback, badCallback, fifo)
 	if n := db.Count(t, `
 SELECT count(*) FROM dead_letters d JOIN outbox o ON o.id = d.outbox_id
-WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 500 after 1 of 1 retries'
-  AND d.status_code = 500 AND d.attempts = 1 AND d.topic = o.topic AND d.partition_key = o.partition_key
+WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 489 after 0 of 1 retries'
+  AND d.status_code = 489 AND coalesce(d.attempts, 0) = 0 AND d.topic = o.topic AND d.partition_key = o.partition_key
   AND d.payload = o.payload AND d.response_body LIKE '%down for maintenance%' AND d.qstash_dlq_id IS NOT NULL
   AND d.resolved_at IS NULL AND o.dead_lettered_at IS NOT NULL`, synced); n != len(synced) {
 		t.Fatalf("%d of %d synced letters carry the event's data and marked its row", n, len(synced))
