@@ -160,8 +160,9 @@ SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FR
 	// dispatched and not dead-lettered at that generation only. It returns the row's state
 	// as locked, and whether it was reopened, so the caller can tell a repeated callback or
 	// one that beat the relay's mark from a reopen. The row lock comes first, as in
-	// qRecordDelivery.
-	qReopenDelivery = `
+	// qRecordDelivery. reopenCircuit adds the circuit of the row's topic.
+	qReopenDelivery = reopenHead + reopenTail
+	reopenHead      = `
 WITH cur AS (
     SELECT o.id, o.generation, o.topic, o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
     FROM outbox o
@@ -173,11 +174,32 @@ WITH cur AS (
         locked_until = NULL, last_error = $3::text, generation = o.generation + 1
     FROM cur
     WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
-    RETURNING o.generation
-)
+    RETURNING o.generation, o.topic
+)`
+	reopenTail = `
 SELECT coalesce((SELECT generation FROM re), cur.generation), cur.topic, cur.dispatched, cur.dead,
        EXISTS (SELECT 1 FROM re)
 FROM cur`
+
+	// qReopenDeliveryCircuit is qReopenDelivery that also opens (or keeps open) the circuit
+	// of the reopened row's topic (migration 0018), which makes the relay hold the topic's
+	// events and probe: a new circuit's first probe waits $4 (an interval); a failed probe
+	// (the circuit's probe_id, $1) frees the probe slot and doubles the wait, from $4 up to
+	// $5. Other failures reported while it is open (deliveries published before it opened)
+	// only count. In one statement with the reopen: a reopened event and its held topic
+	// appear together.
+	qReopenDeliveryCircuit = reopenHead + `, circuit AS (
+    INSERT INTO outbox_circuits AS c (topic, probe_at, last_error)
+    SELECT re.topic, now() + $4::interval, $3::text FROM re
+    ON CONFLICT (topic) DO UPDATE
+    SET failures = c.failures + 1, last_error = excluded.last_error,
+        probe_failures = c.probe_failures + (c.probe_id IS NOT DISTINCT FROM $1::bigint)::int,
+        probe_at = CASE WHEN c.probe_id = $1::bigint
+                        THEN now() + least($5::interval, $4::interval * power(2, least(c.probe_failures + 1, 20)))
+                        ELSE c.probe_at END,
+        probe_id = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_id END,
+        probe_generation = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_generation END
+)` + reopenTail
 
 	// qExistingLetter finds the letter that made qRecordDelivery a no-op: the one recorded
 	// for this QStash message ($1), else the open letter of the event generation ($2, $3;

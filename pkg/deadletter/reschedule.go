@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
 )
@@ -62,6 +64,15 @@ type Rescheduled struct {
 	Topic string
 }
 
+// The probe schedule of a destination's circuit (docs/reliability.md, "Consumer outage"):
+// the relay publishes the first probe CircuitProbeWait after the circuit opens, and each
+// failed probe doubles the wait before the next, up to CircuitProbeMaxWait. The maximum
+// bounds how late a recovered consumer is noticed: at most this plus one probe's delivery.
+const (
+	CircuitProbeWait    = 5 * time.Second
+	CircuitProbeMaxWait = time.Minute
+)
+
 // Reopen puts the outbox row of a transiently failed delivery back to pending, in one
 // statement: attempts 0, available now, generation+1 so the relay's re-publish carries a
 // deduplication id QStash has not seen (as Redrive does), last_error the failure. Only a row
@@ -69,14 +80,24 @@ type Rescheduled struct {
 // dead-lettered is reopened, so a repeated callback finds the row at a newer generation and
 // changes nothing. The relay then re-publishes it like any pending event: its key's later
 // events wait behind it again, so per-key order holds for everything not yet published.
+// In the same statement it opens the circuit of the row's topic (migration 0018; on an
+// older schema the row is only reopened), so the relay holds the topic and probes it; a
+// failed probe frees the probe slot and doubles the wait before the next.
 func Reopen(ctx context.Context, db Querier, f DeliveryFailure) (Rescheduled, error) {
 	if f.OutboxID <= 0 {
 		return Rescheduled{State: ReopenNoRow}, nil
 	}
 	var r Rescheduled
 	var dispatched, dead, reopened bool
-	err := db.QueryRow(ctx, qReopenDelivery, f.OutboxID, f.Generation, f.errorText()).
-		Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
+	scan := func(sql string, args ...any) error {
+		return db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
+			Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
+	}
+	err := scan(qReopenDeliveryCircuit, CircuitProbeWait, CircuitProbeMaxWait)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: before migration 0018
+		err = scan(qReopenDelivery)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Rescheduled{State: ReopenNoRow}, nil

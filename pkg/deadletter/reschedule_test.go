@@ -28,6 +28,7 @@ func finalFailure(outboxID int64, gen int, msgID string, status int, header map[
 // generation and writes no letter, however often QStash repeats the callback; a 489
 // (with or without Upstash-NonRetryable-Error) or the header alone dead-letters the event,
 // exactly once. A callback that beats the relay's mark is answered 500 and changes nothing.
+// The outage opens its topic's circuit.
 func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -75,6 +76,11 @@ func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
 		if n := openLetters(id); n != 0 {
 			t.Fatalf("%s: %d open letters for an outage", o.name, n)
 		}
+	}
+	// The outage opened its topic's circuit (the relay holds the topic and probes it); each
+	// reopen counted once, the repeats not at all.
+	if n := db.Count(t, `SELECT failures FROM outbox_circuits WHERE topic = 'order.created' AND probe_id IS NULL AND probe_at > now()`); n != len(outages) {
+		t.Fatalf("circuit counted %d failures, want %d", n, len(outages))
 	}
 	wantOutcomes := "transient," + strings.Repeat("rescheduled,superseded,", len(outages))
 

@@ -436,7 +436,9 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		}
 	}
 	retries := p.cfg.Retries
-	if retries == NoRetries {
+	if retries == NoRetries || m.Probe {
+		// A circuit's probe (outbox.Message.Probe) gets one attempt: the relay, not
+		// QStash's ladder, decides when the next one goes.
 		retries = 0
 	}
 	own := make([]header, 0, 9)

@@ -39,6 +39,9 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	h["Upstash-Deduplication-Id"] = p.deduplicationID(m)
 	h["Upstash-Label"] = label(m.Topic)
 	h["Upstash-Retries"] = strconv.Itoa(p.cfg.Retries)
+	if m.Probe { // a circuit's probe: one attempt
+		h["Upstash-Retries"] = "0"
+	}
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
 	}
@@ -55,7 +58,7 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 // TestBatchItemEncoding: the hand-written batch item decodes to exactly the value
 // encoding/json wrote, for payloads and headers with quotes, backslashes, control
 // characters, non-ASCII, U+2028 and invalid UTF-8, in both orderings, and an event header
-// named like the relay's own loses to it.
+// named like the relay's own loses to it. A circuit's probe goes with Upstash-Retries 0.
 func TestBatchItemEncoding(t *testing.T) {
 	t.Parallel()
 	pieces := []string{"a", "Z", "0", " ", `"`, `\`, "/", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "<", ">", "&",
@@ -89,7 +92,7 @@ func TestBatchItemEncoding(t *testing.T) {
 		prevKey := ""
 		for i := range 2000 {
 			m := outbox.Message{ID: outbox.ID(i + 1), Topic: topics[rng.IntN(len(topics))], PartitionKey: "key-" + text(6),
-				Payload: []byte(text(40)), Generation: rng.IntN(3), Headers: map[string]string{}}
+				Payload: []byte(text(40)), Generation: rng.IntN(3), Headers: map[string]string{}, Probe: rng.IntN(4) == 0}
 			if m.PartitionKey == "key-" {
 				m.PartitionKey = ""
 			}

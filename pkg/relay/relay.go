@@ -39,6 +39,9 @@ type Relay struct {
 	deferStreak int
 
 	randMu sync.Mutex
+
+	// circuits is this relay's view of the destinations whose consumer is down (circuit.go).
+	circuits *breaker
 }
 
 // New returns a Relay over db and pub, or the config's errors. The relay needs a pool, not
@@ -57,6 +60,7 @@ func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
 		destination: traceDestination(pub)}
+	r.circuits = &breaker{store: r.store, log: r.log, horizon: DefaultProbeHorizon}
 	// One connection claims while each batch in flight may hold one to be marked: a batch
 	// waiting for a connection would eat into its mark budget.
 	if n := int(db.Config().MaxConns) - 1; n < r.inFlight {
@@ -487,6 +491,10 @@ func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, o
 	// SIGTERM behind a pinned xmin horizon.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
+	// Closing a circuit whose probe was delivered wakes the events held behind it: read
+	// before the claim, so the claim can take them (cached: at most one read a second),
+	// within the claim's bound.
+	r.circuits.current(cctx)
 	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes, For: r.cfg.Lease, Now: r.now()})
 	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
 		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
@@ -514,6 +522,8 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-r.cfg.MarkTimeout).Before(pubDeadline) {
 		pubDeadline = dl.Add(-r.cfg.MarkTimeout)
 	}
+	// Events of destinations whose consumer is down stay in the outbox (circuit.go).
+	hold := r.holdOpenCircuits(ctx, r.cfg.ClaimTimeout, &c)
 	out, unblocked := r.publishBatch(ctx, c, pubDeadline, &st)
 	st.more = st.more || unblocked
 
@@ -526,6 +536,9 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 		err = r.recordTraced(mctx, lease, out, &st)
 	} else {
 		err = r.record(mctx, lease, out, &st)
+	}
+	if herr := r.settleCircuits(mctx, lease, hold, out.published, &st); herr != nil {
+		err = errors.Join(err, fmt.Errorf("record batch outcome: %w", herr))
 	}
 	return st, err
 }

@@ -1,0 +1,152 @@
+package outboxstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Circuit is an open circuit of outbox_circuits (migration 0018): a topic whose consumer
+// is down, as a relay sees it.
+type Circuit struct {
+	Topic    string
+	OpenedAt time.Time
+	// ProbeInFlight: a probe event is published and its outcome not known yet; ProbeKey
+	// is its partition key, whose later events wait for it.
+	ProbeInFlight bool
+	ProbeKey      string
+	// ProbeIn is how long until the next probe may be published (0: now), by the
+	// database's clock.
+	ProbeIn time.Duration
+}
+
+// Circuit statements (pkg/relay, circuit.go; the failure callback opens circuits, in
+// pkg/deadletter). $1 is the probe horizon: how long after its publish a probe with no
+// failure reported counts as delivered.
+const (
+	// qCloseCircuits closes every circuit whose probe is known delivered, and wakes the
+	// held rows (qWakeHeld, $2 HeldError) in the same statement when it closed one. A
+	// probe is delivered when its consumer committed it (processed_messages, when the
+	// consumer shares this database: found through each consumer's primary key, one probe
+	// per consumer, after the probe was published), when it was answered 489 (dead-lettered:
+	// the consumer is up and refused the event), when its row left the probe's generation
+	// other than through a failed probe (a redrive), or is gone, or when it was dispatched
+	// $1 ago and no failure callback reopened it. A failed probe never reaches this
+	// statement: its callback frees the probe slot. A probe still pending at its
+	// generation $1 after it was taken (its relay died before publishing it) is freed.
+	qCloseCircuits = `
+WITH RECURSIVE consumers AS (
+    (SELECT consumer FROM processed_messages ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > k.consumer ORDER BY p.consumer LIMIT 1)
+    FROM consumers k
+    WHERE k.consumer IS NOT NULL
+), closed AS (
+    DELETE FROM outbox_circuits c
+    WHERE c.probe_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM outbox o
+        WHERE o.id = c.probe_id AND o.generation = c.probe_generation AND o.dead_lettered_at IS NULL
+          -- Not delivered as far as this database can tell, yet:
+          AND (o.dispatched_at IS NULL OR o.dispatched_at > now() - $1::interval)
+          AND NOT EXISTS (SELECT 1 FROM consumers k JOIN processed_messages p
+                          ON p.consumer = k.consumer AND p.message_id = o.id::text
+                          WHERE p.processed_at >= c.probe_sent_at))
+    RETURNING c.topic
+), freed AS (
+    UPDATE outbox_circuits c
+    SET probe_id = NULL, probe_generation = NULL
+    FROM outbox o
+    WHERE o.id = c.probe_id AND o.generation = c.probe_generation AND o.dispatched_at IS NULL
+      AND o.dead_lettered_at IS NULL AND c.probe_sent_at < now() - $1::interval
+), woken AS (
+    UPDATE outbox
+    SET available_at = clock_timestamp()
+    WHERE EXISTS (SELECT 1 FROM closed) AND dispatched_at IS NULL AND dead_lettered_at IS NULL
+      AND last_error = $2::text AND available_at > clock_timestamp() AND lease_token IS NULL
+)
+SELECT topic FROM closed`
+
+	// qOpenCircuits lists the open circuits, with the partition key of the probe in flight.
+	qOpenCircuits = `
+SELECT c.topic, c.opened_at, c.probe_id IS NOT NULL, coalesce(o.partition_key, ''), greatest(c.probe_at - now(), interval '0')
+FROM outbox_circuits c
+LEFT JOIN outbox o ON o.id = c.probe_id
+ORDER BY c.topic`
+
+	// qTakeProbe claims the probe slot of topic $1 for outbox row $2 at generation $3,
+	// if the circuit is open, has no probe in flight and its probe is due.
+	qTakeProbe = `
+UPDATE outbox_circuits
+SET probe_id = $2::bigint, probe_generation = $3::int, probe_sent_at = now()
+WHERE topic = $1 AND probe_id IS NULL AND probe_at <= now()
+RETURNING true`
+
+	// qDropProbe frees the probe slot of topic $1 held by row $2: the relay did not get the
+	// probe published (QStash refused it, or time ran out), so another may go.
+	qDropProbe = `
+UPDATE outbox_circuits SET probe_id = NULL, probe_generation = NULL
+WHERE topic = $1 AND probe_id = $2::bigint`
+)
+
+// ErrNoCircuits is returned by Circuits on a schema without outbox_circuits (before
+// migration 0018): nothing opens circuits there.
+var ErrNoCircuits = errors.New("no circuit table (migration 0018 not applied)")
+
+// Circuits closes the circuits whose probe was delivered (waking the rows held behind
+// them) and returns those still open, and the topics it closed. probeHorizon is how long
+// after its publish a probe with no failure reported counts as delivered.
+func (s *Store) Circuits(ctx context.Context, probeHorizon time.Duration) (open []Circuit, closed []string, err error) {
+	rows, err := s.query(ctx, "", qCloseCircuits, probeHorizon, HeldError)
+	if err == nil {
+		closed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return nil, nil, circuitErr("close delivered circuits", err)
+	}
+	rows, err = s.query(ctx, "", qOpenCircuits)
+	if err == nil {
+		open, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Circuit, error) {
+			var c Circuit
+			err := row.Scan(&c.Topic, &c.OpenedAt, &c.ProbeInFlight, &c.ProbeKey, &c.ProbeIn)
+			return c, err
+		})
+	}
+	if err != nil {
+		return nil, closed, circuitErr("read open circuits", err)
+	}
+	return open, closed, nil
+}
+
+// TakeProbe claims topic's probe slot for the outbox row id at generation gen; false when
+// another relay took it first, or the probe is not due.
+func (s *Store) TakeProbe(ctx context.Context, topic string, id int64, gen int) (bool, error) {
+	rows, err := s.query(ctx, "", qTakeProbe, topic, id, gen)
+	var got []bool
+	if err == nil {
+		got, err = pgx.CollectRows(rows, pgx.RowTo[bool])
+	}
+	if err != nil {
+		return false, circuitErr("take circuit probe", err)
+	}
+	return len(got) == 1, nil
+}
+
+// DropProbe frees topic's probe slot if row id holds it.
+func (s *Store) DropProbe(ctx context.Context, topic string, id int64) error {
+	if _, err := s.exec(ctx, qDropProbe, topic, id); err != nil {
+		return circuitErr("drop circuit probe", err)
+	}
+	return nil
+}
+
+func circuitErr(what string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%s: %w", what, ErrNoCircuits)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
