@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -110,6 +111,11 @@ type Config struct {
 	// Legacy, when set, is the fallback for deliveries published before the message id
 	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
 	Legacy LegacyCheck
+	// HandlerTimeout bounds one delivery's handler and inbox transaction; past it the
+	// transaction rolls back and the webhook answers 503 with Retry-After. Default
+	// DefaultHandlerTimeout; the budget always ends AnswerMargin before the request's own
+	// deadline (a Lambda invocation's), so QStash gets an answer, never a timeout.
+	HandlerTimeout time.Duration
 	// Tracer, when set, runs every verified delivery inside a consumer span
 	// (tracing.StartDelivery: the producer span's child on the first delivery, a new trace
 	// linked to it on a redelivery) with a child span around the inbox transaction. Nil
@@ -122,6 +128,7 @@ func (c Config) WithDefaults() Config {
 	c.Consumer = cmp.Or(c.Consumer, DefaultConsumer)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
 	return c
 }
 
@@ -134,6 +141,9 @@ func (c Config) Validate() error {
 	receive.CheckConfig(bad, c.Verifier, c.MaxBodyBytes, "deliveries", "DefaultMaxBodyBytes")
 	if len(c.Handlers) == 0 {
 		bad.Bad("Handlers", "is empty; register at least one topic")
+	}
+	if c.HandlerTimeout < 0 {
+		bad.Bad("HandlerTimeout", "%v is negative", c.HandlerTimeout)
 	}
 	for topic, fn := range c.Handlers {
 		if err := outbox.ValidTopic(topic); err != nil {
@@ -236,7 +246,9 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	headers.Del(receive.HeaderSignature)
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
-	outcome, err := h.handleOnce(ctx, fn, d, sum[:])
+	budget, cancel := h.handlerBudget(ctx)
+	defer cancel()
+	outcome, err := h.handleOnce(budget, fn, d, sum[:])
 	if outcome != 0 && span.IsRecording() {
 		span.SetAttributes(inboxOutcomeKey.String(outcome.String()))
 	}
@@ -251,6 +263,12 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	case IsPermanent(err):
 		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
+		if rep, after, ok := notNow(err, budget, r.Context()); ok {
+			setRetryAfter(w, after)
+			a.Reply(rep, slog.LevelError, "webhook delivery not applied now; QStash will retry after Retry-After",
+				slog.Any("error", err), slog.Duration("retry_after", after))
+			return
+		}
 		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
 }
