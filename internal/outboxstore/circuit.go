@@ -85,6 +85,24 @@ SET probe_id = $2::bigint, probe_generation = $3::int, probe_sent_at = now()
 WHERE topic = $1 AND probe_id IS NULL AND probe_at <= now()
 RETURNING true`
 
+	// qWakeProbe makes the probe candidate of topic $1 available now: its oldest pending
+	// event that is its key's head (no earlier pending event of the key) and not leased,
+	// when it is held (available later). The held events sleep long (Hold); the probe must
+	// not wait for them. It walks the topic's pending events in id order (the backlog, once
+	// per due probe); the head test is one probe of outbox_pending_key_idx.
+	qWakeProbe = `
+UPDATE outbox o
+SET available_at = clock_timestamp()
+WHERE o.id = (
+    SELECT h.id FROM outbox h
+    WHERE h.topic = $1 AND h.dispatched_at IS NULL AND h.dead_lettered_at IS NULL AND h.lease_token IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox e
+                      WHERE e.partition_key = h.partition_key AND e.id < h.id
+                        AND e.dispatched_at IS NULL AND e.dead_lettered_at IS NULL)
+    ORDER BY h.id
+    LIMIT 1)
+  AND o.available_at > clock_timestamp()`
+
 	// qDropProbe frees the probe slot of topic $1 held by row $2: the relay did not get the
 	// probe published (QStash refused it, or time ran out), so another may go.
 	qDropProbe = `
@@ -135,6 +153,14 @@ func (s *Store) TakeProbe(ctx context.Context, topic string, id int64, gen int) 
 	return len(got) == 1, nil
 }
 
+// WakeProbe makes the probe candidate of topic available now, if it is held.
+func (s *Store) WakeProbe(ctx context.Context, topic string) error {
+	if _, err := s.exec(ctx, qWakeProbe, topic); err != nil {
+		return circuitErr("wake circuit probe", err)
+	}
+	return nil
+}
+
 // DropProbe frees topic's probe slot if row id holds it.
 func (s *Store) DropProbe(ctx context.Context, topic string, id int64) error {
 	if _, err := s.exec(ctx, qDropProbe, topic, id); err != nil {
@@ -144,6 +170,9 @@ func (s *Store) DropProbe(ctx context.Context, topic string, id int64) error {
 }
 
 func circuitErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return fmt.Errorf("%s: %w", what, ErrNoCircuits)

@@ -8,7 +8,7 @@ import (
 )
 
 // HeldError is the last_error of a row the relay holds because its destination's circuit
-// is open (or an earlier event of its key is held): Hold writes it, and WakeHeld finds the
+// is open (or an earlier event of its key is held): Hold writes it, and the wakes find the
 // rows by it when a circuit closes.
 const HeldError = "held: the consumer of this topic (or of an earlier event of this key) is down; the relay probes it and resumes on the first delivery"
 
@@ -24,13 +24,16 @@ UPDATE outbox
 SET available_at = $3::timestamptz, attempts = attempts - 1, locked_until = NULL, lease_token = NULL, last_error = $4::text
 WHERE id = ANY($1::bigint[]) AND lease_token = $2`
 
-	// qWakeHeld makes every held row (last_error $1) available now: a circuit closed. The
-	// update's own time, as a redrive's (internal/outboxstore, walk.go), and only rows not
-	// leased; rows of circuits still open are claimed and held again.
-	qWakeHeld = `
+	// qWakeHeldIfClosed makes every held row (last_error $1) available now when no circuit
+	// is open: a relay that held rows while another closed the last circuit (and woke what
+	// was held then) runs it after its hold, so its rows do not sleep on. The update's own
+	// time, as a redrive's (walk.go), and only rows not leased. With a circuit open the
+	// NOT EXISTS is false and nothing is read.
+	qWakeHeldIfClosed = `
 UPDATE outbox
 SET available_at = clock_timestamp()
-WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND last_error = $1::text
+WHERE NOT EXISTS (SELECT 1 FROM outbox_circuits)
+  AND dispatched_at IS NULL AND dead_lettered_at IS NULL AND last_error = $1::text
   AND available_at > clock_timestamp() AND lease_token IS NULL`
 )
 
@@ -40,7 +43,12 @@ func (s *Store) Hold(ctx context.Context, lease Lease, ids []outbox.ID, until ti
 	return s.settle(ctx, len(ids), "hold outbox rows", qHold, ids, lease.Token, until, HeldError)
 }
 
-// WakeHeld makes every row Hold held available now, and returns how many it woke.
-func (s *Store) WakeHeld(ctx context.Context) (int64, error) {
-	return s.settle(ctx, 1, "wake held outbox rows", qWakeHeld, HeldError)
+// WakeHeldIfClosed makes every row Hold held available now if no circuit is open, and
+// returns how many it woke.
+func (s *Store) WakeHeldIfClosed(ctx context.Context) (int64, error) {
+	tag, err := s.exec(ctx, qWakeHeldIfClosed, HeldError)
+	if err != nil {
+		return 0, circuitErr("wake held outbox rows", err)
+	}
+	return tag.RowsAffected(), nil
 }

@@ -62,6 +62,9 @@ type CallbackConfig struct {
 	// moved into the URL may still be linked to their outbox row through the source headers
 	// they report. Default: the legacy_identity window in Pool's database (legacyOpen).
 	LegacyWindow func(ctx context.Context) (bool, error)
+	// Probes is the probe schedule of the circuits this handler opens when it reschedules
+	// a transiently failed delivery. Zero: CircuitProbeWait doubling to CircuitProbeMaxWait.
+	Probes ProbeSchedule
 	// Tracer, when set, records each verified callback in a span of its own trace, linked
 	// to the event's producer span (the traceparent among the source headers the callback
 	// reports), so the trace of an event that was dead-lettered leads to its letter. Nil
@@ -177,7 +180,7 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.Span = span
 	}
 	if !f.Permanent() {
-		re, err := Reopen(ctx, h.cfg.Pool, f)
+		re, err := Reopen(ctx, h.cfg.Pool, f, h.cfg.Probes)
 		if a.Span != nil {
 			a.Span.SetAttributes(attribute.String("outbox.reopen", re.State))
 		}

@@ -64,14 +64,32 @@ type Rescheduled struct {
 	Topic string
 }
 
-// The probe schedule of a destination's circuit (docs/reliability.md, "Consumer outage"):
-// the relay publishes the first probe CircuitProbeWait after the circuit opens, and each
-// failed probe doubles the wait before the next, up to CircuitProbeMaxWait. The maximum
-// bounds how late a recovered consumer is noticed: at most this plus one probe's delivery.
+// The default probe schedule of a destination's circuit (docs/reliability.md, "Consumer
+// outage"): the relay publishes the first probe CircuitProbeWait after the circuit opens,
+// and each failed probe doubles the wait before the next, up to CircuitProbeMaxWait. The
+// maximum bounds how late a recovered consumer is noticed: at most this plus one probe's
+// delivery.
 const (
 	CircuitProbeWait    = 5 * time.Second
 	CircuitProbeMaxWait = time.Minute
 )
+
+// ProbeSchedule is when a circuit's probes go: Wait after it opens, doubling after each
+// failed probe up to MaxWait. Zero fields take CircuitProbeWait and CircuitProbeMaxWait.
+type ProbeSchedule struct {
+	Wait, MaxWait time.Duration
+}
+
+func (s ProbeSchedule) withDefaults() ProbeSchedule {
+	if s.Wait <= 0 {
+		s.Wait = CircuitProbeWait
+	}
+	if s.MaxWait <= 0 {
+		s.MaxWait = CircuitProbeMaxWait
+	}
+	s.MaxWait = max(s.MaxWait, s.Wait)
+	return s
+}
 
 // Reopen puts the outbox row of a transiently failed delivery back to pending, in one
 // statement: attempts 0, available now, generation+1 so the relay's re-publish carries a
@@ -82,8 +100,10 @@ const (
 // events wait behind it again, so per-key order holds for everything not yet published.
 // In the same statement it opens the circuit of the row's topic (migration 0018; on an
 // older schema the row is only reopened), so the relay holds the topic and probes it; a
-// failed probe frees the probe slot and doubles the wait before the next.
-func Reopen(ctx context.Context, db Querier, f DeliveryFailure) (Rescheduled, error) {
+// failed probe frees the probe slot and doubles the wait before the next (probes; the
+// zero value is the default schedule).
+func Reopen(ctx context.Context, db Querier, f DeliveryFailure, probes ProbeSchedule) (Rescheduled, error) {
+	probes = probes.withDefaults()
 	if f.OutboxID <= 0 {
 		return Rescheduled{State: ReopenNoRow}, nil
 	}
@@ -93,7 +113,7 @@ func Reopen(ctx context.Context, db Querier, f DeliveryFailure) (Rescheduled, er
 		return db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
 			Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
 	}
-	err := scan(qReopenDeliveryCircuit, CircuitProbeWait, CircuitProbeMaxWait)
+	err := scan(qReopenDeliveryCircuit, probes.Wait, probes.MaxWait)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: before migration 0018
 		err = scan(qReopenDelivery)

@@ -452,6 +452,12 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		header{"Upstash-Retries", strconv.Itoa(retries)})
 	if p.cfg.FailureCallbackURL != "" {
 		own = append(own, header{"Upstash-Failure-Callback", p.cfg.FailureCallbackURL})
+		if m.Probe {
+			// A failure callback's retries default to its message's (0 for a probe), and a
+			// probe's callback often comes before the relay marked it (one attempt, a fast
+			// 5xx): the callback handler answers 500 to that, and must be asked again.
+			own = append(own, header{"Upstash-Failure-Callback-Retries", strconv.Itoa(DefaultRetries)})
+		}
 	}
 	queue := ""
 	switch p.cfg.Ordering {

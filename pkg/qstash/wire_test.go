@@ -44,6 +44,9 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	}
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
+		if m.Probe {
+			h["Upstash-Failure-Callback-Retries"] = "3"
+		}
 	}
 	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	if p.cfg.Ordering == publish.OrderingFIFO {

@@ -19,29 +19,32 @@ import (
 // probe when the circuit's schedule says, and closes the circuit when the probe was
 // delivered, waking every held event at once.
 //
-//	mechanism                     saves                       puts at risk        restored by                                      pinned by
-//	hold after the claim          the claim stays one plain   per-key order       later same-key events of the batch are held      TestCircuitHoldsKeyBehindOpenTopic
-//	(not a claim filter)          statement (qClaim unchanged)                    too; a held head holds its key's later rows
-//	                                                                              in the claim (head not ready)
-//	held rows available only      a claim+release per held    recovery latency    closing wakes every held row in the same         TestCircuitProbeClosesAndWakes
-//	at the next probe or after    row every drain                                 statement; circuitHoldMax bounds a missed wake
-//	circuitHoldMax
-//	one probe per circuit         billed attempts during      a failed probe      the probe goes with no QStash retries; its       TestCircuitProbeFailureBacksOff
-//	(qTakeProbe, one slot)        the outage                  slot held forever   callback frees the slot; an unpublished probe's
-//	                                                                              slot is dropped; a stale one freed by qCloseCircuits
-//	close on "delivered"          knowing without a success   closing into an     the outage's failures reopen the circuit and     TestCircuitProbeClosesAndWakes
-//	(processed_messages, 489,     callback                    outage              their events; nothing is dead-lettered
-//	or no failure in the horizon)
+//	mechanism                    saves                        puts at risk        restored by                                     pinned by
+//	hold after the claim         the claim stays one plain    per-key order       later same-key events of the batch are held     TestCircuitOpenProbeClose
+//	(not a claim filter)         statement (qClaim unchanged)                     too, and a held head holds its key in the
+//	                                                                              claim; a probe in flight holds its key
+//	held rows sleep              a claim and a hold per held  recovery latency    closing wakes every held row in the same        TestCircuitOpenProbeClose,
+//	circuitHoldMax               row per drain during an                          statement; a hold after the last circuit        TestConsumerOutageCostsAWait
+//	                             outage                                           closed wakes its rows itself
+//	                                                          a probe waiting     a due probe wakes its candidate (qWakeProbe)
+//	                                                          for a held head
+//	one probe per circuit        billed attempts during       a probe slot held   one QStash attempt; its callback frees the      TestCircuitOpenProbeClose
+//	(qTakeProbe, one slot)       the outage                   forever             slot; an unpublished probe's slot is dropped;
+//	                                                                              a stale one is freed by qCloseCircuits
+//	close on "delivered"         knowing without a success    closing into an     the outage's failures reopen the circuit and    TestConsumerOutageCostsAWait
+//	(processed_messages, 489,    callback                     outage              their events; nothing is dead-lettered
+//	or no failure in horizon)
 
 // Circuit timing. circuitRefresh bounds how often a relay reads the circuits (one small
 // statement; its DELETE finds nothing while none is open); circuitHoldMax how long a held
-// event waits before it is claimed again, should a wake be missed; DefaultProbeHorizon
+// event sleeps before it is claimed (and held) again: the closing wakes it, so this only
+// bounds a missed wake, and sets how often a long outage's backlog is walked; DefaultProbeHorizon
 // how long after its publish a probe with no failure callback counts as delivered, when
 // the consumer's commit is not visible in this database: a probe has one attempt, so its
 // callback comes after QStash's delivery timeout and the callback's own delivery.
 const (
 	circuitRefresh      = time.Second
-	circuitHoldMax      = time.Minute
+	circuitHoldMax      = 5 * time.Minute
 	DefaultProbeHorizon = 3 * time.Minute
 )
 
@@ -89,6 +92,12 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 				"topic", c.Topic, "opened_at", c.OpenedAt)
 		}
 		m[c.Topic] = c
+		if !c.ProbeInFlight && c.ProbeIn <= 0 {
+			// The probe is due: its candidate may be asleep behind a hold.
+			if err := b.store.WakeProbe(ctx, c.Topic); err != nil {
+				b.log.WarnContext(ctx, "consumer circuit probe candidate not woken", "topic", c.Topic, "error", err)
+			}
+		}
 	}
 	b.open = m
 	return m
@@ -129,7 +138,6 @@ func (r *Relay) holdOpenCircuits(ctx context.Context, timeout time.Duration, c *
 	if len(open) == 0 {
 		return h
 	}
-	wait := circuitHoldMax
 	heldKeys := make(map[string]bool)
 	probing := make(map[string]bool)
 	for _, circuit := range open {
@@ -155,9 +163,6 @@ func (r *Relay) holdOpenCircuits(ctx context.Context, timeout time.Duration, c *
 			heldKeys[m.PartitionKey] = true
 			continue
 		}
-		if isOpen && !circuit.ProbeInFlight && !probing[m.Topic] && circuit.ProbeIn > 0 {
-			wait = min(wait, max(circuit.ProbeIn, circuitRefresh))
-		}
 		heldKeys[m.PartitionKey] = true
 		h.held = append(h.held, m.ID)
 	}
@@ -169,7 +174,7 @@ func (r *Relay) holdOpenCircuits(ctx context.Context, timeout time.Duration, c *
 	if now := r.now(); now != nil {
 		base = *now
 	}
-	h.until = base.Add(wait)
+	h.until = base.Add(circuitHoldMax)
 	return h
 }
 
@@ -196,6 +201,11 @@ func (r *Relay) settleCircuits(ctx context.Context, lease outboxstore.Lease, h c
 			errs = append(errs, err)
 		}
 		st.Released += int(n)
+		// The last circuit may have closed (and woken what was held) since this batch
+		// read it open.
+		if _, err := r.store.WakeHeldIfClosed(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, p := range h.probes {
 		if slices.Contains(published, p.id) {

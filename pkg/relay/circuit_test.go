@@ -67,7 +67,8 @@ func (rig *circuitRig) failTransiently(id outbox.ID) {
 		rig.t.Fatal(err)
 	}
 	re, err := deadletter.Reopen(context.Background(), rig.db.Pool, deadletter.DeliveryFailure{
-		QStashMessageID: "msg-" + id.String(), OutboxID: id, Generation: &gen, Status: 0, Retried: 3, MaxRetries: 3})
+		QStashMessageID: "msg-" + id.String(), OutboxID: id, Generation: &gen, Status: 0, Retried: 3, MaxRetries: 3},
+		deadletter.ProbeSchedule{})
 	if err != nil || re.State != deadletter.ReopenDone {
 		rig.t.Fatalf("reopen %d: %+v %v", id, re, err)
 	}
