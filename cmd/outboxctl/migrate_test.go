@@ -50,7 +50,8 @@ func TestMigrateExample(t *testing.T) {
 // trigger, which must wait for the producer) gives up after --lock-attempts with the lock
 // timeout instead of queueing producers behind it; a transaction holding the lock VACUUM or
 // ANALYZE takes makes migrate up log each wait on stderr and fail the same way; once both
-// transactions end, the rest applies. 0017 alone waits the same way.
+// transactions end, the rest applies. 0017 alone waits the same way; 0018 (a new table)
+// does not wait.
 func TestMigrateLockWait(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -104,8 +105,10 @@ func TestMigrateLockWait(t *testing.T) {
 	}
 
 	// 0017 (available_at's default: ACCESS EXCLUSIVE for an instant) gives up on the lock
-	// timeout beside an open producer transaction too, and applies once it has ended.
-	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 17`); err != nil {
+	// timeout beside an open producer transaction too, and applies once it has ended. The
+	// versions after it go too, so 0017 is the next to apply, not a gap (0018 creates its
+	// table IF NOT EXISTS: applied again, it changes nothing).
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id >= 17`); err != nil {
 		t.Fatal(err)
 	}
 	producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
@@ -116,6 +119,17 @@ func TestMigrateLockWait(t *testing.T) {
 	if code, out, stderr := runCLI(t, db.URL, "migrate", "up"); code != 0 || !strings.Contains(out, "applied 0017") {
 		t.Fatalf("0017 after the producer ended: %d %s %s", code, out, stderr)
 	}
+
+	// 0018 (a new table, the consumer circuits) takes no lock on the outbox: it applies
+	// beside an open producer transaction.
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 18; DROP TABLE outbox_circuits`); err != nil {
+		t.Fatal(err)
+	}
+	producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 0 || !strings.Contains(out, "applied 0018") {
+		t.Fatalf("0018 beside an open producer transaction: %d %q %q, want it applied", code, out, stderr)
+	}
+	_ = producer.Rollback(ctx)
 	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
 		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {
 			t.Errorf("%v: code %d stderr %q", args, code, stderr)

@@ -1,0 +1,75 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
+)
+
+// Circuit is an open consumer circuit (migration 0018): a topic whose consumer is down.
+// The failure callback opened it when QStash gave up on a delivery for a transient reason;
+// the relay holds the topic's events in the outbox and probes (docs/reliability.md,
+// "Consumer outage").
+type Circuit struct {
+	Topic          string    `json:"topic"`
+	OpenedAt       time.Time `json:"opened_at"`
+	OpenForSeconds float64   `json:"open_for_seconds"`
+	// Failures counts the transient final failures reported while it was open; ProbeFailures
+	// the failed probes among them.
+	Failures      int64 `json:"failures"`
+	ProbeFailures int64 `json:"probe_failures"`
+	// ProbeID is the outbox row of the probe in flight (0: none); NextProbeInSeconds how
+	// long until the next probe may go (0: due).
+	ProbeID            int64   `json:"probe_id,omitempty"`
+	NextProbeInSeconds float64 `json:"next_probe_in_seconds"`
+	LastError          string  `json:"last_error,omitempty"`
+}
+
+// qCircuits lists the open circuits, oldest first; qHeld counts the events the relay holds
+// behind them ($1: outboxstore.HeldError), over the pending rows only (outbox_pending_age_idx).
+const (
+	qCircuits = `
+SELECT topic, opened_at, extract(epoch FROM now() - opened_at)::float8, failures, probe_failures,
+       coalesce(probe_id, 0), extract(epoch FROM greatest(probe_at - now(), interval '0'))::float8, coalesce(last_error, '')
+FROM outbox_circuits
+ORDER BY opened_at, topic`
+	qHeld = `
+SELECT count(*) FROM outbox
+WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND last_error = $1`
+)
+
+// collectCircuits reads the open circuits into r, and how many events are held behind
+// them. A schema without the circuit table (before migration 0018) has none.
+func collectCircuits(ctx context.Context, db DB, r *Report) error {
+	r.Circuits = []Circuit{}
+	b := &pgx.Batch{}
+	b.Queue(qCircuits).Query(func(rows pgx.Rows) error {
+		var err error
+		r.Circuits, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Circuit, error) {
+			var c Circuit
+			err := row.Scan(&c.Topic, &c.OpenedAt, &c.OpenForSeconds, &c.Failures, &c.ProbeFailures, &c.ProbeID, &c.NextProbeInSeconds, &c.LastError)
+			return c, err
+		})
+		return err
+	})
+	b.Queue(qHeld, outboxstore.HeldError).QueryRow(func(row pgx.Row) error { return row.Scan(&r.HeldEvents) })
+	err := db.SendBatch(ctx, b).Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		r.Circuits, r.HeldEvents = []Circuit{}, 0
+		return nil
+	case err != nil:
+		return fmt.Errorf("query open circuits: %w", err)
+	}
+	if r.Circuits == nil {
+		r.Circuits = []Circuit{}
+	}
+	return nil
+}
