@@ -450,6 +450,9 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		header{"Upstash-Deduplication-Id", p.deduplicationID(m)},
 		header{"Upstash-Label", names.labelOf(m.Topic)},
 		header{"Upstash-Retries", strconv.Itoa(retries)})
+	if p.cfg.RetryDelay > 0 && retries > 0 {
+		own = append(own, header{"Upstash-Retry-Delay", strconv.FormatInt(p.cfg.RetryDelay.Milliseconds(), 10)})
+	}
 	if p.cfg.FailureCallbackURL != "" {
 		own = append(own, header{"Upstash-Failure-Callback", p.cfg.FailureCallbackURL})
 		if m.Probe {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
@@ -41,6 +42,8 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	h["Upstash-Retries"] = strconv.Itoa(p.cfg.Retries)
 	if m.Probe { // a circuit's probe: one attempt
 		h["Upstash-Retries"] = "0"
+	} else if p.cfg.RetryDelay > 0 {
+		h["Upstash-Retry-Delay"] = strconv.FormatInt(p.cfg.RetryDelay.Milliseconds(), 10)
 	}
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
@@ -80,7 +83,7 @@ func TestBatchItemEncoding(t *testing.T) {
 	topics := []string{"orders.created", "orders.created", "billing~paid", "billing.paid"}
 	names := []string{"Traceparent", "X-Tenant", "X-Outbox-Id", "X-Outbox-Generation", "A", "zz-Last"}
 	pubs := []PublisherConfig{
-		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\""},
+		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\"", RetryDelay: 20 * time.Second},
 		{Ordering: publish.OrderingFIFO, Name: "blue"},
 	}
 	for _, cfg := range pubs {
