@@ -39,9 +39,9 @@ type outageConsumer struct {
 }
 
 type appliedEvent struct {
-	key        string
-	id, gen    int
-	poisonSeen bool
+	key     string
+	id, gen int
+	at      time.Time
 }
 
 func newOutageConsumer(t *testing.T, db *pgtest.DB, poison string) *outageConsumer {
@@ -54,7 +54,7 @@ func newOutageConsumer(t *testing.T, db *pgtest.DB, poison string) *outageConsum
 		}
 		id, _ := strconv.Atoi(d.MessageID)
 		c.mu.Lock()
-		c.applied = append(c.applied, appliedEvent{key: d.Headers.Get("X-Partition-Key"), id: id, gen: d.Generation})
+		c.applied = append(c.applied, appliedEvent{key: d.Headers.Get("X-Partition-Key"), id: id, gen: d.Generation, at: time.Now()})
 		c.mu.Unlock()
 		return nil
 	}
