@@ -192,7 +192,7 @@ func TestConsumerOutageScenario(t *testing.T) {
 		}
 		return prod(late[min(len(late)-1, int(p*float64(len(late))))])
 	}
-	dead := db.Count(t, `SELECT count(*) FROM dead_letters`)
+	dead := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`)
 	reopened := db.Count(t, `SELECT count(*) FROM outbox WHERE generation > 0`)
 	visible := "never"
 	if !openedAt.IsZero() {

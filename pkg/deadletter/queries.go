@@ -163,8 +163,9 @@ SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FR
 	// qRecordDelivery. reopenCircuit adds the circuit of the row's topic.
 	qReopenDelivery = reopenHead + reopenTail
 	reopenHead      = `
-WITH cur AS (
-    SELECT o.id, o.generation, o.topic, o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
+WITH RECURSIVE cur AS (
+    SELECT o.id, o.generation, o.topic, o.partition_key, o.dispatched_at,
+           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
     FROM outbox o
     WHERE o.id = $1::bigint
     FOR UPDATE
@@ -175,6 +176,32 @@ WITH cur AS (
     FROM cur
     WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
     RETURNING o.generation, o.topic
+), consumers AS (
+    (SELECT consumer FROM processed_messages ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > k.consumer ORDER BY p.consumer LIMIT 1)
+    FROM consumers k
+    WHERE k.consumer IS NOT NULL
+), behind AS (
+    -- The key's later events already handed to QStash, not yet applied: in fifo mode they
+    -- wait in the same queue behind the failed one and would be delivered before its
+    -- re-publish. They go back to pending too (generation+1), so the relay publishes the
+    -- key again in order; their queued deliveries are of a generation the row has left,
+    -- which a webhook that shares this database acknowledges unapplied (webhook
+    -- Config.SharesOutbox), and whose failure is recorded as superseded history. Found
+    -- through outbox_dispatched_idx from the failed event's own dispatch (the same
+    -- batch's rows share its time); applied ones (processed_messages, one primary-key
+    -- probe per consumer) are left alone.
+    UPDATE outbox o
+    SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
+        locked_until = NULL, last_error = $3::text, generation = o.generation + 1
+    FROM cur
+    WHERE EXISTS (SELECT 1 FROM re)
+      AND o.dispatched_at >= cur.dispatched_at AND o.partition_key = cur.partition_key AND o.id > cur.id
+      AND o.dead_lettered_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM consumers k
+                      WHERE EXISTS (SELECT 1 FROM processed_messages m
+                                    WHERE m.consumer = k.consumer AND m.message_id = o.id::text))
 )`
 	reopenTail = `
 SELECT coalesce((SELECT generation FROM re), cur.generation), cur.topic, cur.dispatched, cur.dead,

@@ -120,12 +120,14 @@ func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]qstash.DLQEntry
 	return entries, next, err
 }
 
-// syncSetup starts a schema, a local QStash server and a webhook that answers 500.
+// syncSetup starts a schema, a local QStash server and a webhook that rejects every event
+// (489 + Upstash-NonRetryable-Error): its DLQ entries are dead letters, where a 5xx's are
+// rescheduled (TestSyncReschedulesOutage).
 func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) {
 	t.Helper()
 	db := pgtest.New(t)
 	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
-	webhook, _ := answering(t, http.StatusInternalServerError)
+	webhook, _ := answering(t, receive.StatusNonRetryable)
 	return db, qs, webhook
 }
 
@@ -140,9 +142,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // was recorded and nothing else.
 func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
-	webhook, _ := answering(t, receive.StatusNonRetryable)
+	db, qs, webhook := syncSetup(t)
 	ctx := context.Background()
 	brokenCallback, brokenHits := answering(t, http.StatusInternalServerError)
 	otherWebhook, _ := answering(t, http.StatusServiceUnavailable)
@@ -323,8 +323,40 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT resolution FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NOT NULL`, ids[0]).Scan(&resolution); err != nil || resolution != deadletter.ResolutionSuperseded {
 		t.Fatalf("superseded letter: %q %v", resolution, err)
 	}
-	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND attempts = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND coalesce(attempts, 0) = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
 		t.Fatalf("%d open letters with 0 retries, want 228", n)
+	}
+}
+
+// TestSyncReschedulesOutage: DLQ entries whose failure callback never arrived are
+// classified as the callback would: a transient failure (500, the consumer down) puts its
+// row back to pending under a new generation and is recorded resolved, superseded; a 489
+// is an open dead letter.
+func TestSyncReschedulesOutage(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	down, _ := answering(t, http.StatusInternalServerError)
+	ctx := context.Background()
+	outage := enqueue(t, db, "invoice.paid", "a", `{"n":1}`)
+	publishRows(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: down.URL, Retries: 1}, []int64{outage})
+	localqstash.WaitIdle(t, qs)
+	res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: down.URL, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rescheduled != 1 || res.Recorded != 0 || res.Superseded != 1 {
+		t.Fatalf("result %+v, want the outage's entry rescheduled", res)
+	}
+	if r := readOutbox(t, db, outage); r.dead || r.dispatched || r.gen != 1 {
+		t.Fatalf("row after the sync %+v, want pending at generation 1", r)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 0 {
+		t.Fatalf("%d open letters for an outage", n)
+	}
+	// Synced again: nothing more (the entry is recorded, the row has moved on).
+	if res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: down.URL, Logger: quiet()}); err != nil || res.Rescheduled != 0 || res.AlreadyRecorded != 1 {
+		t.Fatalf("second sync %+v %v", res, err)
 	}
 }
 

@@ -111,6 +111,13 @@ type Config struct {
 	// Legacy, when set, is the fallback for deliveries published before the message id
 	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
 	Legacy LegacyCheck
+	// SharesOutbox says that the outbox this webhook receives from is the outbox table of
+	// Pool's database (the relay and the consumer share it). Then a delivery of an event
+	// generation the outbox row has left behind (the event was put back in the outbox by
+	// a consumer outage, or redriven, and will come again under its new generation, in its
+	// key's order) is acknowledged with 200 superseded and not applied. Leave it false
+	// when Pool's database has an outbox table of its own: ids would not match.
+	SharesOutbox bool
 	// HandlerTimeout bounds one delivery's handler and inbox transaction; past it the
 	// transaction rolls back and the webhook answers 503 with Retry-After. Default
 	// DefaultHandlerTimeout; the budget always ends AnswerMargin before the request's own
@@ -257,6 +264,8 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		a.Reply(receive.ReplyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
 		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
+	case errors.Is(err, errSuperseded):
+		a.Reply(replySuperseded, slog.LevelInfo, "webhook delivery superseded: its event is back in the outbox and comes again under a new generation")
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
 		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
@@ -281,7 +290,14 @@ const inboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
 // commit" span (the delivery span's child) when tracing is on, so spans the handler starts
 // from ctx nest under the transaction they commit with.
 func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, sum []byte) (inbox.Outcome, error) {
-	work := func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, d) }
+	work := func(ctx context.Context, tx pgx.Tx) error {
+		if h.cfg.SharesOutbox {
+			if old, err := superseded(ctx, tx, d); err != nil || old {
+				return cmp.Or(err, errSuperseded)
+			}
+		}
+		return fn(ctx, tx, d)
+	}
 	if h.cfg.Tracer == nil {
 		return inbox.HandleOnce(ctx, h.cfg.Pool, inbox.Message{Consumer: h.cfg.Consumer, ID: d.MessageID, PayloadHash: sum, Retried: &d.Attempt}, work)
 	}
