@@ -24,6 +24,18 @@ type Circuit struct {
 	ProbeIn time.Duration
 }
 
+// ConsumersCTE is a WITH RECURSIVE element named consumers: the distinct consumers of
+// processed_messages, one primary-key probe each (a loose index scan), so "did any
+// consumer apply message m" is one probe per consumer instead of a scan of the table by
+// its second key column. The circuit's close and the failure callback's reopen use it.
+const ConsumersCTE = `consumers AS (
+    (SELECT consumer FROM processed_messages ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > k.consumer ORDER BY p.consumer LIMIT 1)
+    FROM consumers k
+    WHERE k.consumer IS NOT NULL
+)`
+
 // Circuit statements (pkg/relay, circuit.go; the failure callback opens circuits, in
 // pkg/deadletter). $1 is the probe horizon: how long after its publish a probe with no
 // failure reported counts as delivered.
@@ -39,13 +51,7 @@ const (
 	// statement: its callback frees the probe slot. A probe still pending at its
 	// generation $1 after it was taken (its relay died before publishing it) is freed.
 	qCloseCircuits = `
-WITH RECURSIVE consumers AS (
-    (SELECT consumer FROM processed_messages ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > k.consumer ORDER BY p.consumer LIMIT 1)
-    FROM consumers k
-    WHERE k.consumer IS NOT NULL
-), probes AS (
+WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     -- Each probe's row, one primary-key probe per circuit (LIMIT 1 keeps the lateral a
     -- nested loop: flattened into a join, a table without statistics was merge-joined
     -- over every outbox row, 476 ms over 205,000).

@@ -1,5 +1,7 @@
 package deadletter
 
+import "github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
+
 // letterColumns is the column list every read returns, in scanLetter's order.
 const letterColumns = `
 d.id, d.source, d.outbox_id, coalesce(d.topic, ''), coalesce(d.partition_key, ''), d.payload::text, d.headers::text,
@@ -176,13 +178,7 @@ WITH RECURSIVE cur AS (
     FROM cur
     WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
     RETURNING o.generation, o.topic
-), consumers AS (
-    (SELECT consumer FROM processed_messages ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT p.consumer FROM processed_messages p WHERE p.consumer > k.consumer ORDER BY p.consumer LIMIT 1)
-    FROM consumers k
-    WHERE k.consumer IS NOT NULL
-), behind AS (
+), ` + outboxstore.ConsumersCTE + `, behind AS (
     -- The key's later events already handed to QStash, not yet applied: in fifo mode they
     -- wait in the same queue behind the failed one and would be delivered before its
     -- re-publish. They go back to pending too (generation+1), so the relay publishes the
