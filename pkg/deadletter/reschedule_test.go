@@ -1,6 +1,7 @@
 package deadletter_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
 )
 
@@ -134,5 +136,24 @@ func TestDeliveryFailurePermanent(t *testing.T) {
 		if got := (deadletter.DeliveryFailure{Status: c.status, ResponseHeader: c.header}).Permanent(); got != c.want {
 			t.Errorf("status %d header %v: Permanent %v, want %v", c.status, c.header, got, c.want)
 		}
+	}
+}
+
+// TestReopenBeforeMigration0018: on a schema without the circuit table (the failure
+// function deployed before `migrate up`), a transient failure is still rescheduled, only
+// no circuit is opened.
+func TestReopenBeforeMigration0018(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), `DROP TABLE outbox_circuits`); err != nil {
+		t.Fatal(err)
+	}
+	id := enqueue(t, db, "order.created", "k", `{"n":1}`)
+	dispatch(t, db, id)
+	gen := 0
+	r, err := deadletter.Reopen(context.Background(), db.Pool, deadletter.DeliveryFailure{QStashMessageID: "m", Status: 503,
+		OutboxID: outbox.ID(id), Generation: &gen}, deadletter.ProbeSchedule{})
+	if err != nil || r.State != deadletter.ReopenDone || r.Generation != 1 {
+		t.Fatalf("reopen %+v %v", r, err)
 	}
 }

@@ -57,9 +57,12 @@ type breaker struct {
 	mu     sync.Mutex
 	readAt time.Time
 	open   map[string]outboxstore.Circuit
-	// off: the schema has no circuit table (before migration 0018); nothing opens one.
-	off bool
 }
+
+// noCircuitsRecheck is how long a relay on a schema without the circuit table (before
+// migration 0018) waits before it looks again: nothing opens a circuit there, and a
+// long-lived relay sees the table a minute after `migrate up` at the latest.
+const noCircuitsRecheck = time.Minute
 
 // current returns the open circuits by topic, refreshed when older than circuitRefresh. A
 // failed read keeps the last view: the claim that follows fails too if the database is
@@ -67,7 +70,7 @@ type breaker struct {
 func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.off || time.Since(b.readAt) < circuitRefresh {
+	if time.Since(b.readAt) < circuitRefresh {
 		return b.open
 	}
 	open, closed, err := b.store.Circuits(ctx, b.horizon)
@@ -78,7 +81,7 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	}
 	switch {
 	case errors.Is(err, outboxstore.ErrNoCircuits):
-		b.off = true
+		b.open, b.readAt = nil, time.Now().Add(noCircuitsRecheck-circuitRefresh)
 		return nil
 	case err != nil:
 		b.log.WarnContext(ctx, "consumer circuits not read; keeping the last view", "error", err)

@@ -175,3 +175,15 @@ func TestCircuitOpenProbeClose(t *testing.T) {
 		t.Fatalf("held events went out on attempt %d (%v), want 1: holding spends none", attempts, err)
 	}
 }
+
+// TestCircuitBeforeMigration0018: a relay on a schema without the circuit table (binaries
+// rolled out before `migrate up`) drains as before.
+func TestCircuitBeforeMigration0018(t *testing.T) {
+	t.Parallel()
+	rig := newCircuitRig(t)
+	rig.exec(`DROP TABLE outbox_circuits`)
+	ids := []outbox.ID{rig.enqueue("order.created", "k1"), rig.enqueue("order.created", "k2")}
+	if got := rig.drain(); !slices.Equal(got, ids) {
+		t.Fatalf("published %v, want %v", got, ids)
+	}
+}
