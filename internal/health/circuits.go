@@ -2,12 +2,10 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
 )
@@ -39,15 +37,25 @@ SELECT topic, opened_at, extract(epoch FROM now() - opened_at)::float8, failures
        coalesce(probe_id, 0), extract(epoch FROM greatest(probe_at - now(), interval '0'))::float8, coalesce(last_error, '')
 FROM outbox_circuits
 ORDER BY opened_at, topic`
-	qHeld = `
+	qCircuitsExist = `SELECT to_regclass('outbox_circuits') IS NOT NULL`
+	qHeld          = `
 SELECT count(*) FROM outbox
 WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND last_error = $1`
 )
 
 // collectCircuits reads the open circuits into r, and how many events are held behind
-// them. A schema without the circuit table (before migration 0018) has none.
+// them. A schema without the circuit table (before migration 0018) has none: looked up by
+// name first, so a missing table never fails the statement, which would abort the
+// caller's transaction (the console reads the report and its chart in one).
 func collectCircuits(ctx context.Context, db DB, r *Report) error {
 	r.Circuits = []Circuit{}
+	var exists bool
+	if err := db.QueryRow(ctx, qCircuitsExist).Scan(&exists); err != nil {
+		return fmt.Errorf("query open circuits: %w", err)
+	}
+	if !exists {
+		return nil
+	}
 	b := &pgx.Batch{}
 	b.Queue(qCircuits).Query(func(rows pgx.Rows) error {
 		var err error
@@ -59,13 +67,7 @@ func collectCircuits(ctx context.Context, db DB, r *Report) error {
 		return err
 	})
 	b.Queue(qHeld, outboxstore.HeldError).QueryRow(func(row pgx.Row) error { return row.Scan(&r.HeldEvents) })
-	err := db.SendBatch(ctx, b).Close()
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
-		r.Circuits, r.HeldEvents = []Circuit{}, 0
-		return nil
-	case err != nil:
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("query open circuits: %w", err)
 	}
 	if r.Circuits == nil {
