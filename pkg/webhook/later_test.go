@@ -40,34 +40,41 @@ func TestNotNowAnswersRetryAfter(t *testing.T) {
 	})
 	cases := []struct {
 		id         string
-		deadline   time.Duration // of the request's context (a Lambda's), 0: none
 		status     int
 		retryAfter string
 		code       string
 	}{
-		{"1", 0, http.StatusServiceUnavailable, "91", "later"},
-		{"2", 0, http.StatusServiceUnavailable, "30", "handler_timeout"},
-		{"3", webhook.AnswerMargin + 50*time.Millisecond, http.StatusServiceUnavailable, "30", "handler_timeout"},
-		{"4", 0, http.StatusInternalServerError, "", "transient_error"},
+		{"1", http.StatusServiceUnavailable, "91", "later"},
+		{"2", http.StatusServiceUnavailable, "30", "handler_timeout"},
+		{"4", http.StatusInternalServerError, "", "transient_error"},
 	}
 	for _, c := range cases {
-		r := delivery(t, "/events/order.created", c.id, order("o-"+c.id))
-		if c.deadline > 0 {
-			ctx, cancel := context.WithTimeout(r.Context(), c.deadline)
-			defer cancel()
-			r = r.WithContext(ctx)
-		}
-		start := time.Now()
-		w := f.serve(r)
+		w := f.serve(delivery(t, "/events/order.created", c.id, order("o-"+c.id)))
 		if w.Code != c.status || w.Header().Get("Retry-After") != c.retryAfter || !contains(w.Body.String(), c.code) {
 			t.Fatalf("delivery %s: %d Retry-After %q %s; want %d %q %s", c.id, w.Code, w.Header().Get("Retry-After"), w.Body, c.status, c.retryAfter, c.code)
 		}
-		if c.deadline > 0 && (sawDeadline > c.deadline-webhook.AnswerMargin || time.Since(start) >= c.deadline) {
-			t.Fatalf("delivery %s: the handler's budget was %v and the answer took %v, past the request's deadline %v less AnswerMargin",
-				c.id, sawDeadline, time.Since(start), c.deadline)
-		}
 	}
 	f.assertNothingWritten(t)
+
+	// A request deadline closer than HandlerTimeout (a Lambda near its end): the budget
+	// ends AnswerMargin before it, and the answer comes before the deadline.
+	long := newFixture(t, func(c *webhook.Config) {
+		c.Handlers = webhook.Handlers{"order.created": handler}
+		c.HandlerTimeout = time.Hour
+	})
+	const budget = 500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), webhook.AnswerMargin+budget)
+	defer cancel()
+	start := time.Now()
+	w := long.serve(delivery(t, "/events/order.created", "3", order("o-3")).WithContext(ctx))
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "30" || !contains(w.Body.String(), "handler_timeout") {
+		t.Fatalf("near the deadline: %d Retry-After %q %s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	if sawDeadline > budget || ctx.Err() != nil {
+		t.Fatalf("the handler's budget was %v (want at most %v) and the answer took %v, past the request's deadline",
+			sawDeadline, budget, time.Since(start))
+	}
+	long.assertNothingWritten(t)
 }
 
 // TestDatabaseUnreachableAnswersRetryAfter: the webhook's own database refusing
