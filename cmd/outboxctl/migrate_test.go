@@ -51,7 +51,8 @@ func TestMigrateExample(t *testing.T) {
 // trigger, which must wait for the producer) gives up after --lock-attempts with the lock
 // timeout instead of queueing producers behind it; a transaction holding the lock VACUUM or
 // ANALYZE takes makes migrate up log each wait on stderr and fail the same way; once both
-// transactions end, the rest applies. 0017 alone waits the same way.
+// transactions end, the rest applies. 0017 alone waits the same way; 0018 (a new table)
+// does not wait.
 func TestMigrateLockWait(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -106,7 +107,8 @@ func TestMigrateLockWait(t *testing.T) {
 
 	// 0017 (available_at's default) and 0020 (a nullable column), each ACCESS EXCLUSIVE for
 	// an instant, give up on the lock timeout beside an open producer transaction too, and
-	// apply once it has ended. Each is made pending with every later version.
+	// apply once it has ended. Each is made pending with every later version (0018 creates
+	// its table IF NOT EXISTS: applied again, it changes nothing).
 	for _, m := range []struct {
 		version int
 		undo    string
@@ -130,6 +132,17 @@ func TestMigrateLockWait(t *testing.T) {
 			t.Fatalf("%s after the producer ended: %d %s %s", name, code, out, stderr)
 		}
 	}
+
+	// 0018 (a new table, the consumer circuits) takes no lock on the outbox: it applies
+	// beside an open producer transaction.
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 18; DROP TABLE outbox_circuits`); err != nil {
+		t.Fatal(err)
+	}
+	producer = hold(`INSERT INTO outbox (topic, partition_key, payload) VALUES ('t', 'k', '{}')`)
+	if code, out, stderr := runCLI(t, db.URL, "migrate", "up", "--lock-timeout", "100ms", "--lock-attempts", "1"); code != 0 || !strings.Contains(out, "applied 0018") {
+		t.Fatalf("0018 beside an open producer transaction: %d %q %q, want it applied", code, out, stderr)
+	}
+	_ = producer.Rollback(ctx)
 	for _, args := range [][]string{{"migrate", "up", "--lock-timeout", "0s"}, {"migrate", "up", "--lock-attempts", "0"}} {
 		if code, _, stderr := runCLI(t, db.URL, args...); code != 2 || !strings.Contains(stderr, "usage: outboxctl migrate") {
 			t.Errorf("%v: code %d stderr %q", args, code, stderr)

@@ -97,6 +97,14 @@ func printStatus(w io.Writer, r health.Report, st health.Status) {
 	} else {
 		fmt.Fprintf(w, "  oldest pending  -\n")
 	}
+	for _, c := range r.Circuits {
+		probe := fmt.Sprintf("next probe in %s", humanize.Seconds(c.NextProbeInSeconds))
+		if c.ProbeID != 0 {
+			probe = fmt.Sprintf("probe %d in flight", c.ProbeID)
+		}
+		fmt.Fprintf(w, "  consumer down   %s: circuit open %s, %d failures, %d failed probes, %s; %d events held\n",
+			c.Topic, humanize.Seconds(c.OpenForSeconds), c.Failures, c.ProbeFailures, probe, r.HeldEvents)
+	}
 	fmt.Fprintf(w, "  dispatched/min  %s  %d in the last hour, %d in the last minute\n",
 		sparkline(r.DispatchedPerMinute), r.DispatchedLastHour, last(r.DispatchedPerMinute))
 	if r.DeadLettersUnresolved == 0 {

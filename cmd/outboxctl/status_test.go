@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/health"
 	"github.com/outbox-relay/outbox-relay/v2/internal/health/healthtest"
+	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
@@ -287,4 +288,26 @@ func TestSparkline(t *testing.T) {
 			t.Errorf("%s: sparkline(%v) = %q, want %q", name, c.in, got, c.want)
 		}
 	}
+}
+
+// TestStatusConsumerOutage: an open consumer circuit (the failure callback opened it, the
+// relay holds the topic's events) makes the outbox degraded, names the topic and the held
+// events in text and JSON, and says that nothing is dead-lettered.
+func TestStatusConsumerOutage(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mustExec(t, db, `INSERT INTO outbox_circuits (topic, opened_at, failures, probe_failures, probe_at)
+		VALUES ('order.created', now() - interval '7 minutes', 12, 3, now() + interval '40 seconds')`)
+	mustExec(t, db, `INSERT INTO outbox (topic, partition_key, payload, available_at, last_error)
+		SELECT 'order.created', 'k' || i, '{}', now() + interval '5 minutes', '`+outboxstore.HeldError+`' FROM generate_series(1, 4) i`)
+	code, m, stderr := statusJSON(t, db.URL, relaxed...)
+	circuits, _ := m["open_circuits"].([]any)
+	if code != 1 || m["status"] != "degraded" || len(circuits) != 1 || m["held_events"] != 4.0 ||
+		circuits[0].(map[string]any)["topic"] != "order.created" || circuits[0].(map[string]any)["probe_failures"] != 3.0 {
+		t.Fatalf("code %d %v %s", code, m, stderr)
+	}
+	if !strings.Contains(stderr, "consumer of topic order.created is down") || !strings.Contains(stderr, "none dead-lettered") {
+		t.Fatalf("stderr %q", stderr)
+	}
+	statusText(t, db.URL, relaxed, 1, "outbox is DEGRADED", "consumer down   order.created: circuit open 7m", "4 events held")
 }

@@ -41,12 +41,14 @@ var receiver = receiverfunc.Receiver{
 }
 
 // outcomeMetric maps callback outcomes to metrics (Function=failure). A newly recorded dead
-// letter counts as DeliveryDeadLetters (the "any delivery dead letter" alarm); a refused
+// letter counts as DeliveryDeadLetters (the "any delivery dead letter" alarm); a transient
+// failure put back in the outbox as DeliveriesRescheduled (the consumer-outage alarm); a refused
 // callback as RejectedCallbacks (its failure is only in QStash's DLQ). Duplicated callbacks,
 // transient failures (QStash retries them) and superseded ones (a late callback about a
 // generation its event has left behind: recorded resolved, nothing to do) are not counted.
 var outcomeMetric = map[string][]string{
 	deadletter.OutcomeRecorded:     {metrics.DeliveryDeadLetters},
+	deadletter.OutcomeRescheduled:  {metrics.DeliveriesRescheduled},
 	deadletter.OutcomeUnauthorized: {metrics.RejectedCallbacks},
 	deadletter.OutcomeMalformed:    {metrics.RejectedCallbacks},
 	deadletter.OutcomeTooLarge:     {metrics.RejectedCallbacks},

@@ -38,4 +38,7 @@ func TestObserverCountsNewDeadLettersAndRejections(t *testing.T) {
 	if doc := emit("", deadletter.OutcomeRecorded); doc["DeliveryDeadLetters"] != float64(1) || doc["Function"] != "failure" {
 		t.Fatalf("EMF line %v", doc)
 	}
+	if doc := emit("", deadletter.OutcomeRescheduled); doc["DeliveriesRescheduled"] != float64(1) || doc["DeliveryDeadLetters"] != nil {
+		t.Fatalf("rescheduled callback: EMF line %v, want DeliveriesRescheduled=1 and no dead letter", doc)
+	}
 }

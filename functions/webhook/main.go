@@ -50,8 +50,12 @@ var receiver = receiverfunc.Receiver{
 			Tracer:                p.Tracer,
 			// The outbox shares this database: deliveries published before the message id
 			// moved into the signed URL are checked against it (docs/consuming.md, Message identity).
-			Legacy:  webhook.LegacyOutbox(p.Pool),
-			Observe: p.Observe,
+			Legacy: webhook.LegacyOutbox(p.Pool),
+			// For the same reason, a delivery of a generation its outbox row has left (the
+			// event is back in the outbox after a consumer outage) is acknowledged unapplied:
+			// it comes again in its key's order (docs/reliability.md, Consumer outage).
+			SharesOutbox: true,
+			Observe:      p.Observe,
 		})
 	},
 }

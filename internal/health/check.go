@@ -99,6 +99,13 @@ func (r Report) Check(t Thresholds) (Status, []string) {
 	if t.MaxFlapping >= 0 && r.Queue.Flapping > t.MaxFlapping {
 		flag(Degraded, "%d pending events have failed more than %d times (max attempts %d)", r.Queue.Flapping, FlappingAttempts, r.Queue.MaxAttempts)
 	}
+	for _, c := range r.Circuits {
+		// The relay rides it out: nothing is lost or dead-lettered, events wait in the
+		// outbox. Degraded, not unhealthy: the oldest pending age says when it hurts.
+		flag(Degraded, "the consumer of topic %s is down: circuit open for %s after %d failed deliveries (%d failed probes); "+
+			"%d events held in the outbox, none dead-lettered; the relay probes it and resumes on the first delivery (docs/operations.md, consumer outage)",
+			c.Topic, seconds(c.OpenForSeconds).Round(time.Second), c.Failures, c.ProbeFailures, r.HeldEvents)
+	}
 	h := r.Horizon
 	if t.MaxTransactionAge > 0 {
 		if a := seconds(h.OldestTransactionAgeSeconds); a > t.MaxTransactionAge {

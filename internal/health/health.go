@@ -68,6 +68,10 @@ type Report struct {
 	// (not an exact count, which would scan the table).
 	ProcessedMessages Table   `json:"processed_messages_table"`
 	Horizon           Horizon `json:"xmin_horizon"`
+	// Circuits are the open consumer circuits (a consumer down), oldest first; HeldEvents
+	// the pending events the relay holds behind them.
+	Circuits   []Circuit `json:"open_circuits"`
+	HeldEvents int64     `json:"held_events"`
 }
 
 // Queue describes the pending rows.
@@ -202,6 +206,9 @@ func Collect(ctx context.Context, db DB) (Report, error) {
 	}
 	if r.DeadLetters == nil {
 		r.DeadLetters = []DeadLetterGroup{}
+	}
+	if err := collectCircuits(ctx, db, &r); err != nil {
+		return Report{}, fmt.Errorf("collect health report: %w", err)
 	}
 	return r, nil
 }

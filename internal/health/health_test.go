@@ -262,3 +262,26 @@ func TestCheckThresholds(t *testing.T) {
 		})
 	}
 }
+
+// TestCollectBeforeMigration0018: a schema without the circuit table has no circuits, and
+// the report's transaction stays usable (the console reads more in it).
+func TestCollectBeforeMigration0018(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE outbox_circuits`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	rep, err := health.Collect(ctx, tx)
+	if err != nil || len(rep.Circuits) != 0 || rep.Circuits == nil {
+		t.Fatalf("report %+v %v", rep.Circuits, err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("transaction after the report: %v", err)
+	}
+}

@@ -79,6 +79,9 @@ const (
 	// DeliveryDeadLetters counts failure callbacks recorded as dead letters
 	// (Function=failure).
 	DeliveryDeadLetters = "DeliveryDeadLetters"
+	// DeliveriesRescheduled counts failure callbacks of transient failures (the consumer
+	// down) put back in the outbox instead of dead-lettered (Function=failure).
+	DeliveriesRescheduled = "DeliveriesRescheduled"
 	// RejectedCallbacks counts failure callbacks refused: their failures are only in
 	// QStash's DLQ.
 	RejectedCallbacks = "RejectedCallbacks"
@@ -143,6 +146,7 @@ var Definitions = []Definition{
 	{Unauthorized, UnitCount, Counter, FunctionWebhook, "Deliveries refused for a missing or invalid signature."},
 	{RejectedDeliveries, UnitCount, Counter, FunctionWebhook, "Deliveries refused before any handler ran: bad signature, identity headers contradicting the signed URL, body over the limit."},
 	{DeliveryDeadLetters, UnitCount, Counter, FunctionFailure, "QStash failure callbacks recorded as dead letters."},
+	{DeliveriesRescheduled, UnitCount, Counter, FunctionFailure, "QStash failure callbacks of transient failures (the consumer down) put back in the outbox, their topic's circuit opened; never dead-lettered."},
 	{RejectedCallbacks, UnitCount, Counter, FunctionFailure, "Failure callbacks refused (bad signature, malformed, over the limit); their failures are only in QStash's DLQ."},
 }
 

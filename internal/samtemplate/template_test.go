@@ -368,6 +368,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		{metrics.DeferredDeployment, metrics.FunctionRelay, "Sum"},
 		{metrics.DeferredOutage, metrics.FunctionRelay, "Sum"},
 		{metrics.DeliveryDeadLetters, metrics.FunctionFailure, "Sum"},
+		{metrics.DeliveriesRescheduled, metrics.FunctionFailure, "Sum"},
 		{metrics.DLQSyncRecorded, metrics.FunctionRelay, "Sum"},
 		{metrics.RejectedDeliveries, metrics.FunctionWebhook, "Sum"},
 		{metrics.RejectedCallbacks, metrics.FunctionFailure, "Sum"},

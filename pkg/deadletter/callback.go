@@ -29,7 +29,11 @@ const (
 	OutcomeDuplicate = receive.OutcomeDuplicate
 	// OutcomeSuperseded: a late callback about a generation its event has left behind
 	// (redriven since), recorded resolved as superseded: history, not a new dead letter.
-	OutcomeSuperseded   = "superseded"
+	OutcomeSuperseded = "superseded"
+	// OutcomeRescheduled: a transient final failure (an outage of the destination, not the
+	// event's fault: DeliveryFailure.Permanent is false) put its outbox row back to pending
+	// for the relay to publish again. Nothing was dead-lettered.
+	OutcomeRescheduled  = "rescheduled"
 	OutcomeMalformed    = "malformed"
 	OutcomeUnauthorized = receive.OutcomeUnauthorized
 	OutcomeTooLarge     = receive.OutcomeTooLarge
@@ -58,6 +62,9 @@ type CallbackConfig struct {
 	// moved into the URL may still be linked to their outbox row through the source headers
 	// they report. Default: the legacy_identity window in Pool's database (legacyOpen).
 	LegacyWindow func(ctx context.Context) (bool, error)
+	// Probes is the probe schedule of the circuits this handler opens when it reschedules
+	// a transiently failed delivery. Zero: CircuitProbeWait doubling to CircuitProbeMaxWait.
+	Probes ProbeSchedule
 	// Tracer, when set, records each verified callback in a span of its own trace, linked
 	// to the event's producer span (the traceparent among the source headers the callback
 	// reports), so the trace of an event that was dead-lettered leads to its letter. Nil
@@ -67,12 +74,19 @@ type CallbackConfig struct {
 
 // CallbackHandler records QStash failure callbacks as dead letters. Any path, POST only:
 //
-//	recorded, superseded    200
-//	or duplicate
+//	recorded, superseded,   200
+//	duplicate or rescheduled
 //	malformed body          400, nothing written
 //	body over the limit     489 + Upstash-NonRetryable-Error: true, nothing written
 //	bad or missing sig      401, nothing written
 //	database failure        500 (QStash retries the callback)
+//	row not yet marked      500 (the callback beat the relay's mark; QStash asks again)
+//
+// A transient failure (DeliveryFailure.Permanent false: a 5xx, a timeout, any answer but
+// 489 or Upstash-NonRetryable-Error) is the destination's outage, not the event's fault:
+// its outbox row goes back to pending under a new generation (Reopen) and the relay
+// publishes it again; nothing is dead-lettered. A permanent failure, or one whose row is
+// gone, is recorded as a dead letter.
 //
 // The letter's outbox id and generation come from the signed body: the query of the
 // destination url it reports (outbox_id, generation). A callback about a delivery
@@ -124,6 +138,7 @@ var (
 	replyRecorded   = receive.Reply{Status: http.StatusOK, Code: "recorded", Outcome: OutcomeRecorded}
 	replySuperseded = receive.Reply{Status: http.StatusOK, Code: "superseded", Outcome: OutcomeSuperseded}
 	replyMalformed  = receive.Reply{Status: http.StatusBadRequest, Code: "malformed_callback", Outcome: OutcomeMalformed}
+	replyReopened   = receive.Reply{Status: http.StatusOK, Code: "rescheduled", Outcome: OutcomeRescheduled}
 )
 
 // ServeHTTP verifies, decodes and records one failure callback.
@@ -163,6 +178,27 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, span = h.startSpan(ctx, f)
 		defer span.End()
 		a.Span = span
+	}
+	if !f.Permanent() {
+		re, err := Reopen(ctx, h.cfg.Pool, f, h.cfg.Probes)
+		if a.Span != nil {
+			a.Span.SetAttributes(attribute.String("outbox.reopen", re.State))
+		}
+		switch {
+		case err != nil:
+			a.Reply(receive.ReplyTransient, slog.LevelError, "failure callback not rescheduled; QStash will retry", slog.Any("error", err))
+			return
+		case re.State == ReopenDone:
+			// An outage of the destination, not a fault of the event: no operator work.
+			a.Reply(replyReopened, slog.LevelInfo, "delivery failed transiently: rescheduled in the outbox, not dead-lettered",
+				slog.Int("destination_status", f.Status), slog.Int("retried", f.Retried), slog.Int("generation", re.Generation))
+			return
+		case re.State == ReopenNotMarked:
+			a.Reply(receive.ReplyTransient, slog.LevelWarn, "failure callback arrived before the relay marked its event dispatched; QStash will retry it",
+				slog.Int("generation", re.Generation))
+			return
+		}
+		// No row to reopen, or a generation the row has left: Record keeps the failure.
 	}
 	rec, err := Record(ctx, h.cfg.Pool, f)
 	if err == nil && a.Span != nil {
@@ -283,6 +319,7 @@ func fromCallback(cb qstash.FailureCallback) DeliveryFailure {
 		QStashMessageID: cb.SourceMessageID,
 		DLQID:           cb.DLQID,
 		Status:          cb.Status,
+		ResponseHeader:  cb.Header,
 		ResponseBody:    cb.Body,
 		Retried:         cb.Retried,
 		MaxRetries:      cb.MaxRetries,

@@ -87,10 +87,11 @@ func TestRelayDeadLetterKeepsCallbackLetter(t *testing.T) {
 }
 
 // legacyCallback is a failure callback for a delivery published before the identity moved
-// into the URL: the id only in the reported source headers.
+// into the URL: the id only in the reported source headers. The event was rejected (489):
+// a transient failure would be rescheduled, not recorded.
 func legacyCallback(outboxID int64, msgID, url string) []byte {
 	b, _ := json.Marshal(map[string]any{
-		"status": 500, "body": base64.StdEncoding.EncodeToString([]byte(`{}`)), "retried": 3, "maxRetries": 3,
+		"status": 489, "body": base64.StdEncoding.EncodeToString([]byte(`{}`)), "retried": 3, "maxRetries": 3,
 		"dlqId": "1-0", "sourceMessageId": msgID, "url": url,
 		"sourceHeader": map[string][]string{"Upstash-Forward-X-Outbox-Id": {itoa(outboxID)}, "Upstash-Forward-X-Outbox-Generation": {"0"}},
 		"sourceBody":   base64.StdEncoding.EncodeToString([]byte(`{"n":1}`)),

@@ -1,5 +1,7 @@
 package deadletter
 
+import "github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
+
 // letterColumns is the column list every read returns, in scanLetter's order.
 const letterColumns = `
 d.id, d.source, d.outbox_id, coalesce(d.topic, ''), coalesce(d.partition_key, ''), d.payload::text, d.headers::text,
@@ -152,6 +154,75 @@ WITH locked AS (
     RETURNING o.id
 )
 SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FROM ins`
+
+	// qReopenDelivery puts the outbox row $1 back to pending after a transient delivery
+	// failure of its generation $2 (NULL: the current one), with last_error $3: the same
+	// reset as qResetOutbox (generation+1: a deduplication id QStash has not seen;
+	// available_at the statement's own time, for the claim's walks), for a row that is
+	// dispatched and not dead-lettered at that generation only. It returns the row's state
+	// as locked, and whether it was reopened, so the caller can tell a repeated callback or
+	// one that beat the relay's mark from a reopen. The row lock comes first, as in
+	// qRecordDelivery. reopenCircuit adds the circuit of the row's topic.
+	qReopenDelivery = reopenHead + reopenTail
+	reopenHead      = `
+WITH RECURSIVE cur AS (
+    SELECT o.id, o.generation, o.topic, o.partition_key, o.dispatched_at,
+           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
+    FROM outbox o
+    WHERE o.id = $1::bigint
+    FOR UPDATE
+), re AS (
+    UPDATE outbox o
+    SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
+        locked_until = NULL, last_error = $3::text, generation = o.generation + 1
+    FROM cur
+    WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
+    RETURNING o.generation, o.topic
+), ` + outboxstore.ConsumersCTE + `, behind AS (
+    -- The key's later events already handed to QStash, not yet applied: in fifo mode they
+    -- wait in the same queue behind the failed one and would be delivered before its
+    -- re-publish. They go back to pending too (generation+1), so the relay publishes the
+    -- key again in order; their queued deliveries are of a generation the row has left,
+    -- which a webhook that shares this database acknowledges unapplied (webhook
+    -- Config.SharesOutbox), and whose failure is recorded as superseded history. Found
+    -- through outbox_dispatched_idx from the failed event's own dispatch (the same
+    -- batch's rows share its time); applied ones (processed_messages, one primary-key
+    -- probe per consumer) are left alone.
+    UPDATE outbox o
+    SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
+        locked_until = NULL, last_error = $3::text, generation = o.generation + 1
+    FROM cur
+    WHERE EXISTS (SELECT 1 FROM re)
+      AND o.dispatched_at >= cur.dispatched_at AND o.partition_key = cur.partition_key AND o.id > cur.id
+      AND o.dead_lettered_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM consumers k
+                      WHERE EXISTS (SELECT 1 FROM processed_messages m
+                                    WHERE m.consumer = k.consumer AND m.message_id = o.id::text))
+)`
+	reopenTail = `
+SELECT coalesce((SELECT generation FROM re), cur.generation), cur.topic, cur.dispatched, cur.dead,
+       EXISTS (SELECT 1 FROM re)
+FROM cur`
+
+	// qReopenDeliveryCircuit is qReopenDelivery that also opens (or keeps open) the circuit
+	// of the reopened row's topic (migration 0018), which makes the relay hold the topic's
+	// events and probe: a new circuit's first probe waits $4 (an interval); a failed probe
+	// (the circuit's probe_id, $1) frees the probe slot and doubles the wait, from $4 up to
+	// $5. Other failures reported while it is open (deliveries published before it opened)
+	// only count. In one statement with the reopen: a reopened event and its held topic
+	// appear together.
+	qReopenDeliveryCircuit = reopenHead + `, circuit AS (
+    INSERT INTO outbox_circuits AS c (topic, probe_at, last_error)
+    SELECT re.topic, now() + $4::interval, $3::text FROM re
+    ON CONFLICT (topic) DO UPDATE
+    SET failures = c.failures + 1, last_error = excluded.last_error,
+        probe_failures = c.probe_failures + (c.probe_id IS NOT DISTINCT FROM $1::bigint)::int,
+        probe_at = CASE WHEN c.probe_id = $1::bigint
+                        THEN now() + least($5::interval, $4::interval * power(2, least(c.probe_failures + 1, 20)))
+                        ELSE c.probe_at END,
+        probe_id = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_id END,
+        probe_generation = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_generation END
+)` + reopenTail
 
 	// qExistingLetter finds the letter that made qRecordDelivery a no-op: the one recorded
 	// for this QStash message ($1), else the open letter of the event generation ($2, $3;

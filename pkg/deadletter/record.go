@@ -32,10 +32,13 @@ type DeliveryFailure struct {
 	QStashMessageID string
 	DLQID           string
 	// Status is the destination's last HTTP status (0: no response, e.g. a timeout).
-	Status       int
-	ResponseBody []byte
-	Retried      int
-	MaxRetries   int
+	Status int
+	// ResponseHeader are the destination's last response headers (names in any case);
+	// Permanent reads Upstash-NonRetryable-Error from them.
+	ResponseHeader map[string][]string
+	ResponseBody   []byte
+	Retried        int
+	MaxRetries     int
 	// URL is the destination the message was sent to.
 	URL string
 	// OutboxID is the event's outbox row, 0 when unknown. fromCallback reads it from URL's

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
 )
 
@@ -93,6 +94,11 @@ type SyncResult struct {
 	// (their event was redriven since).
 	Recorded   int `json:"recorded"`
 	Superseded int `json:"superseded"`
+	// Rescheduled entries failed for a transient reason (the consumer down, not the
+	// event's fault): their outbox row went back to pending under a new generation, as the
+	// failure callback does (Reopen), and the entry was then recorded resolved, superseded.
+	// Counted in Superseded too.
+	Rescheduled int `json:"rescheduled"`
 	// AlreadyRecorded entries were in dead_letters before (the failure callback or an
 	// earlier sync recorded them).
 	AlreadyRecorded int `json:"already_recorded"`
@@ -134,11 +140,15 @@ func Sync(ctx context.Context, db Querier, cfg SyncConfig) (SyncResult, error) {
 		res.Scanned += len(entries)
 		var page syncPage
 		for _, e := range entries {
-			if id, ok := m.match(e); ok {
-				page.add(e, id)
-			} else {
+			id, ok := m.match(e)
+			if !ok {
 				res.Foreign++
+				continue
 			}
+			if err := reopenTransient(ctx, db, e, id, &res); err != nil {
+				return res, fmt.Errorf("sync qstash dlq: %w", err)
+			}
+			page.add(e, id)
 		}
 		if len(page.messageIDs) > 0 {
 			ids, err := page.record(ctx, db, &res)
@@ -174,6 +184,27 @@ func Sync(ctx context.Context, db Querier, cfg SyncConfig) (SyncResult, error) {
 		slog.Int("recorded", res.Recorded), slog.Int("superseded", res.Superseded), slog.Int("already_recorded", res.AlreadyRecorded),
 		slog.Int("pending", res.Pending), slog.Int("deleted", res.Deleted), slog.Int64("duration_ms", time.Since(started).Milliseconds()))
 	return res, nil
+}
+
+// reopenTransient puts the outbox row of an entry that failed for a transient reason back
+// to pending, as the failure callback does when its callback arrives (this entry's never
+// did): a consumer outage dead-letters nothing, whichever path reports it. One statement
+// per such entry; the page's record then finds the row at a newer generation and records
+// the entry resolved, superseded.
+func reopenTransient(ctx context.Context, db Querier, e qstash.DLQEntry, id entryIdentity, res *SyncResult) error {
+	f := DeliveryFailure{QStashMessageID: e.MessageID, Status: e.ResponseStatus, ResponseHeader: e.ResponseHeader,
+		Retried: e.MaxRetries, MaxRetries: e.MaxRetries, OutboxID: outbox.ID(id.outboxID), Generation: id.generation}
+	if f.Permanent() || id.generation == nil || id.outboxID <= 0 {
+		return nil
+	}
+	r, err := Reopen(ctx, db, f, ProbeSchedule{})
+	if err != nil {
+		return err
+	}
+	if r.State == ReopenDone {
+		res.Rescheduled++
+	}
+	return nil
 }
 
 // entryIdentity is the outbox message a DLQ entry is about.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
 	"github.com/outbox-relay/outbox-relay/v2/internal/localqstash"
+	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
@@ -32,6 +33,9 @@ func answering(t *testing.T, status int) (*httptest.Server, *atomic.Int64) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
+		if status == receive.StatusNonRetryable {
+			w.Header().Set(receive.HeaderNonRetryable, "true")
+		}
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(`{"error":"down for maintenance"}`))
 	}))
@@ -116,19 +120,22 @@ func (b *barrierDLQ) List(ctx context.Context, cursor string) ([]qstash.DLQEntry
 	return entries, next, err
 }
 
-// syncSetup starts a schema, a local QStash server and a webhook that answers 500.
+// syncSetup starts a schema, a local QStash server and a webhook that rejects every event
+// (489 + Upstash-NonRetryable-Error): its DLQ entries are dead letters, where a 5xx's are
+// rescheduled (TestSyncReschedulesOutage).
 func syncSetup(t *testing.T) (*pgtest.DB, *qstashtest.Server, *httptest.Server) {
 	t.Helper()
 	db := pgtest.New(t)
 	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
-	webhook, _ := answering(t, http.StatusInternalServerError)
+	webhook, _ := answering(t, receive.StatusNonRetryable)
 	return db, qs, webhook
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestSyncRecordsQStashDLQOnce runs the real path: events published by the real publisher to a
-// webhook that answers 500 exhaust their retries in the local QStash server, some with no
+// webhook that rejects them (489 + Upstash-NonRetryable-Error: the failure callback
+// dead-letters that, where it reschedules a 5xx) fail in the local QStash server, some with no
 // failure callback, some with a callback that answers 500 too, some with a working failure
 // callback (the real handler). Two syncs run at once; then every event is in dead_letters
 // exactly once, other deployments' entries are untouched, and --delete-synced removes what
@@ -239,8 +246,8 @@ func TestSyncRecordsQStashDLQOnce(t *testing.T) {
 	synced := slices.Concat(noCallback, badCallback, fifo)
 	if n := db.Count(t, `
 SELECT count(*) FROM dead_letters d JOIN outbox o ON o.id = d.outbox_id
-WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 500 after 1 of 1 retries'
-  AND d.status_code = 500 AND d.attempts = 1 AND d.topic = o.topic AND d.partition_key = o.partition_key
+WHERE d.outbox_id = ANY($1) AND d.error = 'qstash delivery failed: HTTP 489 after 0 of 1 retries'
+  AND d.status_code = 489 AND coalesce(d.attempts, 0) = 0 AND d.topic = o.topic AND d.partition_key = o.partition_key
   AND d.payload = o.payload AND d.response_body LIKE '%down for maintenance%' AND d.qstash_dlq_id IS NOT NULL
   AND d.resolved_at IS NULL AND o.dead_lettered_at IS NOT NULL`, synced); n != len(synced) {
 		t.Fatalf("%d of %d synced letters carry the event's data and marked its row", n, len(synced))
@@ -316,8 +323,40 @@ func TestSyncSupersededAndPaging(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT resolution FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NOT NULL`, ids[0]).Scan(&resolution); err != nil || resolution != deadletter.ResolutionSuperseded {
 		t.Fatalf("superseded letter: %q %v", resolution, err)
 	}
-	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND attempts = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL AND coalesce(attempts, 0) = 0 AND error LIKE '%after 0 of 0 retries'`); n != 228 {
 		t.Fatalf("%d open letters with 0 retries, want 228", n)
+	}
+}
+
+// TestSyncReschedulesOutage: DLQ entries whose failure callback never arrived are
+// classified as the callback would: a transient failure (500, the consumer down) puts its
+// row back to pending under a new generation and is recorded resolved, superseded; a 489
+// is an open dead letter.
+func TestSyncReschedulesOutage(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	down, _ := answering(t, http.StatusInternalServerError)
+	ctx := context.Background()
+	outage := enqueue(t, db, "invoice.paid", "a", `{"n":1}`)
+	publishRows(t, db, qstash.PublisherConfig{BaseURL: qs.URL, Token: qs.Token, DestinationBaseURL: down.URL, Retries: 1}, []int64{outage})
+	localqstash.WaitIdle(t, qs)
+	res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: down.URL, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rescheduled != 1 || res.Recorded != 0 || res.Superseded != 1 {
+		t.Fatalf("result %+v, want the outage's entry rescheduled", res)
+	}
+	if r := readOutbox(t, db, outage); r.dead || r.dispatched || r.gen != 1 {
+		t.Fatalf("row after the sync %+v, want pending at generation 1", r)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`); n != 0 {
+		t.Fatalf("%d open letters for an outage", n)
+	}
+	// Synced again: nothing more (the entry is recorded, the row has moved on).
+	if res, err := deadletter.Sync(ctx, db.Pool, deadletter.SyncConfig{DLQ: serverDLQ(t, qs, qs.Token), DestinationBaseURL: down.URL, Logger: quiet()}); err != nil || res.Rescheduled != 0 || res.AlreadyRecorded != 1 {
+		t.Fatalf("second sync %+v %v", res, err)
 	}
 }
 

@@ -18,6 +18,11 @@ type Message struct {
 	// Generation counts redrives (0 until the first redrive).
 	Generation int
 	CreatedAt  time.Time
+	// Probe is set by the relay on the one event it publishes to a destination whose
+	// consumer is down (an open circuit): the publisher sends it with a single delivery
+	// attempt (no QStash retries), so its failure is reported at once and the next probe
+	// can follow on the relay's schedule rather than QStash's.
+	Probe bool
 }
 
 // defaultDeploymentName is the deployment name DeduplicationID uses: the one every id had

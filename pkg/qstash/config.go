@@ -53,6 +53,14 @@ type PublisherConfig struct {
 	// Retries is QStash's delivery retry budget per message (Upstash-Retries). 0 means
 	// DefaultRetries (3); NoRetries means a single attempt.
 	Retries int
+	// RetryDelay, when set, is the wait between QStash's retries of a message (sent as
+	// Upstash-Retry-Delay, in whole milliseconds, at least 1 s, at most a day), instead of
+	// QStash's backoff (12 s, 2 min 28 s, 30 min 8 s: the last retry about 32.8 minutes
+	// after the first attempt). A short ladder (e.g. 20s with 3 retries: a minute) hands a
+	// consumer outage to the outbox sooner: the failure callback reschedules the event and
+	// the relay holds its topic until a probe is delivered (docs/reliability.md, "Consumer
+	// outage"). A receiver's Retry-After still wins.
+	RetryDelay time.Duration
 	// Ordering is publish.OrderingPublish (default: each message on its own, QStash keeps no
 	// per-key order, not even with flow control, not across retries) or
 	// publish.OrderingFIFO (each message enqueued into one of FIFOQueues queues chosen by a
@@ -149,6 +157,9 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.Retries < NoRetries {
 		bad.Bad("Retries", "%d is negative (use NoRetries for a single attempt)", c.Retries)
+	}
+	if c.RetryDelay != 0 && (c.RetryDelay < time.Second || c.RetryDelay > 24*time.Hour) {
+		bad.Bad("RetryDelay", "%v must be between 1s and 24h (or 0 for QStash's backoff)", c.RetryDelay)
 	}
 	switch c.Ordering {
 	case publish.OrderingPublish:

@@ -436,7 +436,9 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		}
 	}
 	retries := p.cfg.Retries
-	if retries == NoRetries {
+	if retries == NoRetries || m.Probe {
+		// A circuit's probe (outbox.Message.Probe) gets one attempt: the relay, not
+		// QStash's ladder, decides when the next one goes.
 		retries = 0
 	}
 	own := make([]header, 0, 9)
@@ -448,8 +450,17 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		header{"Upstash-Deduplication-Id", p.deduplicationID(m)},
 		header{"Upstash-Label", names.labelOf(m.Topic)},
 		header{"Upstash-Retries", strconv.Itoa(retries)})
+	if p.cfg.RetryDelay > 0 && retries > 0 {
+		own = append(own, header{"Upstash-Retry-Delay", strconv.FormatInt(p.cfg.RetryDelay.Milliseconds(), 10)})
+	}
 	if p.cfg.FailureCallbackURL != "" {
 		own = append(own, header{"Upstash-Failure-Callback", p.cfg.FailureCallbackURL})
+		if m.Probe {
+			// A failure callback's retries default to its message's (0 for a probe), and a
+			// probe's callback often comes before the relay marked it (one attempt, a fast
+			// 5xx): the callback handler answers 500 to that, and must be asked again.
+			own = append(own, header{"Upstash-Failure-Callback-Retries", strconv.Itoa(DefaultRetries)})
+		}
 	}
 	queue := ""
 	switch p.cfg.Ordering {

@@ -161,6 +161,7 @@ func TestPublisherConfig(t *testing.T) {
 		"FlowControlParallelism": {Token: "t", DestinationBaseURL: "https://x", Ordering: publish.OrderingFIFO, FlowControlParallelism: 2},
 		"FlowControlPeriod":      {Token: "t", DestinationBaseURL: "https://x", FlowControlPeriod: time.Minute},
 		"Retries":                {Token: "t", DestinationBaseURL: "https://x", Retries: -2},
+		"RetryDelay":             {Token: "t", DestinationBaseURL: "https://x", RetryDelay: time.Millisecond},
 		"MaxBatchItems":          {Token: "t", DestinationBaseURL: "https://x", MaxBatchItems: -1},
 		"QueuePrefix":            {Token: "t", DestinationBaseURL: "https://x", QueuePrefix: "a b"},
 	} {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
@@ -39,8 +40,16 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	h["Upstash-Deduplication-Id"] = p.deduplicationID(m)
 	h["Upstash-Label"] = label(m.Topic)
 	h["Upstash-Retries"] = strconv.Itoa(p.cfg.Retries)
+	if m.Probe { // a circuit's probe: one attempt
+		h["Upstash-Retries"] = "0"
+	} else if p.cfg.RetryDelay > 0 {
+		h["Upstash-Retry-Delay"] = strconv.FormatInt(p.cfg.RetryDelay.Milliseconds(), 10)
+	}
 	if p.cfg.FailureCallbackURL != "" {
 		h["Upstash-Failure-Callback"] = p.cfg.FailureCallbackURL
+		if m.Probe {
+			h["Upstash-Failure-Callback-Retries"] = "3"
+		}
 	}
 	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	if p.cfg.Ordering == publish.OrderingFIFO {
@@ -55,7 +64,7 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 // TestBatchItemEncoding: the hand-written batch item decodes to exactly the value
 // encoding/json wrote, for payloads and headers with quotes, backslashes, control
 // characters, non-ASCII, U+2028 and invalid UTF-8, in both orderings, and an event header
-// named like the relay's own loses to it.
+// named like the relay's own loses to it. A circuit's probe goes with Upstash-Retries 0.
 func TestBatchItemEncoding(t *testing.T) {
 	t.Parallel()
 	pieces := []string{"a", "Z", "0", " ", `"`, `\`, "/", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "<", ">", "&",
@@ -74,7 +83,7 @@ func TestBatchItemEncoding(t *testing.T) {
 	topics := []string{"orders.created", "orders.created", "billing~paid", "billing.paid"}
 	names := []string{"Traceparent", "X-Tenant", "X-Outbox-Id", "X-Outbox-Generation", "A", "zz-Last"}
 	pubs := []PublisherConfig{
-		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\""},
+		{Retries: 3, FlowControlParallelism: 1, FailureCallbackURL: "https://cb.example/fail?x=1&y=\"2\"", RetryDelay: 20 * time.Second},
 		{Ordering: publish.OrderingFIFO, Name: "blue"},
 	}
 	for _, cfg := range pubs {
@@ -89,7 +98,7 @@ func TestBatchItemEncoding(t *testing.T) {
 		prevKey := ""
 		for i := range 2000 {
 			m := outbox.Message{ID: outbox.ID(i + 1), Topic: topics[rng.IntN(len(topics))], PartitionKey: "key-" + text(6),
-				Payload: []byte(text(40)), Generation: rng.IntN(3), Headers: map[string]string{}}
+				Payload: []byte(text(40)), Generation: rng.IntN(3), Headers: map[string]string{}, Probe: rng.IntN(4) == 0}
 			if m.PartitionKey == "key-" {
 				m.PartitionKey = ""
 			}

@@ -39,6 +39,9 @@ type Relay struct {
 	deferStreak int
 
 	randMu sync.Mutex
+
+	// circuits is this relay's view of the destinations whose consumer is down (circuit.go).
+	circuits *breaker
 }
 
 // New returns a Relay over db and pub, or the config's errors. The relay needs a pool, not
@@ -57,6 +60,7 @@ func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
 		destination: traceDestination(pub)}
+	r.circuits = &breaker{store: r.store, log: r.log, horizon: DefaultProbeHorizon}
 	// One connection claims while each batch in flight may hold one to be marked: a batch
 	// waiting for a connection would eat into its mark budget.
 	if n := int(db.Config().MaxConns) - 1; n < r.inFlight {
@@ -505,6 +509,10 @@ func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, o
 	// SIGTERM behind a pinned xmin horizon.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
+	// Closing a circuit whose probe was delivered wakes the events held behind it: read
+	// before the claim, so the claim can take them (cached: at most one read a second),
+	// within the claim's bound.
+	r.circuits.current(cctx)
 	// An event over MaxInFlightBytes is more than the drain may ever hold: the claim hands
 	// it back to be dead-lettered rather than let it kill this process and the next.
 	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes,
@@ -535,6 +543,8 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-r.cfg.MarkTimeout).Before(pubDeadline) {
 		pubDeadline = dl.Add(-r.cfg.MarkTimeout)
 	}
+	// Events of destinations whose consumer is down stay in the outbox (circuit.go).
+	hold := r.holdOpenCircuits(ctx, r.cfg.ClaimTimeout, &c)
 	out, unblocked := r.publishBatch(ctx, c, pubDeadline, &st)
 	st.more = st.more || unblocked
 
@@ -547,6 +557,9 @@ func (r *Relay) processBatch(ctx context.Context, lease outboxstore.Lease, c out
 		err = r.recordTraced(mctx, lease, out, &st)
 	} else {
 		err = r.record(mctx, lease, out, &st)
+	}
+	if herr := r.settleCircuits(mctx, lease, hold, out.published, &st); herr != nil {
+		err = errors.Join(err, fmt.Errorf("record batch outcome: %w", herr))
 	}
 	return st, err
 }

@@ -7,13 +7,21 @@
 //	permanent (malformed JSON, unknown    489 + Upstash-NonRetryable-Error: true
 //	  topic, payload conflict, handler      (QStash stops retrying; the failure
 //	  error marked with Permanent)          callback records a dead letter)
+//
+// A transient failure is never dead-lettered: when QStash's retries run out, the failure
+// callback puts the event back in the outbox and the relay holds its topic until a probe
+// is delivered (docs/reliability.md, "Consumer outage").
+//
 //	body over MaxBodyBytes                489 + Upstash-NonRetryable-Error: true,
 //	                                        code body_too_large, nothing written
 //	bad or missing signature, or          401, generic body, nothing written
 //	  X-Outbox-Id / X-Outbox-Generation
 //	  contradicting the signed URL
-//	transient (database down, timeouts,   500 (QStash retries)
-//	  any unmarked error)
+//	not now: database unreachable,        503 + Retry-After (QStash retries then, not
+//	  handler over its budget               on its own backoff; nothing written)
+//	  (HandlerTimeout), handler error
+//	  marked with Later
+//	transient (any other unmarked error)  500 (QStash retries)
 //	other paths / methods                 404 / 405
 //
 // The message id is the outbox id in the signed URL's query (?outbox_id=<id>&generation=<n>,

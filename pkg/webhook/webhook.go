@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -121,6 +122,18 @@ type Config struct {
 	// Legacy, when set, is the fallback for deliveries published before the message id
 	// moved into the signed URL (see LegacyOutbox). Nil refuses them: 489 missing_message_id.
 	Legacy LegacyCheck
+	// SharesOutbox says that the outbox this webhook receives from is the outbox table of
+	// Pool's database (the relay and the consumer share it). Then a delivery of an event
+	// generation the outbox row has left behind (the event was put back in the outbox by
+	// a consumer outage, or redriven, and will come again under its new generation, in its
+	// key's order) is acknowledged with 200 superseded and not applied. Leave it false
+	// when Pool's database has an outbox table of its own: ids would not match.
+	SharesOutbox bool
+	// HandlerTimeout bounds one delivery's handler and inbox transaction; past it the
+	// transaction rolls back and the webhook answers 503 with Retry-After. Default
+	// DefaultHandlerTimeout; the budget always ends AnswerMargin before the request's own
+	// deadline (a Lambda invocation's), so QStash gets an answer, never a timeout.
+	HandlerTimeout time.Duration
 	// Tracer, when set, runs every verified delivery inside a consumer span
 	// (tracing.StartDelivery: the producer span's child on the first delivery, a new trace
 	// linked to it on a redelivery) with a child span around the inbox transaction. Nil
@@ -133,6 +146,7 @@ func (c Config) WithDefaults() Config {
 	c.Consumer = cmp.Or(c.Consumer, DefaultConsumer)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
 	return c
 }
 
@@ -145,6 +159,9 @@ func (c Config) Validate() error {
 	receive.CheckConfig(bad, c.Verifier, c.MaxBodyBytes, "deliveries", "DefaultMaxBodyBytes")
 	if len(c.Handlers) == 0 {
 		bad.Bad("Handlers", "is empty; register at least one topic")
+	}
+	if c.HandlerTimeout < 0 {
+		bad.Bad("HandlerTimeout", "%v is negative", c.HandlerTimeout)
 	}
 	for topic, fn := range c.Handlers {
 		if err := outbox.ValidTopic(topic); err != nil {
@@ -252,9 +269,11 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	headers.Del(receive.HeaderSignature)
 	d := Delivery{Topic: topic, MessageID: id.MessageID(), Generation: id.Generation, Payload: body, Headers: headers, Attempt: attempt}
 	sum := sha256.Sum256(body)
+	budget, cancel := h.handlerBudget(ctx)
+	defer cancel()
 	// The handler's own error, before the inbox wraps it: its text is the reason a 489 gives.
 	var handlerErr error
-	outcome, err := h.handleOnce(ctx, func(ctx context.Context, tx pgx.Tx, d Delivery) error {
+	outcome, err := h.handleOnce(budget, func(ctx context.Context, tx pgx.Tx, d Delivery) error {
 		handlerErr = fn(ctx, tx, d)
 		return handlerErr
 	}, d, sum[:])
@@ -266,6 +285,8 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		a.Reply(receive.ReplyDuplicate, slog.LevelInfo, "webhook delivery already processed")
 	case err == nil:
 		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
+	case errors.Is(err, errSuperseded):
+		a.Reply(replySuperseded, slog.LevelInfo, "webhook delivery superseded: its event is back in the outbox and comes again under a new generation")
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
 		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
@@ -273,6 +294,12 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		a.Message = reason(cmp.Or(handlerErr, err))
 		a.Reply(replyRejected, slog.LevelWarn, "webhook delivery rejected permanently", slog.Any("error", err))
 	default:
+		if rep, after, ok := notNow(err, budget, r.Context()); ok {
+			setRetryAfter(w, after)
+			a.Reply(rep, slog.LevelError, "webhook delivery not applied now; QStash will retry after Retry-After",
+				slog.Any("error", err), slog.Duration("retry_after", after))
+			return
+		}
 		a.Reply(receive.ReplyTransient, slog.LevelError, "webhook delivery failed; QStash will retry", slog.Any("error", err))
 	}
 }
@@ -296,7 +323,14 @@ const inboxOutcomeKey = attribute.Key("outbox.inbox_outcome")
 // commit" span (the delivery span's child) when tracing is on, so spans the handler starts
 // from ctx nest under the transaction they commit with.
 func (h *Handler) handleOnce(ctx context.Context, fn HandlerFunc, d Delivery, sum []byte) (inbox.Outcome, error) {
-	work := func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, d) }
+	work := func(ctx context.Context, tx pgx.Tx) error {
+		if h.cfg.SharesOutbox {
+			if old, err := superseded(ctx, tx, d); err != nil || old {
+				return cmp.Or(err, errSuperseded)
+			}
+		}
+		return fn(ctx, tx, d)
+	}
 	if h.cfg.Tracer == nil {
 		return inbox.HandleOnce(ctx, h.cfg.Pool, inbox.Message{Consumer: h.cfg.Consumer, ID: d.MessageID, PayloadHash: sum, Retried: &d.Attempt}, work)
 	}

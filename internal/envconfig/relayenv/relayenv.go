@@ -94,6 +94,7 @@ func readPublisher(r *envconfig.Reader) qstash.PublisherConfig {
 			pub.Retries = qstash.NoRetries
 		}
 	}
+	pub.RetryDelay, _ = r.Duration("QSTASH_RETRY_DELAY", "RetryDelay")
 	pub.FIFOQueues, _ = r.Int("FIFO_QUEUES", 1, 1000, "FIFOQueues")
 	if n, ok := r.Int("QSTASH_MAX_MESSAGE_BYTES", 1, qstash.MaxRequestBytes, "MaxMessageBytes"); ok {
 		pub.MaxMessageBytes = int64(n)

@@ -64,6 +64,7 @@ func TestReadEverySetting(t *testing.T) {
 		"PUBLISH_CONCURRENCY": "8", "PUBLISH_TIMEOUT": "5s", "MAX_ATTEMPTS": "6", "BACKOFF_BASE": "10s", "BACKOFF_MAX": "10m",
 		"IDLE_GAP": "2500ms", "OUTBOX_RETENTION": "3d", "DEDUPE_TTL": "30d", "METRICS_NAMESPACE": "Shop", "LOG_LEVEL": "DEBUG",
 		"OUTBOX_NAME": "shop-prod", "QSTASH_PLAN": "Free", "QSTASH_MAX_MESSAGE_BYTES": "500000", "QSTASH_MAX_REQUEST_BYTES": "1048576",
+		"QSTASH_RETRY_DELAY": "20s",
 	})
 	c, err := Read(env(m))
 	if err != nil {
@@ -72,7 +73,8 @@ func TestReadEverySetting(t *testing.T) {
 	if c.Publisher.Retries != qstash.NoRetries || c.Publisher.Ordering != publish.OrderingFIFO || c.Publisher.FIFOQueues != 4 ||
 		c.Publisher.BaseURL != "http://127.0.0.1:8080" || c.Publisher.FailureCallbackURL != "https://fail.example.com/" ||
 		c.Publisher.RequestTimeout != 5*time.Second || c.Publisher.Name != "shop-prod" || c.Publisher.QueuePrefix != "shop-prod" ||
-		c.Publisher.Plan != qstash.PlanFree || c.Publisher.MaxMessageBytes != 500_000 || c.Publisher.MaxRequestBytes != 1<<20 {
+		c.Publisher.Plan != qstash.PlanFree || c.Publisher.MaxMessageBytes != 500_000 || c.Publisher.MaxRequestBytes != 1<<20 ||
+		c.Publisher.RetryDelay != 20*time.Second {
 		t.Fatalf("publisher: %+v", c.Publisher)
 	}
 	if c.Relay.BatchSize != 250 || c.Relay.Lease != 45*time.Second || c.Relay.PublishTimeout != 5*time.Second ||
@@ -101,6 +103,7 @@ func TestReadReportsEverythingAtOnce(t *testing.T) {
 		"BATCH_SIZE": "0", "PUBLISH_CONCURRENCY": "0", "LEASE": "ten", "PUBLISH_TIMEOUT": "-1s", "MAX_ATTEMPTS": "many", "BACKOFF_BASE": "1x",
 		"BACKOFF_MAX": "y", "IDLE_GAP": "z", "OUTBOX_RETENTION": "forever", "DEDUPE_TTL": "1h", "LOG_LEVEL": "loud",
 		"OUTBOX_NAME": "a:b", "QSTASH_PLAN": "gold", "QSTASH_MAX_MESSAGE_BYTES": "0", "QSTASH_MAX_REQUEST_BYTES": "1",
+		"QSTASH_RETRY_DELAY": "soon",
 	}
 	_, err := Read(env(bad))
 	if err == nil {

@@ -1,0 +1,159 @@
+package deadletter_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+)
+
+// finalFailure is the failure callback QStash sends after a delivery's last retry: status
+// (0: no response, a timeout or a refused connection) and the destination's headers.
+func finalFailure(outboxID int64, gen int, msgID string, status int, header map[string][]string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"status": status, "header": header, "body": base64.StdEncoding.EncodeToString([]byte(`upstream down`)),
+		"retried": 3, "maxRetries": 3, "dlqId": "dlq-" + msgID, "sourceMessageId": msgID,
+		"url": destination(outboxID, gen), "method": "POST",
+		"sourceBody": base64.StdEncoding.EncodeToString([]byte(`{"n":1}`)),
+	})
+	return b
+}
+
+// TestCallbackOutageReschedulesPoisonDeadLetters: a final failure the destination did not
+// blame on the event (a 5xx, a timeout, a 429) puts the row back to pending under a new
+// generation and writes no letter, however often QStash repeats the callback; a 489
+// (with or without Upstash-NonRetryable-Error) or the header alone dead-letters the event,
+// exactly once. A callback that beats the relay's mark is answered 500 and changes nothing.
+// The outage opens its topic's circuit.
+func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	var outcomes []string
+	h := newCallbackHandler(t, db, func(c *deadletter.CallbackConfig) { c.Observe = func(o string) { outcomes = append(outcomes, o) } })
+	serve := func(body []byte, want int) {
+		t.Helper()
+		if w := serveCallback(h, signedCallback(t, failureURL, body)); w.Code != want {
+			t.Fatalf("status %d %s, want %d", w.Code, w.Body, want)
+		}
+	}
+	openLetters := func(id int64) int {
+		return db.Count(t, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND resolved_at IS NULL`, id)
+	}
+	nonRetryable := map[string][]string{"Upstash-Nonretryable-Error": {"true"}}
+
+	// The callback beat the relay's mark: the row is leased, still at the failed generation.
+	id := enqueue(t, db, "order.created", "unmarked", `{"n":1}`)
+	claimAlone(t, db, id)
+	serve(finalFailure(id, 0, "msg-early", 500, nil), http.StatusInternalServerError)
+	if row := readOutbox(t, db, id); !row.leased || row.gen != 0 || row.dead || openLetters(id) != 0 {
+		t.Fatalf("early callback changed the row %+v", row)
+	}
+
+	outages := []struct {
+		name   string
+		status int
+	}{{"HTTP 500", 500}, {"HTTP 503", 503}, {"timeout", 0}, {"HTTP 429", 429}}
+	for i, o := range outages {
+		id := enqueue(t, db, "order.created", "outage", `{"n":1}`)
+		dispatch(t, db, id)
+		msg := "msg-outage-" + itoa(int64(i))
+		serve(finalFailure(id, 0, msg, o.status, map[string][]string{"Content-Type": {"text/plain"}}), http.StatusOK)
+		row := readOutbox(t, db, id)
+		if row.dispatched || row.dead || row.gen != 1 || row.attempts != 0 || row.leased || row.lastError == nil ||
+			!strings.Contains(*row.lastError, "qstash delivery failed") {
+			t.Fatalf("%s: row after the callback %+v, want pending at generation 1 with the failure as last_error", o.name, row)
+		}
+		// QStash retries a callback it thinks failed: the row has left generation 0, so the
+		// repeat is history (a resolved letter), never a second reopen or an open letter.
+		serve(finalFailure(id, 0, msg, o.status, nil), http.StatusOK)
+		if row := readOutbox(t, db, id); row.gen != 1 || row.dispatched {
+			t.Fatalf("%s: repeated callback moved the row on: %+v", o.name, row)
+		}
+		if n := openLetters(id); n != 0 {
+			t.Fatalf("%s: %d open letters for an outage", o.name, n)
+		}
+	}
+	// The outage opened its topic's circuit (the relay holds the topic and probes it); each
+	// reopen counted once, the repeats not at all.
+	if n := db.Count(t, `SELECT failures FROM outbox_circuits WHERE topic = 'order.created' AND probe_id IS NULL AND probe_at > now()`); n != len(outages) {
+		t.Fatalf("circuit counted %d failures, want %d", n, len(outages))
+	}
+	wantOutcomes := "transient," + strings.Repeat("rescheduled,superseded,", len(outages))
+
+	poisons := []struct {
+		name   string
+		status int
+		header map[string][]string
+	}{{"489 + header", 489, nonRetryable}, {"489 alone", 489, nil}, {"header alone", 400, nonRetryable}}
+	for i, p := range poisons {
+		id := enqueue(t, db, "order.created", "poison", `{"n":1}`)
+		dispatch(t, db, id)
+		msg := "msg-poison-" + itoa(int64(i))
+		for range 2 {
+			serve(finalFailure(id, 0, msg, p.status, p.header), http.StatusOK)
+		}
+		if row := readOutbox(t, db, id); !row.dead || row.gen != 0 {
+			t.Fatalf("%s: row %+v, want dead-lettered at generation 0", p.name, row)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE outbox_id = $1`, id); n != 1 || openLetters(id) != 1 {
+			t.Fatalf("%s: %d letters, want exactly one, open", p.name, n)
+		}
+		wantOutcomes += "recorded,duplicate,"
+	}
+
+	// No outbox row (retention deleted it, or an unknown id): only a letter keeps it.
+	serve(finalFailure(1<<40, 0, "msg-gone", 500, nil), http.StatusOK)
+	if n := db.Count(t, `SELECT count(*) FROM dead_letters WHERE qstash_message_id = 'msg-gone' AND resolved_at IS NULL`); n != 1 {
+		t.Fatalf("%d letters for a failure without a row, want 1", n)
+	}
+	wantOutcomes += "recorded"
+	if got := strings.Join(outcomes, ","); got != wantOutcomes {
+		t.Fatalf("outcomes\n%s\nwant\n%s", got, wantOutcomes)
+	}
+}
+
+func TestDeliveryFailurePermanent(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		status int
+		header map[string][]string
+		want   bool
+	}{
+		{489, nil, true},
+		{500, map[string][]string{"upstash-nonretryable-error": {" TRUE "}}, true},
+		{500, map[string][]string{"Upstash-NonRetryable-Error": {"false"}}, false},
+		{500, nil, false},
+		{0, nil, false},
+		{404, nil, false},
+	}
+	for _, c := range cases {
+		if got := (deadletter.DeliveryFailure{Status: c.status, ResponseHeader: c.header}).Permanent(); got != c.want {
+			t.Errorf("status %d header %v: Permanent %v, want %v", c.status, c.header, got, c.want)
+		}
+	}
+}
+
+// TestReopenBeforeMigration0018: on a schema without the circuit table (the failure
+// function deployed before `migrate up`), a transient failure is still rescheduled, only
+// no circuit is opened.
+func TestReopenBeforeMigration0018(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), `DROP TABLE outbox_circuits`); err != nil {
+		t.Fatal(err)
+	}
+	id := enqueue(t, db, "order.created", "k", `{"n":1}`)
+	dispatch(t, db, id)
+	gen := 0
+	r, err := deadletter.Reopen(context.Background(), db.Pool, deadletter.DeliveryFailure{QStashMessageID: "m", Status: 503,
+		OutboxID: outbox.ID(id), Generation: &gen}, deadletter.ProbeSchedule{})
+	if err != nil || r.State != deadletter.ReopenDone || r.Generation != 1 {
+		t.Fatalf("reopen %+v %v", r, err)
+	}
+}
