@@ -249,8 +249,11 @@ func TestRetentionTask(t *testing.T) {
 func TestDLQSyncTask(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
+	// A permanent refusal: QStash puts the message in its DLQ at once, and dlq sync records
+	// it (a transient one would go back to the outbox: pkg/deadletter TestSyncReschedulesOutage).
 	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusInternalServerError)
+		w.Header().Set("Upstash-NonRetryable-Error", "true")
+		w.WriteHeader(489)
 	}))
 	t.Cleanup(failing.Close)
 	s.env["PUBLIC_BASE_URL"], s.env["QSTASH_RETRIES"] = failing.URL, "0"
