@@ -1,4 +1,4 @@
-module github.com/outbox-relay/outbox-relay/v2
+module github.com/outbox-relay/outbox-relay/v3
 
 go 1.26.0
 

@@ -12,11 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // oldRelease is a released binary whose statements are kept in testdata, verbatim from git

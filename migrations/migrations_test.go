@@ -19,14 +19,14 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
-	"github.com/outbox-relay/outbox-relay/v2/migrations"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/migrations"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // migrateTo applies the migrations up to version, as a database deployed before the later

@@ -11,8 +11,8 @@ import (
 	"runtime/pprof"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/bench"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/bench"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // runBench runs the benchmark scenarios against DATABASE_URL, each in a throwaway

@@ -9,8 +9,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/chaos"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]

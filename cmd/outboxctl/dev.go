@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
-	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/v3/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 func runDev(ctx context.Context, e env, args []string) error {

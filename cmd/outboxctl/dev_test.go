@@ -13,10 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // buildCLI compiles outboxctl into a temporary directory, with flags added to go build.

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 )
 
 const dlqUsage = `usage:

@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 )
 
 // defaultGroupLetters is how many letters dlq show --group lists by default.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/kick"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/kick"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 const enqueueUsage = `usage: outboxctl enqueue [--json] < events.jsonl

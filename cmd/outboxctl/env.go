@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/envdoc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/envdoc"
 )
 
 // runEnv prints the reference of every environment variable (package envdoc) as markdown:

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/envdoc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/envdoc"
 )
 
 func TestEnvCommandPrintsTheReference(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the commands' --json output")

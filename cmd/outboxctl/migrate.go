@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
 )
 
 func databaseURL(e env) (string, error) {

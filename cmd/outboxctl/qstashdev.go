@@ -7,8 +7,8 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // runQStashDev runs the local QStash-compatible server until ctx is cancelled, printing

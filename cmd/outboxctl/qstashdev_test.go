@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
 )
 
 // TestQStashDevRefusesBadOptions: a plan, batch-error shape or negative latency it does not

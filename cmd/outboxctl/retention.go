@@ -8,9 +8,9 @@ import (
 	"log/slog"
 	"strconv"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/relayfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/retention"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/relayfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/retention"
 )
 
 const retentionUsage = `usage: outboxctl retention run [--outbox-retention 7d] [--dedupe-ttl 14d] [--delete-batch 1000]

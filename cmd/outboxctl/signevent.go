@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // runSignEvent re-signs a sample Lambda Function URL event: it sets the upstash-signature

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/humanize"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/humanize"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health"
 )
 
 const statusUsage = `usage: outboxctl status [--json] [--max-oldest-age 5m] [--max-dead-letters 0] [--max-stuck-leases 0]

@@ -7,7 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
 )
 
 // Service names (OTEL_SERVICE_NAME unless the environment sets one): outboxctl's own, and

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/console"
 )
 
 const uiUsage = `usage: outboxctl ui [--listen 127.0.0.1:8089] [--allow-redrive] [--token T] [-v]

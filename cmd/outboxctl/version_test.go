@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
 )
 
 func TestVersionFromBuildInfo(t *testing.T) {

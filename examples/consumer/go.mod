@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/outbox-relay/outbox-relay/v2 v2.0.0
+	github.com/outbox-relay/outbox-relay/v3 v3.0.0
 )
 
 require (
@@ -26,4 +26,4 @@ require (
 )
 
 // This example builds against the checkout it sits in; your module drops this line.
-replace github.com/outbox-relay/outbox-relay/v2 => ../..
+replace github.com/outbox-relay/outbox-relay/v3 => ../..

@@ -22,9 +22,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/funcurl"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // handlers are the topics this consumer applies.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
 )
 
 func TestParseOrderCreated(t *testing.T) {

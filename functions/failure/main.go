@@ -13,10 +13,10 @@ package main
 import (
 	"net/http"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 )
 
 func main() { receiver.Main() }

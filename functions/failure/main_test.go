@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc/receivertest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc/receivertest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 )
 
 // TestReceiver: the function reads its environment as every receiver does, and its cold

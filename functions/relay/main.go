@@ -8,6 +8,6 @@
 // are required. The cold start and the handler are package relayfunc.
 package main
 
-import "github.com/outbox-relay/outbox-relay/v2/internal/relayfunc"
+import "github.com/outbox-relay/outbox-relay/v3/internal/relayfunc"
 
 func main() { relayfunc.Main() }

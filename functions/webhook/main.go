@@ -14,11 +14,11 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 func main() { receiver.Main() }

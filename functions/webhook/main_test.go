@@ -4,11 +4,11 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // TestListenAddrNeedsPublicBaseURL: served over net/http (LISTEN_ADDR) the webhook has no

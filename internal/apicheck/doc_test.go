@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/gosrc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/gosrc"
 )
 
 // TestExportedNamesDocumented fails with the list of exported identifiers in pkg/ (types,

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/awstest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awstest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(awstest.Main(m)) }

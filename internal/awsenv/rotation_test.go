@@ -17,17 +17,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/awstest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awstest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // appDB is a database whose password is in a Secrets Manager secret on moto, resolved

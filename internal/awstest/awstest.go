@@ -42,7 +42,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
 )
 
 // Region and the dummy credentials every Account uses. moto accepts any signature; the SDK

@@ -11,7 +11,7 @@ import (
 	smtypes "github.com/aws/aws-sdk-go-v2/service/secretsmanager/types"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awstest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awstest"
 )
 
 func TestMain(m *testing.M) { os.Exit(awstest.Main(m)) }

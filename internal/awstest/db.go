@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster/clustertest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster/clustertest"
 )
 
 // DB is a database whose password lives in a Secrets Manager secret, as an RDS instance's

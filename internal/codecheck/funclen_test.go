@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/gosrc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/gosrc"
 )
 
 // maxFuncLines is the longest a function may be, counted from its func line to its closing

@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // Positive returns v, or def when v is zero or negative: the default of a size, a count or

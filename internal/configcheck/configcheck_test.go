@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck/configchecktest"
 )
 
 func TestProblems(t *testing.T) {

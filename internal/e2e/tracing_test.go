@@ -13,11 +13,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // TestTraceFromProducerToCommit: every event is enqueued inside its own producer span and

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 func TestReadWebhookDefaultsAndOverrides(t *testing.T) {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/health"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 func TestCollectAttempts(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
 )
 
 // Circuit is an open consumer circuit (migration 0018): a topic whose consumer is down.

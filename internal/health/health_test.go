@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/health"
-	"github.com/outbox-relay/outbox-relay/v2/internal/health/healthtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health/healthtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 func exec(t *testing.T, db *pgtest.DB, sql string, args ...any) {

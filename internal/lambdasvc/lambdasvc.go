@@ -28,7 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/rie"
+	"github.com/outbox-relay/outbox-relay/v3/internal/rie"
 )
 
 // Defaults for FunctionConfig.

@@ -17,9 +17,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdasvc"
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdasvc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
 )
 
 var tmpDir string

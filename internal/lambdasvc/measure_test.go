@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/kick"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/kick"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // measureEnv turns TestMeasureDeployedShape on: it runs for minutes, so not by default.

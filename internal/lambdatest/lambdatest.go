@@ -7,8 +7,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/v2/internal/rie"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/internal/rie"
 )
 
 // InvokePath is the emulator's invoke endpoint.

@@ -11,9 +11,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdasvc"
-	"github.com/outbox-relay/outbox-relay/v2/internal/rie"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/kick"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdasvc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/rie"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/kick"
 )
 
 // deployedRelay is the relay as `sam deploy` runs it: the built functions/relay bootstrap

@@ -21,13 +21,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // Options configures Run. Zero values take the defaults noted.

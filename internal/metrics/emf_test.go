@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v3/internal/origin"
 )
 
 func TestOrigin(t *testing.T) {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // BenchmarkClaim measures one claim of 1,000 rows (8 batches in flight, the relay's

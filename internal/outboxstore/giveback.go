@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // DefaultMaxDeaths is ClaimRequest.MaxDeaths' default: a row is dead-lettered at the

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // HeldError is the last_error of a row the relay holds because its destination's circuit

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // Store runs the relay's statements on the outbox table. Every statement after Claim is

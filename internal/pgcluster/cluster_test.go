@@ -5,8 +5,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster/clustertest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster/clustertest"
 )
 
 // TestThrowawayCluster: a started cluster answers queries, and again after a restart.

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // Query parameters that carry a message's identity in the destination URL the relay

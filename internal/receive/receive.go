@@ -16,9 +16,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // Headers QStash sends with a delivery, and the ones a receiver answers with.

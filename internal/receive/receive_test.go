@@ -10,8 +10,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 func TestFromURL(t *testing.T) {

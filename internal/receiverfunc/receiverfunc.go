@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/funcurl"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // MaxConns: one Lambda environment serves one invoke at a time; the database's connection

@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 const (

@@ -26,7 +26,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
 )
 
 // InvokePath is the emulator's invoke endpoint.

@@ -14,15 +14,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/samtemplate"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
 )
 
-const modulePath = "github.com/outbox-relay/outbox-relay/v2"
+const modulePath = "github.com/outbox-relay/outbox-relay/v3"
 
 // functionIDs are the template's functions, by logical id.
 var functionIDs = []string{"RelayFunction", "WebhookFunction", "FailureFunction"}

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // TestRIERelayIsolatesTheEventThatKillsIt runs the relay bootstrap as built under

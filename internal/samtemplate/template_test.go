@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/internal/samtemplate"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 func TestParseShortTags(t *testing.T) {

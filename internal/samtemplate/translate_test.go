@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/v2/internal/samtemplate"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/internal/samtemplate"
 )
 
 // translateScript runs AWS's SAM translator (aws-sam-translator, which cfn-lint brings) over

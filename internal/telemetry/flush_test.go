@@ -10,7 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
 )
 
 // batching returns a provider that exports only in batches an hour apart, so a span

@@ -4,9 +4,9 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing/tracingtest"
 )
 
 // TestLogHandlerAddsTraceIDs: a line logged with a span's context carries that span's

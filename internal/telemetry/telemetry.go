@@ -20,7 +20,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
 )
 
 // Variables are the OTEL_* variables the SAM template passes to the functions (from its

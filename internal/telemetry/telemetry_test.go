@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
 )
 
 func TestEnabled(t *testing.T) {

@@ -20,12 +20,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/lambdatest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/lambdatest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // block is one fenced code block of the README.
@@ -161,7 +161,7 @@ func TestTourRunsAsWritten(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("go.mod", fmt.Sprintf("module example.com/tour\n\n%s\n\nrequire %s v2.0.0\n\nreplace %s => %s\n", goLine, module, module, root))
+	write("go.mod", fmt.Sprintf("module example.com/tour\n\n%s\n\nrequire %s v3.0.0\n\nreplace %s => %s\n", goLine, module, module, root))
 	// The checkout's go.sum covers every module the tour's imports reach; -mod=mod adds the
 	// requirements the build needs to go.mod, at the versions the project's go.mod selects.
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))

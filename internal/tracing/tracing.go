@@ -28,7 +28,7 @@ import (
 )
 
 // InstrumentationName names the tracer of every span this project records.
-const InstrumentationName = "github.com/outbox-relay/outbox-relay/v2"
+const InstrumentationName = "github.com/outbox-relay/outbox-relay/v3"
 
 // Header names of the W3C trace context, as stored in an outbox row's headers and
 // forwarded to the consumer.

@@ -9,8 +9,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing/tracingtest"
 )
 
 func recorder(t *testing.T) (*tracetest.SpanRecorder, trace.Tracer) {

@@ -5,9 +5,9 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // FuzzFailureCallback drives the recorder's request path with arbitrary bodies, signed or

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // seedCauses writes 1,000 dead letters from three causes, each through another writer, with

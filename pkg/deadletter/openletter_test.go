@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // TestRelayAndCallbackDeadLetterSameRowConcurrently: the relay gives up on a claimed row

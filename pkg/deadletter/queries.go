@@ -1,6 +1,6 @@
 package deadletter
 
-import "github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
+import "github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
 
 // letterColumns is the column list every read returns, in scanLetter's order.
 const letterColumns = `

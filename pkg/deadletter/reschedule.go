@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
 )
 
 // Permanent reports whether the delivery failed for the event's own fault: the destination

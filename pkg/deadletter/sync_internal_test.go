@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // TestMatcher pins which QStash DLQ entries are this outbox's.

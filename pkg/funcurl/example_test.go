@@ -9,7 +9,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/funcurl"
 )
 
 // New turns an http.Handler into a Function URL Lambda's handler: the event becomes a

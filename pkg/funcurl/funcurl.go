@@ -25,9 +25,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
 )
 
 // DefaultMaxBodyBytes is Lambda's own limit on a synchronous invocation payload (6 MB).

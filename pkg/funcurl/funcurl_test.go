@@ -12,14 +12,14 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/funcurl"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/funcurl"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 const domain = "abc123.lambda-url.eu-west-1.on.aws"

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
 )
 
 // Querier is what Enqueue writes through: pgx.Tx in real use (so the event commits or rolls

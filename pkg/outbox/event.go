@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
 )
 
 // ID identifies an outbox row. It is also the message id every consumer dedupes on.

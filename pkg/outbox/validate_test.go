@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // FuzzLimitsValidate: an event Validate accepts is one Postgres stores (inside a

@@ -19,8 +19,8 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/v2/migrations"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/migrations"
 )
 
 // MigrationStatus is one migration file and whether it has been applied.

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
 )
 
 func TestNullIfZero(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // A publisher of your own (any queue behind relay.Publisher) reports each message's fate

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // lateTransport answers every request at once and leaves its body unread, as a transport

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // Defaults for PublisherConfig.

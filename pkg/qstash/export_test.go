@@ -1,6 +1,6 @@
 package qstash
 
-import "github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+import "github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 
 // Names and URLs the publisher derives, for the external tests that pin them.
 var (

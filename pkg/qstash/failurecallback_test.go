@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 func TestDecodeFailureCallback(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // Publisher publishes claimed outbox messages to QStash through /v2/batch, one result per

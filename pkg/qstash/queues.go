@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // queue is a QStash queue as GET /v2/queues/{name} describes it.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
 )
 
 // Dev server credentials, published by Upstash for its local QStash server. The project's

@@ -15,8 +15,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 const testURL = "https://hooks.example.com/events/order.created"

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 const fuzzURL = "https://hooks.example.com/events/order.created"

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck/configchecktest"
 )
 
 func TestBackoff(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // A circuit per destination (topic) holds a down consumer's events in the outbox instead

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 type idleRun struct {

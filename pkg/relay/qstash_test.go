@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // localQStash starts the local QStash server with opts, and a destination that accepts

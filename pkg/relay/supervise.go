@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
 )
 
 // Defaults for SuperviseConfig.

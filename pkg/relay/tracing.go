@@ -8,10 +8,10 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/outboxstore"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // defaultTraceDestination names the batch span's destination when the publisher does not

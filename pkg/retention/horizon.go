@@ -5,8 +5,8 @@ import (
 	"math"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // maxDeliveryAttempt bounds how long one QStash delivery attempt can be in flight: the

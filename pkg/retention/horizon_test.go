@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 func TestQStashRetryHorizon(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
 )
 
 // Defaults for Config.

@@ -1,6 +1,6 @@
 package webhook
 
-import "github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+import "github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 
 // Permanent is publish.Permanent, under the name a handler's author looks for: a handler
 // error it marks is answered 489 with Upstash-NonRetryable-Error, so QStash stops retrying

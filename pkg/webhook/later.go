@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
 )
 
 // Defaults for the webhook's answers to a delivery it cannot apply now.

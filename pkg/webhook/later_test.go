@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // TestNotNowAnswersRetryAfter: a delivery the webhook cannot apply now, for a reason it

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // LegacyDelivery is a verified delivery whose signed URL carries no identity (published

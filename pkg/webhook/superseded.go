@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receive"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receive"
 )
 
 // errSuperseded is the inbox work's answer to a delivery of an event generation its outbox

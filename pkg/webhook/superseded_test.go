@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // TestSupersededGenerationAcknowledged: with SharesOutbox, a delivery of a generation the

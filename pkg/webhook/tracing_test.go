@@ -15,12 +15,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/logtest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // traced is a fixture whose handler records spans in rec.

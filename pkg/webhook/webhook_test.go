@@ -15,11 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/configcheck/configchecktest"
-	"github.com/outbox-relay/outbox-relay/v2/internal/origin"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck/configchecktest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/origin"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 const orderPath = "/events/order.created"

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // RequireFields fails t unless err is made only of *publish.ConfigErrors of the

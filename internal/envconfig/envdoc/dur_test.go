@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
 )
 
 // TestDurReadsBackAsWritten: every default the reference prints is what the readers would

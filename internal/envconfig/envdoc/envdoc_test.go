@@ -12,12 +12,12 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/envdoc"
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/gosrc"
-	"github.com/outbox-relay/outbox-relay/v2/internal/telemetry"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/envdoc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/gosrc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/telemetry"
 )
 
 // recorder is a getenv that answers from env and records every name asked for.

@@ -3,7 +3,7 @@ package relayenv
 import (
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // The byte budgets: the library's defaults outside Lambda, the in-flight budget from the

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/envconfig/relayenv"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/relayenv"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // FuzzRelayConfig: whatever the environment, FromEnv does not panic; a configuration it

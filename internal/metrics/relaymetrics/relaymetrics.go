@@ -4,8 +4,8 @@
 package relaymetrics
 
 import (
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // Values returns st's figures as metrics (EMF lines, Prometheus): its Counts under their

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/v2/internal/metrics/relaymetrics"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/v3/internal/metrics/relaymetrics"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // TestValuesCoverEveryCount: each of a drain's counts is a defined metric with its value,

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
 )
 
 // Start starts a cluster that trusts every connection (pgcluster.StartCluster); it stops

@@ -10,8 +10,8 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // StartReceiver checks how r reads its environment (RequireConfig with v), then runs its

@@ -17,10 +17,10 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/receiverfunc"
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing/tracingtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing/tracingtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // Valid returns the variables every receiver requires, with values that parse, plus

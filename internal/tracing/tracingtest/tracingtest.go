@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/v3/internal/tracing"
 )
 
 // New returns a span recorder and a tracer whose spans it records. The provider is

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 )
 
 // MustOpen gives an example (or any code without a testing.TB) a migrated schema of its

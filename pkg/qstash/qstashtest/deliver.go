@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // maxResponseBody bounds what is kept of a destination's response (for the DLQ entry and

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // Destination is a webhook stand-in for tests that need deliveries to land somewhere but

@@ -10,8 +10,8 @@ import (
 
 	upstash "github.com/upstash/qstash-go"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // The local server stands in for QStash in a test: any client configured with its URL and

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
 )
 
 // maxBody bounds a publish or batch request: QStash's 100 MB request limit, answered 413.

@@ -15,10 +15,10 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	upstash "github.com/upstash/qstash-go"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/localqstash"
-	"github.com/outbox-relay/outbox-relay/v2/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/localqstash"
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // TestSDKContract: qstash-go v1.0.0 publishes, batches and enqueues to the server and gets

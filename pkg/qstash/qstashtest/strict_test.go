@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/localqstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/localqstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // wantError checks a production-shaped error answer: the status and a JSON {"error"} body.

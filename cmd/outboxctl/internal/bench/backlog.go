@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/relayfunc"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/internal/relayfunc"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // BacklogConfig sizes the backlog scenario: a large backlog drained through a QStash a round

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster"
 )
 
 // ThrowawayCluster describes a bench run on a cluster StartThrowawayCluster made.

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // FIFOConfig sizes the hot-key scenario.

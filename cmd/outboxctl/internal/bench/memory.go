@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
 // MemoryConfig sizes the memory scenario.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
 )
 
 // Scenario names, in the order Run runs them.

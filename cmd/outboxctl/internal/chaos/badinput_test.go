@@ -3,7 +3,7 @@ package chaos_test
 import (
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
 )
 
 // The hostile-input tests of the webhook and the failure callback live with them (pkg/webhook

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // Counts is what the checker reads from the database after a run.

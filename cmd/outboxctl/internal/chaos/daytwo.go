@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
 )
 
 // Day-two event kinds, as reported in Report.Faults (each injected once when configured).

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/chaos"
-	"github.com/outbox-relay/outbox-relay/v2/internal/awsenv"
-	"github.com/outbox-relay/outbox-relay/v2/internal/pgcluster/clustertest"
-	"github.com/outbox-relay/outbox-relay/v2/migrations"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/v3/internal/awsenv"
+	"github.com/outbox-relay/outbox-relay/v3/internal/pgcluster/clustertest"
+	"github.com/outbox-relay/outbox-relay/v3/migrations"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres"
 )
 
 // dayTwoFromVersion is the schema the day-two run starts on: before the fillfactor (0013)

@@ -17,10 +17,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // Fault kinds, as reported in Report.Faults.

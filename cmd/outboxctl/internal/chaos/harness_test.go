@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/chaos"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // chaosEvents is the bounded CI size; CHAOS_EVENTS overrides it.

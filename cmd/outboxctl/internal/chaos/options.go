@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // Defaults for Options.

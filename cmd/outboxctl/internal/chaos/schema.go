@@ -4,7 +4,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/publish"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 )
 
 // BindFlags registers the run's flags on fs, with o's values (after WithDefaults and

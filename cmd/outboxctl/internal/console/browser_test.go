@@ -14,15 +14,15 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/console"
-	"github.com/outbox-relay/outbox-relay/v2/examples/orders"
-	"github.com/outbox-relay/outbox-relay/v2/internal/localstack"
-	"github.com/outbox-relay/outbox-relay/v2/internal/prereq"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/outbox"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/postgres/pgtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/qstash/qstashtest"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/relay"
-	"github.com/outbox-relay/outbox-relay/v2/pkg/webhook"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/console"
+	"github.com/outbox-relay/outbox-relay/v3/examples/orders"
+	"github.com/outbox-relay/outbox-relay/v3/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v3/internal/prereq"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash/qstashtest"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/webhook"
 )
 
 // ChromiumPath is Debian's chromium package, which .ci/run installs.

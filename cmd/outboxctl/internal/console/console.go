@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health"
 )
 
 // Defaults of Config.

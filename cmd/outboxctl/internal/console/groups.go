@@ -6,7 +6,7 @@ import (
 	"html/template"
 	"net/http"
 
-	"github.com/outbox-relay/outbox-relay/v2/pkg/deadletter"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 )
 
 // Groups shown at most: on the groups page, and on the overview.

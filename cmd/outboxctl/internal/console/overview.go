@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/internal/health"
+	"github.com/outbox-relay/outbox-relay/v3/internal/health"
 )
 
 type overviewData struct {

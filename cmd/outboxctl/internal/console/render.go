@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/v2/cmd/outboxctl/internal/humanize"
+	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/humanize"
 )
 
 //go:embed templates/*.html
