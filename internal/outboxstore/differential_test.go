@@ -398,34 +398,10 @@ func (d *differential) openClaim() (*claimTx, error) {
 		return nil, err
 	}
 	c := &claimTx{tx: tx, eligible: map[outbox.ID]bool{}, pending: map[string][]outbox.ID{}}
-	rows, err := tx.Query(d.ctx, qReference, d.clock)
-	if err != nil {
+	if err := eachRow(d.ctx, tx, func(id outbox.ID, _ string) { c.eligible[id] = true }, qReference, d.clock); err != nil {
 		return c, err
 	}
-	for rows.Next() {
-		var id outbox.ID
-		var key string
-		if err := rows.Scan(&id, &key); err != nil {
-			return c, err
-		}
-		c.eligible[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		return c, err
-	}
-	rows, err = tx.Query(d.ctx, qPendingByKey)
-	if err != nil {
-		return c, err
-	}
-	for rows.Next() {
-		var id outbox.ID
-		var key string
-		if err := rows.Scan(&id, &key); err != nil {
-			return c, err
-		}
-		c.pending[key] = append(c.pending[key], id)
-	}
-	if err := rows.Err(); err != nil {
+	if err := eachRow(d.ctx, tx, func(id outbox.ID, key string) { c.pending[key] = append(c.pending[key], id) }, qPendingByKey); err != nil {
 		return c, err
 	}
 	if c.lease, err = NewLease(); err != nil {
@@ -446,6 +422,24 @@ func (d *differential) openClaim() (*claimTx, error) {
 		c.claimed = append(c.claimed, m.ID)
 	}
 	return c, d.check(c)
+}
+
+// eachRow runs query in tx and calls f with each row's id and partition key.
+func eachRow(ctx context.Context, tx pgx.Tx, f func(outbox.ID, string), query string, args ...any) error {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id outbox.ID
+		var key string
+		if err := rows.Scan(&id, &key); err != nil {
+			return err
+		}
+		f(id, key)
+	}
+	return rows.Err()
 }
 
 // check holds one claim against the reference in its snapshot.
