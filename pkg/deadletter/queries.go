@@ -159,7 +159,9 @@ SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FR
 	// failure of its generation $2 (NULL: the current one), with last_error $3: the same
 	// reset as qResetOutbox (generation+1: a deduplication id QStash has not seen;
 	// available_at the statement's own time, for the claim's walks), for a row that is at
-	// that generation and not dead-lettered. A row still leased at it (the callback beat
+	// that generation and not dead-lettered, whatever the relay thinks of it: a row pending
+	// without a lease may have been published all the same (QStash took it and the answer
+	// was lost: the chaos run's dropped responses). A row still leased at it (the callback beat
 	// its relay's mark: a fast failure, or a relay that died after publishing) loses its
 	// lease here: the relay's mark, conditioned on the lease, changes nothing (lease
 	// fencing), and the row is published again under the new generation. It returns the
@@ -170,7 +172,8 @@ SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FR
 	reopenHead      = `
 WITH RECURSIVE cur AS (
     SELECT o.id, o.generation, o.topic, o.partition_key, o.dispatched_at,
-           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
+           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead,
+           o.lease_token IS NOT NULL AS leased
     FROM outbox o
     WHERE o.id = $1::bigint
     FOR UPDATE
