@@ -268,13 +268,16 @@ func TestDLQSync(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	qs := qstashtest.NewTestServer(t, qstashtest.Options{})
+	// The webhook rejects the event (489 + Upstash-NonRetryable-Error): a dead letter. A 5xx
+	// would be an outage, which dlq sync reschedules (pkg/deadletter TestSyncReschedulesOutage).
 	webhook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusInternalServerError)
+		w.Header().Set("Upstash-NonRetryable-Error", "true")
+		w.WriteHeader(489)
 	}))
 	t.Cleanup(webhook.Close)
 	vars := map[string]string{"DATABASE_URL": db.URL, "QSTASH_URL": qs.URL, "QSTASH_TOKEN": qs.Token, "PUBLIC_BASE_URL": webhook.URL}
 
-	// One event delivered to a webhook that fails it, with no failure callback configured:
+	// One event delivered to a webhook that rejects it, with no failure callback configured:
 	// the dead letter exists only in QStash's DLQ.
 	id, err := outbox.Enqueue(ctx, db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "order:1", Payload: json.RawMessage(`{"order_id":"o-1"}`)})
 	if err != nil {
@@ -294,7 +297,7 @@ func TestDLQSync(t *testing.T) {
 		t.Fatalf("dlq sync: %d\n%s%s", code, out, stderr)
 	}
 	code, out, _ = runCLI(t, db.URL, "dlq", "list")
-	if code != 0 || !strings.Contains(out, "order.created") || !strings.Contains(out, "HTTP 500") {
+	if code != 0 || !strings.Contains(out, "order.created") || !strings.Contains(out, "HTTP 489") {
 		t.Fatalf("list after sync: %d %s", code, out)
 	}
 	code, out, stderr = runCLIEnv(t, vars, "dlq", "sync", "--delete-synced", "--json")

@@ -59,6 +59,9 @@ func dlqSync(ctx context.Context, e env, args []string) error {
 	} else {
 		fmt.Fprintf(e.stdout, "read %d QStash DLQ entries in %d page(s): %d recorded as new dead letters, %d recorded resolved (their event was redriven since), %d already recorded, %d being recorded by another writer, %d of other senders left alone\n",
 			res.Scanned, res.Pages, res.Recorded, res.Superseded, res.AlreadyRecorded, res.Pending, res.Foreign)
+		if res.Rescheduled > 0 {
+			fmt.Fprintf(e.stdout, "%d of the resolved failed for a transient reason (the consumer down): their events are back in the outbox, not dead-lettered\n", res.Rescheduled)
+		}
 		if cfg.DeleteSynced {
 			fmt.Fprintf(e.stdout, "deleted %d recorded entries from QStash\n", res.Deleted)
 		}

@@ -52,6 +52,9 @@ type PipelineConfig struct {
 	QStashFront func(http.Handler) http.Handler
 	// ReceiverFront, when set, wraps both receivers (fault injection in front of them).
 	ReceiverFront func(http.Handler) http.Handler
+	// Probes is the probe schedule of the circuits the failure callback opens (zero: the
+	// production schedule, deadletter.CircuitProbeWait doubling to CircuitProbeMaxWait).
+	Probes deadletter.ProbeSchedule
 	// Publisher is the publisher's configuration; BaseURL, Token, DestinationBaseURL and
 	// FailureCallbackURL are filled in by StartPipeline.
 	Publisher qstash.PublisherConfig
@@ -165,12 +168,16 @@ func (p *Pipeline) serveReceivers(cfg PipelineConfig) error {
 	}
 	p.BaseURL = "http://" + ln.Addr().String()
 	p.FailureURL = p.BaseURL + FailurePath
-	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, PublicBaseURL: p.BaseURL, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer})
+	// The outbox is in cfg.Pool's database too: a delivery of a generation its event has
+	// left (rescheduled by a consumer outage) is acknowledged, not applied (SharesOutbox).
+	p.Webhook, err = webhook.New(webhook.Config{Pool: cfg.Pool, Verifier: p.Verifier, Handlers: cfg.Handlers, PublicBaseURL: p.BaseURL, Observe: cfg.Observe, Logger: log, Tracer: cfg.Tracer,
+		SharesOutbox: true})
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log, Tracer: cfg.Tracer})
+	p.Callback, err = deadletter.NewCallbackHandler(deadletter.CallbackConfig{Pool: cfg.Pool, Verifier: p.Verifier, Logger: log, Tracer: cfg.Tracer,
+		Probes: cfg.Probes})
 	if err != nil {
 		ln.Close()
 		return err

@@ -48,17 +48,18 @@ const (
 	// the consumer is up and refused the event), when its row left the probe's generation
 	// other than through a failed probe (a redrive), or is gone, or when it was dispatched
 	// $1 ago and no failure callback reopened it. A failed probe never reaches this
-	// statement: its callback frees the probe slot. A probe still pending at its
-	// generation $1 after it was taken (its relay died before publishing it) is freed.
+	// statement: its callback frees the probe slot. A probe pending at its generation and
+	// no longer leased (its relay did not publish it: held, released, or died and a later
+	// claim held it), or still leased $1 after it was taken, is freed: another may go.
 	qCloseCircuits = `
 WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     -- Each probe's row, one primary-key probe per circuit (LIMIT 1 keeps the lateral a
     -- nested loop: flattened into a join, a table without statistics was merge-joined
     -- over every outbox row, 476 ms over 205,000).
     SELECT c.topic, c.probe_id, c.probe_generation, c.probe_sent_at, o.id IS NOT NULL AS found, o.generation,
-           o.dispatched_at, o.dead_lettered_at IS NOT NULL AS dead
+           o.dispatched_at, o.dead_lettered_at IS NOT NULL AS dead, o.lease_token IS NOT NULL AS leased
     FROM outbox_circuits c
-    LEFT JOIN LATERAL (SELECT o.id, o.generation, o.dispatched_at, o.dead_lettered_at
+    LEFT JOIN LATERAL (SELECT o.id, o.generation, o.dispatched_at, o.dead_lettered_at, o.lease_token
                        FROM outbox o WHERE o.id = c.probe_id LIMIT 1) o ON true
     WHERE c.probe_id IS NOT NULL
 ), closed AS (
@@ -78,7 +79,7 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     SET probe_id = NULL, probe_generation = NULL
     FROM probes p
     WHERE c.topic = p.topic AND c.probe_id = p.probe_id AND p.found AND p.generation = p.probe_generation
-      AND p.dispatched_at IS NULL AND NOT p.dead AND p.probe_sent_at < now() - $1::interval
+      AND p.dispatched_at IS NULL AND NOT p.dead AND (NOT p.leased OR p.probe_sent_at < now() - $1::interval)
 ), woken AS (
     UPDATE outbox
     SET available_at = clock_timestamp()

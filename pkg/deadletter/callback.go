@@ -80,7 +80,6 @@ type CallbackConfig struct {
 //	body over the limit     489 + Upstash-NonRetryable-Error: true, nothing written
 //	bad or missing sig      401, nothing written
 //	database failure        500 (QStash retries the callback)
-//	row not yet marked      500 (the callback beat the relay's mark; QStash asks again)
 //
 // A transient failure (DeliveryFailure.Permanent false: a 5xx, a timeout, any answer but
 // 489 or Upstash-NonRetryable-Error) is the destination's outage, not the event's fault:
@@ -192,10 +191,6 @@ func (h *CallbackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// An outage of the destination, not a fault of the event: no operator work.
 			a.Reply(replyReopened, slog.LevelInfo, "delivery failed transiently: rescheduled in the outbox, not dead-lettered",
 				slog.Int("destination_status", f.Status), slog.Int("retried", f.Retried), slog.Int("generation", re.Generation))
-			return
-		case re.State == ReopenNotMarked:
-			a.Reply(receive.ReplyTransient, slog.LevelWarn, "failure callback arrived before the relay marked its event dispatched; QStash will retry it",
-				slog.Int("generation", re.Generation))
 			return
 		}
 		// No row to reopen, or a generation the row has left: Record keeps the failure.

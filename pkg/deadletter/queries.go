@@ -158,16 +158,22 @@ SELECT ins.id, ins.outbox_id, (SELECT count(*) FROM mark) > 0, ins.superseded FR
 	// qReopenDelivery puts the outbox row $1 back to pending after a transient delivery
 	// failure of its generation $2 (NULL: the current one), with last_error $3: the same
 	// reset as qResetOutbox (generation+1: a deduplication id QStash has not seen;
-	// available_at the statement's own time, for the claim's walks), for a row that is
-	// dispatched and not dead-lettered at that generation only. It returns the row's state
-	// as locked, and whether it was reopened, so the caller can tell a repeated callback or
-	// one that beat the relay's mark from a reopen. The row lock comes first, as in
-	// qRecordDelivery. reopenCircuit adds the circuit of the row's topic.
+	// available_at the statement's own time, for the claim's walks), for a row that is at
+	// that generation and not dead-lettered, whatever the relay thinks of it: a row pending
+	// without a lease may have been published all the same (QStash took it and the answer
+	// was lost: the chaos run's dropped responses). A row still leased at it (the callback beat
+	// its relay's mark: a fast failure, or a relay that died after publishing) loses its
+	// lease here: the relay's mark, conditioned on the lease, changes nothing (lease
+	// fencing), and the row is published again under the new generation. It returns the
+	// row's state as locked and whether it was reopened, so the caller can tell a repeated
+	// callback from a reopen. The row lock comes first, as in qRecordDelivery.
+	// qReopenDeliveryCircuit adds the circuit of the row's topic.
 	qReopenDelivery = reopenHead + reopenTail
 	reopenHead      = `
 WITH RECURSIVE cur AS (
     SELECT o.id, o.generation, o.topic, o.partition_key, o.dispatched_at,
-           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead
+           o.dispatched_at IS NOT NULL AS dispatched, o.dead_lettered_at IS NOT NULL AS dead,
+           o.lease_token IS NOT NULL AS leased
     FROM outbox o
     WHERE o.id = $1::bigint
     FOR UPDATE
@@ -176,7 +182,7 @@ WITH RECURSIVE cur AS (
     SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
         locked_until = NULL, last_error = $3::text, generation = o.generation + 1
     FROM cur
-    WHERE o.id = cur.id AND cur.dispatched AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
+    WHERE o.id = cur.id AND NOT cur.dead AND cur.generation = coalesce($2::int, cur.generation)
     RETURNING o.generation, o.topic
 ), ` + outboxstore.ConsumersCTE + `, behind AS (
     -- The key's later events already handed to QStash, not yet applied: in fifo mode they
@@ -198,6 +204,18 @@ WITH RECURSIVE cur AS (
       AND NOT EXISTS (SELECT 1 FROM consumers k
                       WHERE EXISTS (SELECT 1 FROM processed_messages m
                                     WHERE m.consumer = k.consumer AND m.message_id = o.id::text))
+), leased_behind AS (
+    -- The key's later events a relay is publishing right now (claimed while the failed one
+    -- was dispatched, not yet marked): their lease is taken and their generation moved, so
+    -- the relay's mark changes nothing (fenced) and a copy it did publish is superseded.
+    -- Pending rows of the key: outbox_pending_key_idx.
+    UPDATE outbox o
+    SET available_at = clock_timestamp(), lease_token = NULL, locked_until = NULL,
+        last_error = $3::text, generation = o.generation + 1
+    FROM cur
+    WHERE EXISTS (SELECT 1 FROM re)
+      AND o.partition_key = cur.partition_key AND o.id > cur.id
+      AND o.dispatched_at IS NULL AND o.dead_lettered_at IS NULL AND o.lease_token IS NOT NULL
 )`
 	reopenTail = `
 SELECT coalesce((SELECT generation FROM re), cur.generation), cur.topic, cur.dispatched, cur.dead,

@@ -43,11 +43,6 @@ const (
 	// ReopenNoRow: no outbox row to reopen (unknown id, or deleted by retention); only a
 	// dead letter keeps the event.
 	ReopenNoRow = "no_row"
-	// ReopenNotMarked: the row is still pending at the failed generation: its relay has not
-	// marked it dispatched yet (the callback beat the mark). Reopening now would let the
-	// mark dispatch a generation that was never published; the callback is answered 500 so
-	// QStash asks again after the mark.
-	ReopenNotMarked = "not_marked"
 	// ReopenElsewhere: the row has left the failed generation (redriven or rescheduled
 	// since: a repeated or late callback) or is dead-lettered: Record decides (superseded
 	// history, or the existing letter).
@@ -94,9 +89,11 @@ func (s ProbeSchedule) withDefaults() ProbeSchedule {
 // Reopen puts the outbox row of a transiently failed delivery back to pending, in one
 // statement: attempts 0, available now, generation+1 so the relay's re-publish carries a
 // deduplication id QStash has not seen (as Redrive does), last_error the failure. Only a row
-// dispatched at the failed generation (f.Generation; nil: the row's current one) and not
-// dead-lettered is reopened, so a repeated callback finds the row at a newer generation and
-// changes nothing. The relay then re-publishes it like any pending event: its key's later
+// at the failed generation (f.Generation; nil: the row's current one) and not dead-lettered
+// is reopened, so a repeated callback finds the row at a newer generation and changes
+// nothing. A row its relay has not marked yet (the callback came first) loses its lease:
+// the relay's mark then changes nothing, and the row goes out again under the new
+// generation. The relay then re-publishes it like any pending event: its key's later
 // events wait behind it again, so per-key order holds for everything not yet published.
 // In the same statement it opens the circuit of the row's topic (migration 0018; on an
 // older schema the row is only reopened), so the relay holds the topic and probes it; a
@@ -108,7 +105,7 @@ func Reopen(ctx context.Context, db Querier, f DeliveryFailure, probes ProbeSche
 		return Rescheduled{State: ReopenNoRow}, nil
 	}
 	var r Rescheduled
-	var dispatched, dead, reopened bool
+	var dispatched, dead, reopened bool // the row's state as locked, for the statement's shape
 	scan := func(sql string, args ...any) error {
 		return db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
 			Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
@@ -125,8 +122,6 @@ func Reopen(ctx context.Context, db Querier, f DeliveryFailure, probes ProbeSche
 		return Rescheduled{}, fmt.Errorf("reopen failed delivery: %w", err)
 	case reopened:
 		r.State = ReopenDone
-	case !dispatched && !dead && (f.Generation == nil || *f.Generation == r.Generation):
-		r.State = ReopenNotMarked
 	default:
 		r.State = ReopenElsewhere
 	}

@@ -29,7 +29,7 @@ func finalFailure(outboxID int64, gen int, msgID string, status int, header map[
 // blame on the event (a 5xx, a timeout, a 429) puts the row back to pending under a new
 // generation and writes no letter, however often QStash repeats the callback; a 489
 // (with or without Upstash-NonRetryable-Error) or the header alone dead-letters the event,
-// exactly once. A callback that beats the relay's mark is answered 500 and changes nothing.
+// exactly once. A callback that beats the relay's mark reopens the row and takes its lease.
 // The outage opens its topic's circuit.
 func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
 	t.Parallel()
@@ -48,11 +48,15 @@ func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
 	nonRetryable := map[string][]string{"Upstash-Nonretryable-Error": {"true"}}
 
 	// The callback beat the relay's mark: the row is leased, still at the failed generation.
-	id := enqueue(t, db, "order.created", "unmarked", `{"n":1}`)
-	claimAlone(t, db, id)
-	serve(finalFailure(id, 0, "msg-early", 500, nil), http.StatusInternalServerError)
-	if row := readOutbox(t, db, id); !row.leased || row.gen != 0 || row.dead || openLetters(id) != 0 {
-		t.Fatalf("early callback changed the row %+v", row)
+	// It is reopened and loses the lease, so the relay's mark (fenced by it) changes nothing.
+	early := enqueue(t, db, "order.created", "unmarked", `{"n":1}`)
+	store, lease := claimAlone(t, db, early)
+	serve(finalFailure(early, 0, "msg-early", 500, nil), http.StatusOK)
+	if row := readOutbox(t, db, early); row.leased || row.gen != 1 || row.dead || row.dispatched || openLetters(early) != 0 {
+		t.Fatalf("early callback: row %+v, want pending at generation 1 without a lease", row)
+	}
+	if n, err := store.MarkDispatched(context.Background(), lease, []outbox.ID{outbox.ID(early)}, nil); err != nil || n != 0 {
+		t.Fatalf("the relay's late mark changed %d rows (%v), want none: its lease is gone", n, err)
 	}
 
 	outages := []struct {
@@ -81,10 +85,10 @@ func TestCallbackOutageReschedulesPoisonDeadLetters(t *testing.T) {
 	}
 	// The outage opened its topic's circuit (the relay holds the topic and probes it); each
 	// reopen counted once, the repeats not at all.
-	if n := db.Count(t, `SELECT failures FROM outbox_circuits WHERE topic = 'order.created' AND probe_id IS NULL AND probe_at > now()`); n != len(outages) {
-		t.Fatalf("circuit counted %d failures, want %d", n, len(outages))
+	if n := db.Count(t, `SELECT failures FROM outbox_circuits WHERE topic = 'order.created' AND probe_id IS NULL AND probe_at > now()`); n != len(outages)+1 {
+		t.Fatalf("circuit counted %d failures, want %d (the outages and the early callback)", n, len(outages)+1)
 	}
-	wantOutcomes := "transient," + strings.Repeat("rescheduled,superseded,", len(outages))
+	wantOutcomes := "rescheduled," + strings.Repeat("rescheduled,superseded,", len(outages))
 
 	poisons := []struct {
 		name   string

@@ -41,6 +41,9 @@ const (
 	// FaultKillInFlight: a relay "process" dies while several of its batches are in
 	// flight (pipelining): none of them is marked, whether its publish went out or not.
 	FaultKillInFlight = "relay_killed_with_batches_in_flight"
+	// FaultConsumerOutage counts deliveries refused (500) during Faults.ConsumerOutage; a
+	// kind of the report only when an outage is configured.
+	FaultConsumerOutage = "consumer_outage_deliveries_refused"
 )
 
 var faultKinds = []string{
@@ -271,19 +274,26 @@ type consumerFaultKey struct{}
 // errInjected is the transient error of an injected consumer failure.
 var errInjected = errors.New("chaos: injected transient consumer failure")
 
-// consumerFront delays some deliveries and draws the consumer fault of each.
+// consumerFront delays some deliveries, draws the consumer fault of each, and refuses
+// every delivery while the consumer outage lasts (down to up).
 type consumerFront struct {
-	inner http.Handler
-	in    *injector
-	f     Faults
-	stop  context.Context
-	mu    sync.Mutex
-	rng   *rand.Rand
+	inner    http.Handler
+	in       *injector
+	f        Faults
+	stop     context.Context
+	down, up time.Time
+	mu       sync.Mutex
+	rng      *rand.Rand
 }
 
 func (c *consumerFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !c.in.on.Load() || r.Method != http.MethodPost || len(r.URL.Path) < len("/events/") || r.URL.Path[:len("/events/")] != "/events/" {
 		c.inner.ServeHTTP(w, r)
+		return
+	}
+	if now := time.Now(); now.After(c.down) && now.Before(c.up) {
+		c.in.add(FaultConsumerOutage, 1)
+		http.Error(w, "chaos: consumer down", http.StatusInternalServerError)
 		return
 	}
 	c.mu.Lock()

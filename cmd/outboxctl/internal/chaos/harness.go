@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/v3/internal/localstack"
+	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/qstash"
@@ -69,7 +70,11 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	h := &harness{opts: opts, in: newInjector(opts.DayTwo.kinds()...), runID: randomHex(4)}
+	kinds := opts.DayTwo.kinds()
+	if opts.Faults.ConsumerOutage > 0 {
+		kinds = append(kinds, FaultConsumerOutage)
+	}
+	h := &harness{opts: opts, in: newInjector(kinds...), runID: randomHex(4)}
 	h.dayTwo = &dayTwo{h: h}
 	return h.run(ctx)
 }
@@ -141,8 +146,12 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 			return &qstashFront{inner: qs, in: h.in, rate: f.PublishReset, rng: newRand(o.Seed, streamQStashFront)}
 		},
 		ReceiverFront: func(rc http.Handler) http.Handler {
-			return &consumerFront{inner: rc, in: h.in, f: f, stop: stopAll, rng: newRand(o.Seed, streamConsumer)}
+			down := time.Now().Add(f.ConsumerOutageAfter)
+			return &consumerFront{inner: rc, in: h.in, f: f, stop: stopAll, rng: newRand(o.Seed, streamConsumer),
+				down: down, up: down.Add(f.ConsumerOutage)}
 		},
+		// A consumer outage's circuit probes on the run's compressed clock, not every minute.
+		Probes: deadletter.ProbeSchedule{Wait: 20 * time.Millisecond, MaxWait: 200 * time.Millisecond},
 		Publisher: qstash.PublisherConfig{
 			// 12 QStash retries by default: more than the pay-as-you-go cap, so the fixed plan.
 			Retries: o.QStashRetries, Plan: qstash.PlanFixed, Ordering: o.Ordering, FIFOQueues: o.FIFOQueues, RequestTimeout: 5 * time.Second,

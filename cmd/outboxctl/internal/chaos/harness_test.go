@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
@@ -108,4 +110,53 @@ func flagSet() *flag.FlagSet {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	return fs
+}
+
+// TestChaosConsumerOutage: the consumer goes down for longer than QStash's ladder (3
+// retries here) while events flow, in fifo mode, with the relays' and QStash's faults on.
+// Nothing may be lost, applied twice, dead-lettered (but poison) or applied out of key
+// order: the failure callback reschedules the outage's deliveries and the relays hold the
+// topic until a probe is delivered.
+func TestChaosConsumerOutage(t *testing.T) {
+	t.Parallel()
+	seed := chaosSeed(t)
+	faults := chaos.DefaultFaults()
+	faults.ConsumerOutage, faults.ConsumerOutageAfter = 2*time.Second, 200*time.Millisecond
+	url := chaosDB(t)
+	opts := chaos.Options{DatabaseURL: url, Events: chaosEvents(t, 1500), Seed: seed, Relays: 2, QStashRetries: 3, Faults: faults}
+	rep, err := chaos.Run(context.Background(), opts)
+	db, perr := pgxpool.New(context.Background(), url)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	defer db.Close()
+	if err != nil || !rep.Passed {
+		for _, q := range []string{
+			`SELECT topic, failures, probe_failures, probe_id, probe_at - now(), probe_sent_at FROM outbox_circuits`,
+			`SELECT left(coalesce(last_error, ''), 40), count(*), min(generation), max(generation), min(available_at - now()), max(available_at - now()), bool_or(lease_token IS NOT NULL) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL GROUP BY 1`,
+			`SELECT count(*), min(generation), max(generation) FROM outbox o WHERE dispatched_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM demo_effects e WHERE e.outbox_id = o.id) AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.outbox_id = o.id AND d.resolution IS DISTINCT FROM 'superseded')`,
+		} {
+			rows, qerr := db.Query(context.Background(), q)
+			if qerr != nil {
+				t.Logf("debug query: %v", qerr)
+				continue
+			}
+			for rows.Next() {
+				v, _ := rows.Values()
+				t.Logf("%v", v)
+			}
+		}
+		t.Fatalf("chaos run (seed %d): %v %v", seed, err, rep.Violations)
+	}
+	if rep.Faults[chaos.FaultConsumerOutage] == 0 {
+		t.Fatalf("the outage refused no delivery (seed %d): the run ended before it", seed)
+	}
+	var rescheduled int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE generation > 0`).Scan(&rescheduled); err != nil {
+		t.Fatal(err)
+	}
+	if rescheduled == 0 {
+		t.Fatalf("no event was rescheduled (seed %d): the outage never outlasted QStash's ladder", seed)
+	}
+	t.Logf("outage: %d deliveries refused, %d events rescheduled", rep.Faults[chaos.FaultConsumerOutage], rescheduled)
 }

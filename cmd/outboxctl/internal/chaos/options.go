@@ -73,6 +73,13 @@ type Faults struct {
 	Consumer500Before float64
 	Consumer500After  float64
 	ConsumerAckLost   float64
+	// ConsumerOutage, when set, takes the consumer down for this long, ConsumerOutageAfter
+	// into the run: every delivery gets 500 (FaultConsumerOutage counts them). Longer than
+	// QStash's ladder (QStashRetries at QStashTimeScale), it reaches the failure callback,
+	// which reschedules instead of dead-lettering, and the topic's circuit (docs/
+	// reliability.md, "Consumer outage"). Off in DefaultFaults.
+	ConsumerOutage      time.Duration
+	ConsumerOutageAfter time.Duration
 
 	// DBKillsPerSecond: how often, on average, every backend of one relay's pool is
 	// terminated (pg_terminate_backend) mid-drain.
@@ -115,6 +122,9 @@ func (f Faults) Validate() error {
 	}
 	if f.DeliveryDelay > 0 && f.MaxDeliveryDelay <= 0 {
 		errs = append(errs, errors.New("chaos faults MaxDeliveryDelay: must be positive when DeliveryDelay is set"))
+	}
+	if f.ConsumerOutage < 0 || f.ConsumerOutageAfter < 0 {
+		errs = append(errs, fmt.Errorf("chaos faults ConsumerOutage: %v after %v: both must be non-negative", f.ConsumerOutage, f.ConsumerOutageAfter))
 	}
 	if f.DBKillsPerSecond < 0 {
 		errs = append(errs, fmt.Errorf("chaos faults DBKillsPerSecond: %v is negative", f.DBKillsPerSecond))

@@ -25,7 +25,7 @@ const (
 	qProgress = `
 SELECT (SELECT count(*) FROM outbox),
        (SELECT count(DISTINCT outbox_id) FROM demo_effects) +
-       (SELECT count(DISTINCT outbox_id) FROM dead_letters WHERE outbox_id IS NOT NULL),
+       (SELECT count(DISTINCT outbox_id) FROM dead_letters WHERE outbox_id IS NOT NULL AND resolution IS DISTINCT FROM 'superseded'),
        (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL)`
 
 	// qTerminate kills every backend of one relay pool, found by its application_name.
@@ -41,7 +41,11 @@ WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backe
 WITH eff AS (
     SELECT outbox_id, count(*) AS n FROM demo_effects GROUP BY outbox_id
 ), dl AS (
-    SELECT outbox_id, count(*) AS n FROM dead_letters WHERE outbox_id IS NOT NULL GROUP BY outbox_id
+    -- A superseded letter is history (a failed delivery of a generation its event has left,
+    -- after a consumer outage put it back in the outbox), not a dead letter.
+    SELECT outbox_id, count(*) AS n FROM dead_letters
+    WHERE outbox_id IS NOT NULL AND resolution IS DISTINCT FROM 'superseded'
+    GROUP BY outbox_id
 ), ev AS (
     SELECT o.id,
            coalesce(od.poison, false) AS poison,

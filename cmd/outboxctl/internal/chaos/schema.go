@@ -53,6 +53,8 @@ func BindFlags(fs *flag.FlagSet, o *Options) *Flags {
 	rate(&f.DBKillsPerSecond, "db-kills-per-second", "relay pools whose backends are terminated, per second")
 	rate(&f.KillInFlight, "kill-in-flight", "per Publish call: arms a relay death that takes every batch it has in flight (once two are)")
 	fs.DurationVar(&f.MaxDeliveryDelay, "max-delivery-delay", f.MaxDeliveryDelay, "longest injected delivery delay")
+	fs.DurationVar(&f.ConsumerOutage, "consumer-outage", f.ConsumerOutage, "take the consumer down (every delivery 500) this long; 0: no outage")
+	fs.DurationVar(&f.ConsumerOutageAfter, "consumer-outage-after", f.ConsumerOutageAfter, "when the consumer outage begins, from the start of the run")
 	return fl
 }
 
