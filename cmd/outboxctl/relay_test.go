@@ -365,10 +365,12 @@ func TestRelayStopsWithinItsGrace(t *testing.T) {
 			go func() {
 				done <- run(ctx, e, []string{"relay", "--listen", "127.0.0.1:0", "--retention-interval", "0", "--grace", c.grace.String()})
 			}()
-			// The claim waits on the lock.
+			// The claim waits on the lock: its statement's opening (pg_stat_activity keeps
+			// the first track_activity_query_size bytes), not the gauge's or the circuits'
+			// read, which wait too.
 			testwait.Eventually(t, 15*time.Second, func() bool {
 				var n int
-				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_token%' AND application_name = $1`, app).Scan(&n); err != nil {
+				if err := db.Pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH ended AS MATERIALIZED%' AND application_name = $1`, app).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n > 0

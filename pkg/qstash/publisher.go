@@ -122,6 +122,16 @@ func (p *Publisher) appendMessageDestination(b []byte, m outbox.Message) []byte 
 // -r<generation> after a redrive.
 func (p *Publisher) deduplicationID(m outbox.Message) string { return m.DeduplicationIDFor(p.cfg.Name) }
 
+// HeaderOrdering is forwarded as OrderingFIFO with every message published to a FIFO
+// queue (fifo ordering): the queue delivered or failed the key's earlier events before
+// it, so a receiver can hold it while its key's previous event, failed, is on its way back
+// through the outbox (pkg/webhook). Messages published without it are unordered to a
+// receiver. Information only, like X-Outbox-Id: not signed.
+const (
+	HeaderOrdering = "X-Outbox-Ordering"
+	OrderingFIFO   = "fifo"
+)
+
 // queueName is the FIFO queue of partitionKey: <QueuePrefix>-<fnv1a(key) mod FIFOQueues>.
 // The hash is stable across processes and releases, so a key always maps to one queue.
 func (p *Publisher) queueName(partitionKey string) string {
@@ -441,7 +451,7 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 		// QStash's ladder, decides when the next one goes.
 		retries = 0
 	}
-	own := make([]header, 0, 9)
+	own := make([]header, 0, 10)
 	own = append(own,
 		header{"Content-Type", "application/json"},
 		// Information only: receivers take the identity from the signed URL.
@@ -466,6 +476,9 @@ func (p *Publisher) encode(dst []byte, names *encodeNames, i int, m outbox.Messa
 	switch p.cfg.Ordering {
 	case publish.OrderingFIFO:
 		queue = p.queueName(m.PartitionKey)
+		// The webhook holds a delivery whose key's previous event failed and is not back
+		// in the outbox yet (pkg/webhook, keyorder.go); it must know the queue kept order.
+		own = append(own, header{forwardPrefix + HeaderOrdering, OrderingFIFO})
 	default:
 		if p.flow != "" && m.PartitionKey != "" {
 			own = append(own, header{"Upstash-Flow-Control-Key", names.flowControlKey(p.cfg.Name, m.PartitionKey)},

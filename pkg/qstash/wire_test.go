@@ -54,6 +54,7 @@ func refEncode(p *Publisher, m outbox.Message) refItem {
 	it := refItem{Destination: p.MessageDestination(m), Headers: h, Body: string(m.Payload)}
 	if p.cfg.Ordering == publish.OrderingFIFO {
 		it.Queue = p.queueName(m.PartitionKey)
+		h["Upstash-Forward-X-Outbox-Ordering"] = "fifo"
 	} else if p.flow != "" && m.PartitionKey != "" {
 		h["Upstash-Flow-Control-Key"] = flowControlKey(p.cfg.Name, m.PartitionKey)
 		h["Upstash-Flow-Control-Value"] = p.flow

@@ -73,6 +73,14 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	if time.Since(b.readAt) < circuitRefresh {
 		return b.open
 	}
+	// Half of what the caller allows at most: behind a lock on the outbox table (a
+	// migration) this read waits as the claim does, and must not leave the claim after it
+	// no time at all.
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		defer cancel()
+	}
 	open, closed, err := b.store.Circuits(ctx, b.horizon)
 	for _, topic := range closed {
 		c := b.open[topic]
@@ -84,6 +92,8 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 		b.open, b.readAt = nil, time.Now().Add(noCircuitsRecheck-circuitRefresh)
 		return nil
 	case err != nil:
+		// Not again before circuitRefresh: each retry would take its share of a claim.
+		b.readAt = time.Now()
 		b.log.WarnContext(ctx, "consumer circuits not read; keeping the last view", "error", err)
 		return b.open
 	}

@@ -149,7 +149,8 @@ type response struct {
 }
 
 // run delivers m with retries. On final failure it records a DLQ entry and runs the
-// failure callback to completion before returning (FIFO queues wait for both).
+// failure callback to completion before returning (FIFO queues wait for both), or beside
+// what follows (Options.FailureCallbackBeside).
 func (s *Server) run(ctx context.Context, m *message) {
 	if !sleep(ctx, time.Until(m.notBefore)) {
 		return
@@ -192,7 +193,14 @@ func (s *Server) run(ctx context.Context, m *message) {
 		return
 	}
 	e := s.addDLQ(m, last, retried)
-	if m.failureCallback != "" {
+	switch {
+	case m.failureCallback == "":
+	case s.opts.FailureCallbackBeside:
+		// A message of its own, pending (WaitIdle waits for it) but outside the queue.
+		cb := s.failureCallbackMessage(m, e)
+		cb.queue = ""
+		s.schedule(cb)
+	default:
 		s.failureCallback(ctx, m, e)
 	}
 }
@@ -404,8 +412,13 @@ func unixMs(t, fallback time.Time) int64 {
 // failureCallback delivers the failure callback of m as its own signed message, with its
 // own retries, and waits for it.
 func (s *Server) failureCallback(ctx context.Context, m *message, e *dlqEntry) {
-	s.run(ctx, callbackMessage(m, m.failureCallback, m.fcMethod, callbackBody(m, e.resp, e.retried, e.id),
-		m.fcRetries, m.fcTimeout, m.fcHeader, kindFailureCallback))
+	s.run(ctx, s.failureCallbackMessage(m, e))
+}
+
+// failureCallbackMessage is the failure callback of m, whose DLQ entry is e.
+func (s *Server) failureCallbackMessage(m *message, e *dlqEntry) *message {
+	return callbackMessage(m, m.failureCallback, m.fcMethod, callbackBody(m, e.resp, e.retried, e.id),
+		m.fcRetries, m.fcTimeout, m.fcHeader, kindFailureCallback)
 }
 
 // callback sends the success callback once (best effort, with the message's retries).

@@ -127,6 +127,13 @@ type Options struct {
 	// happens on QStash's machines, not the relay's). A held message costs memory only, no
 	// goroutine; it can still be cancelled, and WaitIdle does not return while any is held.
 	HoldDeliveries bool
+	// FailureCallbackBeside makes a FIFO queue move on to its next message as soon as a
+	// message has failed, its failure callback delivered beside that next message. By
+	// default the queue waits until the failure callback is done. QStash documents only
+	// that a queue delivers its next message after the current one is delivered or failed
+	// (docs/qstash-contract.md 7), not whether its failure callback comes first, so tests of
+	// per-key order run both.
+	FailureCallbackBeside bool
 	// MaxInFlight caps delivery attempts in flight at once (QStash's per-plan
 	// "parallelism"); attempts over it wait for a slot. Default: the Plan's parallelism,
 	// or no cap without a Plan. Negative: no cap.

@@ -135,6 +135,11 @@ func TestChaosConsumerOutage(t *testing.T) {
 			`SELECT topic, failures, probe_failures, probe_id, probe_at - now(), probe_sent_at FROM outbox_circuits`,
 			`SELECT left(coalesce(last_error, ''), 40), count(*), min(generation), max(generation), min(available_at - now()), max(available_at - now()), bool_or(lease_token IS NOT NULL) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL GROUP BY 1`,
 			`SELECT count(*), min(generation), max(generation) FROM outbox o WHERE dispatched_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM demo_effects e WHERE e.outbox_id = o.id) AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.outbox_id = o.id AND d.resolution IS DISTINCT FROM 'superseded')`,
+			// The events of each key applied out of order, with their history.
+			`WITH v AS (SELECT partition_key FROM (SELECT partition_key, outbox_id, lag(outbox_id) OVER (PARTITION BY partition_key ORDER BY seq) AS prev FROM demo_effects) x WHERE prev > outbox_id)
+			 SELECT e.partition_key, e.seq, e.outbox_id, e.applied_at, o.generation, o.dispatched_at, left(coalesce(o.last_error, ''), 30),
+			        (SELECT string_agg(d.generation || ':' || coalesce(d.resolution, '-') || '@' || d.created_at::time, ' ') FROM dead_letters d WHERE d.outbox_id = e.outbox_id)
+			 FROM demo_effects e JOIN outbox o ON o.id = e.outbox_id WHERE e.partition_key IN (SELECT partition_key FROM v) ORDER BY e.partition_key, e.seq`,
 		} {
 			rows, qerr := db.Query(context.Background(), q)
 			if qerr != nil {
