@@ -89,6 +89,21 @@ func gone(err error) bool {
 	return false
 }
 
+// SessionLost reports whether err is the loss of a session rather than an answer of the
+// database: what gone accepts, or an error that is no server error at all (a reset or
+// closed connection while the answer was awaited). The statement may have run; a fenced
+// one (a mark, conditioned on the lease) can be run again safely, which the relay does.
+func SessionLost(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTimeout) {
+		return false
+	}
+	if gone(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr)
+}
+
 // bounded says how a statement ran: start is when it was sent, limit the server-side
 // statement_timeout set for it (0: none).
 type bounded struct {

@@ -661,13 +661,13 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out marks, 
 				"outcome", kind, "rows", lost, "lease", lease.String())
 		}
 	}
-	n, err := r.store.MarkDispatched(ctx, lease, out.published, now)
+	n, err := retryOutcome(ctx, func() (int64, error) { return r.store.MarkDispatched(ctx, lease, out.published, now) })
 	step("dispatched", len(out.published), n, err, &st.Dispatched)
-	n, err = r.store.Reschedule(ctx, lease, out.retries, now)
+	n, err = retryOutcome(ctx, func() (int64, error) { return r.store.Reschedule(ctx, lease, out.retries, now) })
 	step("retried", len(out.retries), n, err, &st.Retried)
-	n, err = r.store.DeadLetter(ctx, lease, out.dead, now)
+	n, err = retryOutcome(ctx, func() (int64, error) { return r.store.DeadLetter(ctx, lease, out.dead, now) })
 	step("dead_lettered", len(out.dead), n, err, &st.DeadLettered)
-	n, err = r.store.Release(ctx, lease, out.released, now)
+	n, err = retryOutcome(ctx, func() (int64, error) { return r.store.Release(ctx, lease, out.released, now) })
 	step("released", len(out.released), n, err, &st.Released)
 	for _, f := range out.dead {
 		r.log.ErrorContext(ctx, "outbox event dead-lettered", "outbox_id", int64(f.ID), "status_code", f.StatusCode, "error", f.Error)
@@ -676,6 +676,28 @@ func (r *Relay) record(ctx context.Context, lease outboxstore.Lease, out marks, 
 		return fmt.Errorf("record batch outcome: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// retryOutcome runs an outcome statement again, on another connection, when its session
+// was lost (a terminated backend, a failover, a reset connection), until ctx (the mark
+// timeout) ends. Each statement is conditioned on the lease, so running it twice changes
+// nothing more. Without this, a relay that merely lost a connection left its rows leased
+// as a dead process does, and the next claim counted a relay death against them
+// (MaxDeaths dead-letters a row after three).
+func retryOutcome(ctx context.Context, f func() (int64, error)) (int64, error) {
+	wait := 20 * time.Millisecond
+	for {
+		n, err := f()
+		if err == nil || !outboxstore.SessionLost(err) || ctx.Err() != nil {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return n, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 func errText(err error) string {
