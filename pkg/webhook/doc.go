@@ -21,6 +21,11 @@
 //	  handler over its budget               on its own backoff; nothing written)
 //	  (HandlerTimeout), handler error
 //	  marked with Later
+//	fifo: the key's previous event       503 + Retry-After: 5, code key_order (with
+//	  failed and is not back in the         SharesOutbox; nothing written)
+//	  outbox yet
+//	fifo: an earlier event of the key     200 superseded; the delivery's row is put back
+//	  is pending again                      in the outbox behind it (with SharesOutbox)
 //	transient (any other unmarked error)  500 (QStash retries)
 //	other paths / methods                 404 / 405
 //
