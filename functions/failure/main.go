@@ -13,6 +13,7 @@ package main
 import (
 	"net/http"
 
+	"github.com/outbox-relay/outbox-relay/v3/internal/configcheck"
 	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig"
 	"github.com/outbox-relay/outbox-relay/v3/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/v3/internal/receiverfunc"
@@ -28,6 +29,13 @@ var receiver = receiverfunc.Receiver{
 	Outcomes: outcomeMetric,
 	// Handler makes the callback handler on the pool and verifier of the cold start.
 	Handler: func(p receiverfunc.Parts) (http.Handler, error) {
+		if !p.FunctionURL && p.PublicURL == "" {
+			// Over net/http no Function URL event names the origin QStash signed: fail
+			// here rather than answer every callback 500.
+			bad := configcheck.For("failure callback")
+			bad.Bad("FailureURL", "is empty; with LISTEN_ADDR set FAILURE_CALLBACK_URL to the failure-callback URL the relay publishes (e.g. http://127.0.0.1:8082/failure)")
+			return nil, bad.Err()
+		}
 		return deadletter.NewCallbackHandler(deadletter.CallbackConfig{
 			Pool:         p.Pool,
 			Verifier:     p.Verifier,
