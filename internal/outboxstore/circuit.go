@@ -67,7 +67,7 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     USING probes p
     WHERE c.topic = p.topic AND c.probe_id = p.probe_id
       AND (NOT p.found OR p.generation <> p.probe_generation OR p.dead
-           OR p.dispatched_at <= now() - $1::interval
+           OR (p.dispatched_at IS NOT NULL AND p.probe_sent_at <= now() - $1::interval)
            OR (p.dispatched_at IS NOT NULL AND EXISTS (
                   SELECT 1 FROM consumers k
                   WHERE EXISTS (SELECT 1 FROM processed_messages m

@@ -2,8 +2,10 @@ package deadletter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -34,6 +36,23 @@ func (f DeliveryFailure) Permanent() bool {
 		}
 	}
 	return false
+}
+
+// keyOrderCode is the webhook's error code for a delivery it held behind its key's failed
+// previous event (pkg/webhook, keyorder.go).
+const keyOrderCode = "key_order"
+
+// heldForKeyOrder reports whether the destination answered last that it holds the event
+// behind its key's previous one (503, {"error":"key_order"}): not an outage, so Reopen
+// opens no circuit for it.
+func (f DeliveryFailure) heldForKeyOrder() bool {
+	if f.Status != http.StatusServiceUnavailable {
+		return false
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	return json.Unmarshal(f.ResponseBody, &body) == nil && body.Error == keyOrderCode
 }
 
 // Reopen states, Rescheduled.State.
@@ -110,10 +129,17 @@ func Reopen(ctx context.Context, db Querier, f DeliveryFailure, probes ProbeSche
 		return db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
 			Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
 	}
-	err := scan(qReopenDeliveryCircuit, probes.Wait, probes.MaxWait)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: before migration 0018
+	var err error
+	if f.heldForKeyOrder() {
+		// The consumer answered: it is up, and held the event behind its key's failed
+		// previous one. Back to the outbox, no circuit.
 		err = scan(qReopenDelivery)
+	} else {
+		err = scan(qReopenDeliveryCircuit, probes.Wait, probes.MaxWait)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: before migration 0018
+			err = scan(qReopenDelivery)
+		}
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -161,3 +161,40 @@ func TestReopenBeforeMigration0018(t *testing.T) {
 		t.Fatalf("reopen %+v %v", r, err)
 	}
 }
+
+// TestCallbackKeyOrderReopensWithoutACircuit: a delivery the webhook held behind its key's
+// failed previous event (503 {"error":"key_order"}) until QStash gave up goes back to the
+// outbox under a new generation, but opens no circuit: the consumer answered, it is up.
+// Any other 503 is an outage and opens one.
+func TestCallbackKeyOrderReopensWithoutACircuit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	h := newCallbackHandler(t, db, nil)
+	failure := func(id int64, msg, body string) []byte {
+		b, _ := json.Marshal(map[string]any{
+			"status": 503, "header": map[string][]string{"Retry-After": {"5"}}, "body": base64.StdEncoding.EncodeToString([]byte(body)),
+			"retried": 3, "maxRetries": 3, "dlqId": "dlq-" + msg, "sourceMessageId": msg,
+			"url": destination(id, 0), "method": "POST", "sourceBody": base64.StdEncoding.EncodeToString([]byte(`{"n":1}`)),
+		})
+		return b
+	}
+	held := enqueue(t, db, "order.created", "k", `{"n":1}`)
+	dispatch(t, db, held)
+	if w := serveCallback(h, signedCallback(t, failureURL, failure(held, "msg-held", `{"error":"key_order"}`))); w.Code != http.StatusOK {
+		t.Fatalf("status %d %s", w.Code, w.Body)
+	}
+	if row := readOutbox(t, db, held); row.dispatched || row.dead || row.gen != 1 {
+		t.Fatalf("row after a key_order failure %+v, want pending at generation 1", row)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox_circuits`); n != 0 {
+		t.Fatalf("%d circuits open after a key_order failure, want none", n)
+	}
+	down := enqueue(t, db, "order.created", "j", `{"n":1}`)
+	dispatch(t, db, down)
+	if w := serveCallback(h, signedCallback(t, failureURL, failure(down, "msg-down", `{"error":"database_unavailable"}`))); w.Code != http.StatusOK {
+		t.Fatalf("status %d %s", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox_circuits`); n != 1 {
+		t.Fatalf("%d circuits open after an outage's 503, want 1", n)
+	}
+}

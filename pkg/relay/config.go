@@ -160,6 +160,11 @@ type Config struct {
 	// first such death on, the row is claimed alone, so a batch that kills its process
 	// costs the next processes one row, not the backlog. Default DefaultMaxDeaths.
 	MaxDeaths int
+	// ProbeHorizon is how long after it was sent a consumer circuit's probe with no
+	// failure reported counts as delivered, when the consumer's commit is not visible in
+	// this database (circuit.go). Default DefaultProbeHorizon; tests on a compressed clock
+	// shorten it.
+	ProbeHorizon time.Duration
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
 	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
@@ -192,6 +197,7 @@ func (c Config) WithDefaults() Config {
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
 	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
+	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, DefaultProbeHorizon)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c

@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,6 +52,30 @@ func TestChaosDayTwo(t *testing.T) {
 	secret.Store(appURL("before-rotation"))
 	migrateTo(t, appURL("before-rotation"), dayTwoFromVersion)
 
+	// On failure, what the dead letters of healthy events say (the run's own database is
+	// gone with the cluster after the test).
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		db, err := pgx.Connect(ctx, strings.Replace(cluster.AdminURL(), "/postgres?", "/app?", 1))
+		if err != nil {
+			t.Logf("debug connect: %v", err)
+			return
+		}
+		defer db.Close(ctx)
+		rows, err := db.Query(ctx, `SELECT d.outbox_id, d.source, coalesce(d.status_code, 0), left(d.error, 200), o.attempts, o.relay_deaths, o.generation
+			FROM dead_letters d JOIN outbox o ON o.id = d.outbox_id JOIN demo_orders od ON od.id = o.payload->>'order_id'
+			WHERE NOT od.poison AND d.resolution IS DISTINCT FROM 'superseded'`)
+		if err != nil {
+			t.Logf("debug query: %v", err)
+			return
+		}
+		for rows.Next() {
+			v, _ := rows.Values()
+			t.Logf("healthy event's letter: %v", v)
+		}
+	})
 	var migrated atomic.Bool
 	seed := chaosSeed(t)
 	rep := runChaosOn(t, chaos.Options{

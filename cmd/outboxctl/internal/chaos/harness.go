@@ -329,6 +329,10 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 			// Deferrals pause in real time (the relay's clock does not reach them): a short
 			// first pause keeps a run's 429s and outages from idling it for seconds.
 			DeferPause: 50 * time.Millisecond,
+			// A probe's failure comes back within milliseconds here (one attempt against a
+			// local consumer); the default three minutes would idle a run whose probe was
+			// applied before it was taken (its relay died before the mark).
+			ProbeHorizon: 2 * time.Second,
 		})
 	}, relay.SuperviseConfig{
 		// A killed or failed relay "process" is replaced at the next "tick".
