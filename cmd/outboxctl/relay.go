@@ -285,7 +285,7 @@ func (p *relayProcess) gauges(ctx context.Context) {
 		g, err := health.Backlog(gctx, p.pool)
 		cancel()
 		if err == nil {
-			p.record(metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge))
+			p.record(metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge, g.OpenCircuits))
 		} else if ctx.Err() == nil {
 			p.log.WarnContext(ctx, "backlog gauge failed", slog.Any("error", err))
 		}

@@ -38,7 +38,9 @@ SELECT topic, opened_at, extract(epoch FROM now() - opened_at)::float8, failures
 FROM outbox_circuits
 ORDER BY opened_at, topic`
 	qCircuitsExist = `SELECT to_regclass('outbox_circuits') IS NOT NULL`
-	qHeld          = `
+	// qOpenCircuits counts them for the backlog gauge (undefined_table before 0018).
+	qOpenCircuits = `SELECT count(*) FROM outbox_circuits`
+	qHeld         = `
 SELECT count(*) FROM outbox
 WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND last_error = $1`
 )

@@ -11,10 +11,12 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // FlappingAttempts: a pending row with more attempts than this is flapping (it keeps
@@ -39,6 +41,8 @@ type BacklogGauge struct {
 	// OldestCreatedAge is the age of the oldest pending row from its created_at, delays
 	// included.
 	OldestCreatedAge time.Duration
+	// OpenCircuits counts the open consumer circuits (0 before migration 0018).
+	OpenCircuits int64
 }
 
 // Backlog returns the backlog gauge in one statement (see qBacklog).
@@ -49,6 +53,10 @@ func Backlog(ctx context.Context, db DB) (BacklogGauge, error) {
 		return BacklogGauge{}, fmt.Errorf("query outbox backlog: %w", err)
 	}
 	g.OldestCreatedAge, g.Lateness = seconds(created), seconds(late)
+	var pgErr *pgconn.PgError
+	if err := db.QueryRow(ctx, qOpenCircuits).Scan(&g.OpenCircuits); err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P01") {
+		return BacklogGauge{}, fmt.Errorf("query open circuits: %w", err)
+	}
 	return g, nil
 }
 

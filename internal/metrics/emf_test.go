@@ -54,9 +54,9 @@ func TestEMFGolden(t *testing.T) {
 		ev   Event
 	}{
 		{"relay_drain", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(Relay(st.Counts(), st.PublishLatency), Backlog(42, 3500*time.Millisecond, 7200*time.Second)...)}},
+			Values: append(Relay(st.Counts(), st.PublishLatency), Backlog(42, 3500*time.Millisecond, 7200*time.Second, 1)...)}},
 		{"relay_drain_idle", EMFConfig{}, Event{Function: FunctionRelay, Time: fixedTime,
-			Values: append(Relay(relay.Stats{Batches: 1}.Counts(), nil), Backlog(0, 0, 0)...)}},
+			Values: append(Relay(relay.Stats{Batches: 1}.Counts(), nil), Backlog(0, 0, 0, 0)...)}},
 		{"relay_retention", EMFConfig{Namespace: "Shop/Outbox"}, Event{Function: FunctionRelay, Time: fixedTime,
 			Values: Retention(1000, 25), Properties: map[string]string{"task": "retention", "request_id": "r-1"}}},
 		{"webhook_bounded_topic", EMFConfig{Topics: []string{"order.created"}}, Event{Function: FunctionWebhook, Topic: "order.created", Time: fixedTime,

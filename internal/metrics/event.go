@@ -67,13 +67,14 @@ func relayCounter(name string) (Definition, bool) {
 }
 
 // Backlog returns the backlog gauges: pending rows, how late the latest-to-go due event is
-// (OldestPendingAgeSeconds, the template's alarm) and the oldest pending row's age from its
-// creation (OldestCreatedAgeSeconds), in seconds.
-func Backlog(pending int64, lateness, oldestCreated time.Duration) []Value {
+// (OldestPendingAgeSeconds, the template's alarm), the oldest pending row's age from its
+// creation (OldestCreatedAgeSeconds), in seconds, and the open consumer circuits.
+func Backlog(pending int64, lateness, oldestCreated time.Duration, openCircuits int64) []Value {
 	return []Value{
 		Count(BacklogPending, pending),
 		{Name: OldestPendingAgeSeconds, Values: []float64{lateness.Seconds()}},
 		{Name: OldestCreatedAgeSeconds, Values: []float64{oldestCreated.Seconds()}},
+		Count(OpenCircuits, openCircuits),
 	}
 }
 

@@ -54,6 +54,9 @@ const (
 	// OldestCreatedAgeSeconds is the oldest pending row's age since its creation, in
 	// seconds (it includes a delay the producer asked for).
 	OldestCreatedAgeSeconds = "OldestCreatedAgeSeconds"
+	// OpenCircuits is the number of open consumer circuits (topics whose consumer is down,
+	// held in the outbox): the template's open-circuit alarm.
+	OpenCircuits = "OpenCircuits"
 	// RetentionDeletedOutbox counts dispatched outbox rows the retention task deleted.
 	RetentionDeletedOutbox = "RetentionDeletedOutbox"
 	// RetentionDeletedProcessed counts processed_messages rows the retention task deleted.
@@ -136,6 +139,7 @@ var Definitions = []Definition{
 	{BacklogPending, UnitCount, Gauge, FunctionRelay, "Outbox rows neither dispatched nor dead-lettered."},
 	{OldestPendingAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "How long the longest-waiting due outbox event has been ready and unpublished (a delayed event counts from its AvailableAt); alert on this, not on depth."},
 	{OldestCreatedAgeSeconds, UnitSeconds, Gauge, FunctionRelay, "Age of the oldest pending outbox row from its creation, delays included."},
+	{OpenCircuits, UnitCount, Gauge, FunctionRelay, "Open consumer circuits: topics whose consumer is down, their events held in the outbox while the relay probes."},
 	{RetentionDeletedOutbox, UnitCount, Counter, FunctionRelay, "Finished outbox rows deleted by retention."},
 	{RetentionDeletedProcessed, UnitCount, Counter, FunctionRelay, "processed_messages rows deleted by retention."},
 	{DLQSyncRecorded, UnitCount, Counter, FunctionRelay, "QStash DLQ entries recorded as dead letters by the dlq-sync task (no failure callback reached dead_letters)."},

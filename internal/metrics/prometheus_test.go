@@ -49,10 +49,10 @@ func TestRegistryGolden(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := r.Record(Event{Function: FunctionRelay, Values: Backlog(7, 90*time.Second, 95*time.Second)}); err != nil {
+	if err := r.Record(Event{Function: FunctionRelay, Values: Backlog(7, 90*time.Second, 95*time.Second, 0)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Record(Event{Function: FunctionRelay, Values: Backlog(3, 1500*time.Millisecond, 3600*time.Second)}); err != nil {
+	if err := r.Record(Event{Function: FunctionRelay, Values: Backlog(3, 1500*time.Millisecond, 3600*time.Second, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	// A webhook metric is not exposed by a relay-only registry.

@@ -273,7 +273,7 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time, task stri
 	g, gerr := health.Backlog(gctx, h.pool)
 	cancel()
 	if gerr == nil {
-		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)...)
+		values = append(values, metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge, g.OpenCircuits)...)
 		res.BacklogPending, res.OldestPendingAge, res.OldestCreatedAge = &g.Pending, g.Lateness.Seconds(), g.OldestCreatedAge.Seconds()
 	} else {
 		h.log.WarnContext(ctx, "backlog gauge skipped", slog.Any("error", gerr))

@@ -369,6 +369,7 @@ func TestTemplateAlarmsWatchEmittedMetrics(t *testing.T) {
 		{metrics.DeferredOutage, metrics.FunctionRelay, "Sum"},
 		{metrics.DeliveryDeadLetters, metrics.FunctionFailure, "Sum"},
 		{metrics.DeliveriesRescheduled, metrics.FunctionFailure, "Sum"},
+		{metrics.OpenCircuits, metrics.FunctionRelay, "Maximum"},
 		{metrics.DLQSyncRecorded, metrics.FunctionRelay, "Sum"},
 		{metrics.RejectedDeliveries, metrics.FunctionWebhook, "Sum"},
 		{metrics.RejectedCallbacks, metrics.FunctionFailure, "Sum"},
