@@ -57,6 +57,9 @@ type breaker struct {
 	mu     sync.Mutex
 	readAt time.Time
 	open   map[string]outboxstore.Circuit
+	// reading: a caller is reading the table; the others use the view as it is.
+	// forgotten: forget was called during that read.
+	reading, forgotten bool
 }
 
 // noCircuitsRecheck is how long a relay on a schema without the circuit table (before
@@ -66,13 +69,38 @@ const noCircuitsRecheck = time.Minute
 
 // current returns the open circuits by topic, refreshed when older than circuitRefresh. A
 // failed read keeps the last view: the claim that follows fails too if the database is
-// down, and a stale view only holds or releases for one more second.
+// down, and a stale view only holds or releases for one more second. One caller reads at a
+// time, outside the lock: the others take the view as it is rather than queue behind the
+// read (under a pinned horizon a read waited on took claims of every batch in flight from
+// a few milliseconds to a second).
 func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if time.Since(b.readAt) < circuitRefresh {
-		return b.open
+	if b.reading || time.Since(b.readAt) < circuitRefresh {
+		open := b.open
+		b.mu.Unlock()
+		return open
 	}
+	b.reading = true
+	b.mu.Unlock()
+	open, readAt := b.read(ctx)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.open, b.readAt = open, readAt
+	if b.forgotten {
+		// forget was called during the read, which may have begun before what it was
+		// told to forget: the next caller reads again.
+		b.readAt = time.Time{}
+	}
+	b.reading, b.forgotten = false, false
+	return open
+}
+
+// read reads the open circuits (closing those whose probe was delivered) and says when to
+// count the view from; on a failed read it returns the last view.
+func (b *breaker) read(ctx context.Context) (map[string]outboxstore.Circuit, time.Time) {
+	b.mu.Lock()
+	last := b.open
+	b.mu.Unlock()
 	// Half of what the caller allows at most: behind a lock on the outbox table (a
 	// migration) this read waits as the claim does, and must not leave the claim after it
 	// no time at all.
@@ -83,24 +111,22 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	}
 	open, closed, err := b.store.Circuits(ctx, b.horizon)
 	for _, topic := range closed {
-		c := b.open[topic]
+		c := last[topic]
 		b.log.InfoContext(ctx, "consumer circuit closed: a probe was delivered; held events resume",
 			"topic", topic, "open_for_ms", time.Since(c.OpenedAt).Milliseconds())
 	}
 	switch {
 	case errors.Is(err, outboxstore.ErrNoCircuits):
-		b.open, b.readAt = nil, time.Now().Add(noCircuitsRecheck-circuitRefresh)
-		return nil
+		return nil, time.Now().Add(noCircuitsRecheck - circuitRefresh)
 	case err != nil:
 		// Not again before circuitRefresh: each retry would take its share of a claim.
-		b.readAt = time.Now()
 		b.log.WarnContext(ctx, "consumer circuits not read; keeping the last view", "error", err)
-		return b.open
+		return last, time.Now()
 	}
-	b.readAt = time.Now()
+	readAt := time.Now()
 	m := make(map[string]outboxstore.Circuit, len(open))
 	for _, c := range open {
-		if _, was := b.open[c.Topic]; !was {
+		if _, was := last[c.Topic]; !was {
 			b.log.WarnContext(ctx, "consumer circuit open: holding the topic's events in the outbox and probing",
 				"topic", c.Topic, "opened_at", c.OpenedAt)
 		}
@@ -112,14 +138,13 @@ func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 			}
 		}
 	}
-	b.open = m
-	return m
+	return m, readAt
 }
 
 // forget drops the cached view, so the next current reads the table.
 func (b *breaker) forget() {
 	b.mu.Lock()
-	b.readAt = time.Time{}
+	b.readAt, b.forgotten = time.Time{}, b.reading
 	b.mu.Unlock()
 }
 

@@ -220,7 +220,7 @@ func TestDelayedEventHoldsKeyAndIsNotLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals := metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge)
+	vals := metrics.Backlog(g.Pending, g.Lateness, g.OldestCreatedAge, g.OpenCircuits)
 	for _, v := range vals {
 		if v.Name == metrics.OldestPendingAgeSeconds && v.Values[0] != 0 {
 			t.Fatalf("%s = %v while the only pending key waits for its delay", v.Name, v.Values[0])
