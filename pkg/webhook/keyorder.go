@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -151,3 +152,26 @@ func (e *behindError) Error() string {
 	return fmt.Sprintf("%v (outbox id %d, topic %s)", errBehindFailed, e.prev, e.topic)
 }
 func (e *behindError) Is(target error) bool { return target == errBehindFailed }
+
+// answerKeyOrder answers a delivery keyOrder stopped: put back in the outbox behind its
+// key's earlier event and acknowledged (errPutBack), or held, 503 with Retry-After
+// (errBehindFailed, or a put-back that did not happen).
+func (h *Handler) answerKeyOrder(ctx context.Context, w http.ResponseWriter, a *receive.Answer, d Delivery, err error) {
+	if errors.Is(err, errPutBack) {
+		// Rolled back; now outside the inbox transaction, so no dedupe record keeps the
+		// event's next delivery from being applied.
+		ok, perr := h.putBack(ctx, d)
+		if perr == nil && ok {
+			a.Reply(replySuperseded, slog.LevelInfo, "webhook delivery put back in the outbox behind an earlier event of its key, which is back there too; it comes again under a new generation")
+			return
+		}
+		// Not put back (the database, or the row moved on meanwhile): QStash retries, and
+		// the next attempt looks again.
+		if perr != nil {
+			err = perr
+		}
+	}
+	setRetryAfter(w, KeyOrderRetryAfter)
+	a.Reply(replyKeyOrder, slog.LevelWarn, "webhook delivery held behind an earlier event of its key that failed or is back in the outbox; QStash will retry after Retry-After",
+		slog.Any("error", err), slog.Duration("retry_after", KeyOrderRetryAfter))
+}

@@ -292,22 +292,8 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		a.Reply(replyProcessed, slog.LevelInfo, "webhook delivery processed")
 	case errors.Is(err, errSuperseded):
 		a.Reply(replySuperseded, slog.LevelInfo, "webhook delivery superseded: its event is back in the outbox and comes again under a new generation")
-	case errors.Is(err, errPutBack):
-		// Rolled back; now outside the inbox transaction, so no dedupe record keeps the
-		// event's next delivery from being applied.
-		if ok, perr := h.putBack(budget, d); perr != nil || !ok {
-			// Not put back (the database, or the row moved on meanwhile): QStash retries,
-			// and the next attempt looks again.
-			setRetryAfter(w, KeyOrderRetryAfter)
-			a.Reply(replyKeyOrder, slog.LevelWarn, "webhook delivery held: an earlier event of its key is back in the outbox and this one could not be put back behind it",
-				slog.Any("error", cmp.Or(perr, err)), slog.Duration("retry_after", KeyOrderRetryAfter))
-			return
-		}
-		a.Reply(replySuperseded, slog.LevelInfo, "webhook delivery put back in the outbox behind an earlier event of its key, which is back there too; it comes again under a new generation")
-	case errors.Is(err, errBehindFailed):
-		setRetryAfter(w, KeyOrderRetryAfter)
-		a.Reply(replyKeyOrder, slog.LevelWarn, "webhook delivery held: the previous event of its key failed and comes back through the outbox first; QStash will retry after Retry-After",
-			slog.Any("error", err), slog.Duration("retry_after", KeyOrderRetryAfter))
+	case errors.Is(err, errPutBack) || errors.Is(err, errBehindFailed):
+		h.answerKeyOrder(budget, w, a, d, err)
 	case errors.Is(err, inbox.ErrPayloadConflict):
 		// Two different payloads under one id is a producer or relay bug: loud.
 		a.Reply(replyConflict, slog.LevelError, "webhook payload conflicts with the one already processed under this id", slog.Any("error", err))
