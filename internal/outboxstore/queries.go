@@ -319,4 +319,12 @@ SELECT id FROM dead`
 UPDATE outbox
 SET available_at = coalesce($3::timestamptz, clock_timestamp()), attempts = attempts - 1, locked_until = NULL, lease_token = NULL
 WHERE id = ANY($1::bigint[]) AND lease_token = $2`
+
+	// qReleaseLease is qRelease for every row lease $1 holds, when the claim that took
+	// them was cut off before its rows reached the relay. Leased rows are pending and
+	// available only at the lease's end: the walk is the ready index above now.
+	qReleaseLease = `
+UPDATE outbox
+SET available_at = clock_timestamp(), attempts = attempts - 1, locked_until = NULL, lease_token = NULL
+WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND available_at > clock_timestamp() AND lease_token = $1`
 )

@@ -460,6 +460,17 @@ func (s *Store) DeadLetter(ctx context.Context, lease Lease, fails []Failure, no
 	return s.settle(ctx, len(fails), "dead-letter outbox rows", qDeadLetter, ids, errs, codes, lease.Token, now)
 }
 
+// ReleaseLease releases every row lease holds (qReleaseLease): a claim whose session was
+// lost may have committed, and its rows would otherwise wait for the lease to end and
+// then count as a relay death.
+func (s *Store) ReleaseLease(ctx context.Context, lease Lease) (int64, error) {
+	tag, err := s.exec(ctx, qReleaseLease, lease.Token)
+	if err != nil {
+		return 0, fmt.Errorf("release the rows of a lost claim: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Release returns claimed rows that were not published, without counting an attempt.
 func (s *Store) Release(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
 	return s.settle(ctx, len(ids), "release outbox rows", qRelease, ids, lease.Token, now)

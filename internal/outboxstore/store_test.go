@@ -220,3 +220,32 @@ FROM generate_series(1, 20) g`)
 		t.Fatalf("the event after it: %d rows, cut %v", c.Len(), c.BytesCut)
 	}
 }
+
+// TestReleaseLease: the rows of a claim whose answer never reached the relay (its session
+// was cut off after the claim committed) are given back by their lease alone: pending and
+// ready again, the attempt uncounted, no lease left for the next claim to count as a
+// relay death; another lease's rows are left alone.
+func TestReleaseLease(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	insertReady(t, db, 6, func(i int) string { return "k-" + string(rune('a'+i)) })
+	s := outboxstore.NewStore(db.Pool)
+	lost, err := outboxstore.NewLease()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(t.Context(), outboxstore.ClaimRequest{Lease: lost, Rows: 4, KeyRun: 1, For: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	kept := claimOnce(t, s, outboxstore.ClaimRequest{Rows: 2, KeyRun: 1})
+	n, err := s.ReleaseLease(t.Context(), lost)
+	if err != nil || n != 4 {
+		t.Fatalf("released %d rows (%v), want the 4 of the lost claim", n, err)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM outbox WHERE lease_token IS NULL AND attempts = 0 AND available_at <= now()`); got != 4 {
+		t.Fatalf("%d rows ready again without a lease or an attempt, want 4", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM outbox WHERE lease_token IS NOT NULL`); got != kept.Len() {
+		t.Fatalf("%d rows still leased, want the other claim's %d", got, kept.Len())
+	}
+}

@@ -517,6 +517,16 @@ func (r *Relay) claim(ctx context.Context, maxBytes int64) (outboxstore.Lease, o
 	// it back to be dead-lettered rather than let it kill this process and the next.
 	c, err := r.store.Claim(cctx, outboxstore.ClaimRequest{Lease: lease, Rows: r.cfg.BatchSize, KeyRun: r.inFlight, MaxBytes: maxBytes,
 		MaxEventBytes: r.cfg.MaxInFlightBytes, MaxDeaths: r.cfg.MaxDeaths, For: r.cfg.Lease, Now: r.now()})
+	if err != nil && outboxstore.SessionLost(err) {
+		// The claim may have committed without its rows reaching us: give them back now,
+		// on another connection, rather than let them wait for the lease and then count as
+		// a relay death.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
+		if _, rerr := retryOutcome(rctx, func() (int64, error) { return r.store.ReleaseLease(rctx, lease) }); rerr != nil {
+			r.log.WarnContext(ctx, "rows of a claim cut off not released; they come back when the lease ends", "error", rerr)
+		}
+		rcancel()
+	}
 	if errors.Is(err, outboxstore.ErrTimeout) && ctx.Err() == nil {
 		err = fmt.Errorf("%w (the claim timeout, %v, is what the lease leaves after a publish and a mark; "+
 			"a claim this slow usually walks dead rows vacuum cannot remove yet, held back by a long-open transaction or a "+
