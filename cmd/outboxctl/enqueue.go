@@ -55,7 +55,7 @@ func runEnqueue(ctx context.Context, e env, args []string) error {
 	defer pool.Close()
 	var w outbox.Waker
 	if fn := e.getenv("RELAY_FUNCTION"); fn != "" {
-		k, err := kick.New(ctx, kick.Config{Function: fn, Logger: slog.New(slog.NewTextHandler(e.stderr, nil))})
+		k, err := kick.New(ctx, kick.Config{Function: fn, DB: pool, Logger: slog.New(slog.NewTextHandler(e.stderr, nil))})
 		if err != nil {
 			return usageErr(fmt.Errorf("RELAY_FUNCTION: %w", err))
 		}

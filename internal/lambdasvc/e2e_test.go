@@ -62,7 +62,7 @@ func deployWith(t *testing.T, tune func(*lambdasvc.FunctionConfig)) *deployed {
 	t.Cleanup(svc.Close)
 	d.svc = svc
 	// The producer's kicker, pointed at the local service as AWS_ENDPOINT_URL_LAMBDA would.
-	d.kicker, err = kick.New(t.Context(), kick.Config{Function: "arn:aws:lambda:eu-west-1:123456789012:function:relay", Client: client(svc.URL, 0)})
+	d.kicker, err = kick.New(t.Context(), kick.Config{Function: "arn:aws:lambda:eu-west-1:123456789012:function:relay", DB: d.db.Pool, Client: client(svc.URL, 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,27 +199,21 @@ func count(all []lambdasvc.Result) tally {
 	return n
 }
 
-// TestThrottledKicksCoalesce: four producers kick a relay whose reserved concurrency is 1
-// while it drains. The kicks beyond it are throttled and retried by the service, as by
-// Lambda; those that reach the environment after it claimed their commits are answered
-// without a database session. Nothing is lost, and no kick costs a session to find
-// nothing.
+// TestThrottledKicksCoalesce: four producers whose kickers read no promises (an older
+// library, Config.DB unset) kick a relay whose reserved concurrency is 1 while it drains.
+// The kicks beyond it are throttled and retried by the service, as by Lambda; those that
+// reach the environment after it claimed their commits are answered without a database
+// session. Nothing is lost, and no kick costs a session to find nothing.
 func TestThrottledKicksCoalesce(t *testing.T) {
 	t.Parallel()
 	d := deployWith(t, func(c *lambdasvc.FunctionConfig) { c.ReservedConcurrency, c.RetryBase = 1, 200*time.Millisecond })
 	kickers := make([]*kick.Kicker, 4)
 	for i := range kickers {
-		kickers[i] = newKicker(t, d)
+		kickers[i] = newKickerOn(t, d, nil)
 	}
 	ids := produce(t, d, kickers, 20, 4*time.Second)
 	waitDispatched(t, d, len(ids))
-	// Every kick accepted has run, been answered, or aged out.
-	testwait.Eventually(t, 90*time.Second, func() bool {
-		s := d.svc.Stats("relay")
-		return s.Accepted == s.Async+s.Dropped
-	}, "the queued kicks settled")
-	st := d.svc.Stats("relay")
-	n := count(d.results.get())
+	st, n := settled(t, d)
 	t.Logf("%d events; service %+v; invocations %+v", len(ids), st, n)
 	if st.Retried == 0 || st.Environments != 1 || n.coalesced == 0 || n.drained == 0 || n.failed != 0 {
 		t.Fatalf("want throttled kicks retried into one environment and coalesced there: service %+v, invocations %+v", st, n)
@@ -227,4 +221,40 @@ func TestThrottledKicksCoalesce(t *testing.T) {
 	if n.empty > 1 {
 		t.Fatalf("%d invocations opened sessions to find nothing", n.empty)
 	}
+}
+
+// TestPromisesSpareKicks: the same four producers with kickers that read the relay's
+// promises (Config.DB), at 20 commits/s for 4 s, under the template's reserved
+// concurrency: the first kick wakes the relay, which promises while it drains, and the
+// producers send no further invoke. Nothing is lost, and nearly every invocation claims
+// events.
+func TestPromisesSpareKicks(t *testing.T) {
+	t.Parallel()
+	d := deploy(t)
+	kickers := make([]*kick.Kicker, 4)
+	for i := range kickers {
+		kickers[i] = newKicker(t, d)
+	}
+	ids := produce(t, d, kickers, 20, 4*time.Second)
+	waitDispatched(t, d, len(ids))
+	st, n := settled(t, d)
+	var promised int64
+	for _, k := range kickers {
+		promised += k.Stats().Promised
+	}
+	t.Logf("%d events; service %+v; invocations %+v; %d kicker reads found a promise", len(ids), st, n, promised)
+	if n.failed != 0 || n.drained == 0 || st.Accepted > 3 || n.empty+n.coalesced > 1 || promised == 0 {
+		t.Fatalf("want one or two invocations that drain and no kick sent while the relay promises: service %+v, invocations %+v, %d promised", st, n, promised)
+	}
+}
+
+// settled waits until every kick accepted has run, been answered, or aged out, and
+// returns the service's counts and the invocations' tally.
+func settled(t *testing.T, d *deployed) (lambdasvc.Stats, tally) {
+	t.Helper()
+	testwait.Eventually(t, 90*time.Second, func() bool {
+		s := d.svc.Stats("relay")
+		return s.Accepted == s.Async+s.Dropped
+	}, "the queued kicks settled")
+	return d.svc.Stats("relay"), count(d.results.get())
 }

@@ -76,9 +76,18 @@ func measure(t *testing.T, profile string, schedule time.Duration, rate int) str
 		100*float64(n.empty)/float64(max(len(inv), 1)), n.coalesced, st.Dropped, idle)
 }
 
+// newKicker is a producer process's Kicker, reading the relay's promises on the outbox's
+// database.
 func newKicker(t *testing.T, d *deployed) *kick.Kicker {
 	t.Helper()
-	k, err := kick.New(t.Context(), kick.Config{Function: "relay", Client: client(d.svc.URL, 0)})
+	return newKickerOn(t, d, d.db.Pool)
+}
+
+// newKickerOn is newKicker reading promises on db; nil: a kicker that reads none (an older
+// library, Config.DB unset), whose kicks only Interval spaces.
+func newKickerOn(t *testing.T, d *deployed, db kick.Querier) *kick.Kicker {
+	t.Helper()
+	k, err := kick.New(t.Context(), kick.Config{Function: "relay", DB: db, Client: client(d.svc.URL, 0)})
 	if err != nil {
 		t.Fatal(err)
 	}

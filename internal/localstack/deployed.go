@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/v3/internal/lambdasvc"
 	"github.com/outbox-relay/outbox-relay/v3/internal/rie"
@@ -29,20 +30,20 @@ type deployedRelay struct {
 
 // startDeployedRelay builds the relay bootstrap (from the module's source: run from the
 // repository) and serves it on the pipeline, with dbURL its DATABASE_URL.
-func startDeployedRelay(ctx context.Context, pl *Pipeline, dbURL string, opts Options) (*deployedRelay, error) {
+func startDeployedRelay(ctx context.Context, pl *Pipeline, pool *pgxpool.Pool, dbURL string, opts Options) (*deployedRelay, error) {
 	dir, err := os.MkdirTemp("", "outbox-dev-relay-")
 	if err != nil {
 		return nil, fmt.Errorf("start deployed relay: %w", err)
 	}
 	d := &deployedRelay{dir: dir, stopTicks: func() {}}
-	if err := d.start(ctx, pl, dbURL, opts); err != nil {
+	if err := d.start(ctx, pl, pool, dbURL, opts); err != nil {
 		d.stop()
 		return nil, fmt.Errorf("start deployed relay: %w", err)
 	}
 	return d, nil
 }
 
-func (d *deployedRelay) start(ctx context.Context, pl *Pipeline, dbURL string, opts Options) error {
+func (d *deployedRelay) start(ctx context.Context, pl *Pipeline, pool *pgxpool.Pool, dbURL string, opts Options) error {
 	bin, err := rie.Build(ctx, "./functions/relay", d.dir)
 	if err != nil {
 		return err
@@ -68,7 +69,7 @@ func (d *deployedRelay) start(ctx context.Context, pl *Pipeline, dbURL string, o
 	// would point it.
 	client := lambda.NewFromConfig(aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
 		func(o *lambda.Options) { o.BaseEndpoint = aws.String(d.svc.URL) })
-	d.kicker, err = kick.New(ctx, kick.Config{Function: "relay", Client: client, Logger: opts.Logger})
+	d.kicker, err = kick.New(ctx, kick.Config{Function: "relay", DB: pool, Client: client, Logger: opts.Logger})
 	return err
 }
 

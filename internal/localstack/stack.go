@@ -163,7 +163,7 @@ func startRelay(ctx context.Context, pl *Pipeline, pool *pgxpool.Pool, schema *p
 	if !opts.Deployed {
 		return superviseRelay(pl, pool, opts.Logger)
 	}
-	dr, err := startDeployedRelay(ctx, pl, schema.URL, *opts)
+	dr, err := startDeployedRelay(ctx, pl, pool, schema.URL, *opts)
 	if err != nil {
 		return nil, err
 	}

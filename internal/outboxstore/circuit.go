@@ -206,13 +206,17 @@ func (s *Store) DropProbe(ctx context.Context, topic string, id int64) error {
 	return nil
 }
 
-func circuitErr(what string, err error) error {
+func circuitErr(what string, err error) error { return tableErr(what, err, ErrNoCircuits) }
+
+// tableErr wraps err as what failed, as missing when the statement's table does not exist
+// (a migration not yet applied).
+func tableErr(what string, err, missing error) error {
 	if err == nil {
 		return nil
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%s: %w", what, ErrNoCircuits)
+		return fmt.Errorf("%s: %w", what, missing)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

@@ -257,7 +257,9 @@ func (h *handler) runDrain(ctx, work context.Context, start time.Time, task stri
 	if task == taskKick {
 		from = relay.IdleFromStart
 	}
-	st, seen, err := h.relay.DrainIdle(work, h.idleGap, from)
+	// DrainAwake tells producers' kickers that a claim is coming while it drains, so they
+	// skip their invokes (migration 0022).
+	st, seen, err := h.relay.DrainAwake(work, h.idleGap, from)
 	if seen.After(h.seen) {
 		h.seen = seen
 	}

@@ -10,6 +10,12 @@
 // (IDLE_GAP, relay.DrainIdle), counted from its start. So a Kicker skips a kick when its
 // last accepted kick was sent less than Interval ago (Interval is at most the relay's gap:
 // the relay that kick woke sees the commit), and at most one kick is in flight at a time.
+// With Config.DB a Kicker first asks the database whether a relay has promised a claim
+// after the commit (outbox_relay_awake, migration 0022: a draining relay keeps such a
+// promise about its idle gap ahead) and sends nothing if one has; otherwise it writes the
+// promise of the relay it is about to wake, so producers committing in the same instant
+// send one invoke between them, not one each.
+//
 // A kick that fails is logged and counted (Stats), never returned to the caller: the
 // event is committed and the relay's schedule delivers it if nothing else does (a lost
 // kick costs at most one schedule period of latency, never the event).
@@ -29,6 +35,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Defaults for Config.
@@ -55,10 +63,21 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives a warning per failed kick. Default slog.Default().
 	Logger *slog.Logger
+	// DB is the database the producer commits to (a *pgxpool.Pool). With it a kick is sent
+	// only when no relay has promised a claim after the commit (see the package's doc):
+	// a steady stream of commits costs an invoke when the relay went away, not one per
+	// Interval per process. Nil: every kick due is sent.
+	DB Querier
 	// Client sends the invokes. Nil: a client from the default AWS configuration (region,
 	// credentials, and the endpoint: AWS_ENDPOINT_URL_LAMBDA or AWS_ENDPOINT_URL when set,
 	// which points it at a local Invoke API).
 	Client *lambda.Client
+}
+
+// Querier runs the promise's statements: *pgxpool.Pool, *pgx.Conn.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // payload is the invocation payload of a kick (the relay function's {"task":"kick"}); the
@@ -78,9 +97,12 @@ type Stats struct {
 	Sent   int64
 	Failed int64
 	// Skipped counts Kick calls that caused no invoke of their own: covered by an
-	// accepted kick (sent less than Interval before, or in flight then), or folded into
-	// the next one.
+	// accepted kick (sent less than Interval before, or in flight then) or by a relay's
+	// promise, or folded into the next one.
 	Skipped int64
+	// Promised counts the checks (Config.DB) that found a relay's or another producer's
+	// promise and so sent no invoke.
+	Promised int64
 }
 
 // Kicker wakes the relay after commits. Its methods are safe for concurrent use.
@@ -96,11 +118,16 @@ type Kicker struct {
 	// lastRequest is the last Kick call; lastSent the start of the last invoke; lastOK that
 	// of the last accepted one.
 	lastRequest, lastSent, lastOK time.Time
-	timer                         *time.Timer
-	closed                        bool
-	wg                            sync.WaitGroup
+	// promisedUntil: a relay claims every event committed before it (a promise read
+	// from the database), by this clock.
+	promisedUntil time.Time
+	timer         *time.Timer
+	closed        bool
+	wg            sync.WaitGroup
 
-	requested, sent, failed atomic.Int64
+	requested, sent, failed, promised atomic.Int64
+	// noTable: the database has no outbox_relay_awake (said once); kicks are sent.
+	noTable atomic.Bool
 }
 
 // New returns a Kicker that invokes cfg.Function.
@@ -142,6 +169,8 @@ func (k *Kicker) Kick() {
 		k.pending = true
 	case !k.lastOK.IsZero() && now.Sub(k.lastOK) < k.cfg.Interval:
 		// The relay the last accepted kick woke sees this commit.
+	case now.Before(k.promisedUntil):
+		// A relay promised a claim after this commit.
 	default:
 		k.pending = true
 		k.sendLocked(now)
@@ -170,24 +199,40 @@ func (k *Kicker) fire() {
 	}
 }
 
-// send invokes the relay once and settles what came in meanwhile.
+// send invokes the relay once, unless a promise covers the kicks, and settles what came
+// in meanwhile.
 func (k *Kicker) send(start time.Time) {
 	defer k.wg.Done()
-	err := k.invoke(start)
+	until, release := k.promise(start)
+	var err error
+	if until.IsZero() {
+		if err = k.invoke(start); err != nil && release != nil {
+			release()
+		}
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.inFlight = false
-	if err == nil {
+	switch {
+	case !until.IsZero():
+		k.promised.Add(1)
+		if until.After(k.promisedUntil) {
+			k.promisedUntil = until
+		}
+		if k.pending && k.lastRequest.Before(k.promisedUntil) {
+			k.pending = false
+		}
+	case err == nil:
 		k.sent.Add(1)
 		k.lastOK = start
-	} else {
+	default:
 		k.failed.Add(1)
 		k.log.Warn("relay kick failed; the relay's schedule delivers the events", "function", k.cfg.Function, "error", err.Error())
 	}
 	if !k.pending {
 		return
 	}
-	if err == nil && k.lastRequest.Sub(start) < k.cfg.Interval {
+	if until.IsZero() && err == nil && k.lastRequest.Sub(start) < k.cfg.Interval {
 		// The relay this kick woke stays the idle gap from its start: it sees them.
 		k.pending = false
 		return
@@ -195,6 +240,77 @@ func (k *Kicker) send(start time.Time) {
 	if !k.closed {
 		k.sendLocked(time.Now())
 	}
+}
+
+// kickToken keys the promise a kicker writes before its invoke: one row that every
+// producer of the outbox contends for, so two committing at once send one invoke.
+const kickToken = "00000000-0000-4000-8000-006b69636b00"
+
+// minPromise: a promise that ends sooner than this covers nothing worth a skip.
+const minPromise = 20 * time.Millisecond
+
+const (
+	// qPromise reads the latest promise ending after the minimum, and, if there is none,
+	// writes the kick's own (the relay it wakes stays Interval from its start, which is
+	// after this statement). The upsert serializes kickers: one that meets a live kick
+	// row written after its snapshot takes nothing and reads again.
+	qPromise = `
+WITH promised AS (
+    SELECT max(until) AS until FROM outbox_relay_awake
+    WHERE until > clock_timestamp() + $3 * interval '1 microsecond'
+), taken AS (
+    INSERT INTO outbox_relay_awake AS a (token, until)
+    SELECT $1::uuid, clock_timestamp() + $2 * interval '1 microsecond'
+    WHERE (SELECT until FROM promised) IS NULL
+    ON CONFLICT (token) DO UPDATE SET until = excluded.until WHERE a.until <= clock_timestamp()
+    RETURNING until
+)
+SELECT (extract(epoch FROM (SELECT until FROM promised) - clock_timestamp()) * 1e6)::bigint,
+       (SELECT until FROM taken)`
+	// qRelease withdraws a kick's promise whose invoke failed.
+	qRelease = `DELETE FROM outbox_relay_awake WHERE token = $1::uuid AND until = $2`
+)
+
+// promise asks the database whether a relay will claim every event committed before now
+// (until, by this clock: non-zero means no invoke is needed). Otherwise it has written the
+// kick's own promise, and release withdraws it if the invoke fails. Without Config.DB, or
+// when the database cannot answer, the kick is sent.
+func (k *Kicker) promise(start time.Time) (until time.Time, release func()) {
+	if k.cfg.DB == nil || k.noTable.Load() {
+		return time.Time{}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
+	defer cancel()
+	// A kicker that lost the race for the kick row reads again: that row is then visible.
+	for range 3 {
+		var left *int64
+		var taken *time.Time
+		err := k.cfg.DB.QueryRow(ctx, qPromise, kickToken, k.cfg.Interval.Microseconds(), minPromise.Microseconds()).Scan(&left, &taken)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table: before 0022
+			if !k.noTable.Swap(true) {
+				k.log.Warn("kicker sends every kick: the database has no outbox_relay_awake table (run migrate up: 0022)")
+			}
+			return time.Time{}, nil
+		case err != nil:
+			k.log.Debug("kicker could not read the relay's promise; kicking", "error", err.Error())
+			return time.Time{}, nil
+		case left != nil:
+			// The database read its clock after start: the promise ends at least left
+			// after start.
+			return start.Add(time.Duration(*left) * time.Microsecond), nil
+		case taken != nil:
+			return time.Time{}, func() {
+				rctx, rcancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
+				defer rcancel()
+				if _, err := k.cfg.DB.Exec(rctx, qRelease, kickToken, *taken); err != nil {
+					k.log.Debug("kicker could not withdraw its promise", "error", err.Error())
+				}
+			}
+		}
+	}
+	return time.Time{}, nil
 }
 
 func (k *Kicker) invoke(start time.Time) error {
@@ -221,7 +337,7 @@ func (k *Kicker) invoke(start time.Time) error {
 // Stats returns the counts so far.
 func (k *Kicker) Stats() Stats {
 	sent, failed, req := k.sent.Load(), k.failed.Load(), k.requested.Load()
-	return Stats{Requested: req, Sent: sent, Failed: failed, Skipped: max(req-sent-failed-k.pendingCount(), 0)}
+	return Stats{Requested: req, Sent: sent, Failed: failed, Skipped: max(req-sent-failed-k.pendingCount(), 0), Promised: k.promised.Load()}
 }
 
 func (k *Kicker) pendingCount() int64 {

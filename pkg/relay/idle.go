@@ -33,7 +33,12 @@ const (
 // for another reason (the deadline, an error, a pause, ctx). A kick sent before seen
 // needs no new drain (the relay Lambda answers it without a database session).
 func (r *Relay) DrainIdle(ctx context.Context, idle time.Duration, from IdleFrom) (st Stats, seen time.Time, err error) {
-	end := lingerEnd{idle: idle, idleAfterEvents: from == IdleFromEvents}
+	return r.drainIdle(ctx, idle, from, nil)
+}
+
+// drainIdle is DrainIdle telling found when a drain found events.
+func (r *Relay) drainIdle(ctx context.Context, idle time.Duration, from IdleFrom, found func(time.Time)) (Stats, time.Time, error) {
+	end := lingerEnd{idle: idle, idleAfterEvents: from == IdleFromEvents, found: found}
 	if idle <= 0 {
 		// One drain: the end is the first drain that comes back idle.
 		end = lingerEnd{idle: time.Nanosecond, idleAfterEvents: true}

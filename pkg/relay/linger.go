@@ -73,6 +73,9 @@ type lingerEnd struct {
 	idleAfterEvents bool
 	// seen, if set, receives when the last drain began.
 	seen *time.Time
+	// found, if set, is told when a drain that found events ended (the idle gap's new
+	// start).
+	found func(at time.Time)
 }
 
 // lingerClock tracks a linger's end: until, fixed or moved by each drain that finds events.
@@ -106,6 +109,9 @@ func (c *lingerClock) began() {
 func (c *lingerClock) drained(found bool, total *Stats) bool {
 	if found {
 		c.lastFound = time.Now()
+		if c.end.found != nil {
+			c.end.found(c.lastFound)
+		}
 	}
 	return !found && c.end.idleAfterEvents && total.Claimed == 0
 }

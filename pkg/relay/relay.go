@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -42,6 +43,8 @@ type Relay struct {
 
 	// circuits is this relay's view of the destinations whose consumer is down (circuit.go).
 	circuits *breaker
+	// noPromisesLogged: DrainAwake said once that the database lacks migration 0022.
+	noPromisesLogged atomic.Bool
 }
 
 // New returns a Relay over db and pub, or the config's errors. The relay needs a pool, not
