@@ -568,3 +568,32 @@ func TestPinnedProducersBehindStopAtTheEnd(t *testing.T) {
 		t.Errorf("produced %d of %d planned, %d inserts stuck: want the producer stopped at the end, behind", res.Produced, res.Planned, res.InsertsStuck)
 	}
 }
+
+// TestDeployed: the deployed scenario at its tiny size runs the built relay under the local
+// Lambda service and reports every event dispatched, the invocations, the kicks and the
+// commit rates; the summary and its targets name them.
+func TestDeployed(t *testing.T) {
+	t.Parallel()
+	_, cfg, res := tiny(t, bench.DeployedConfigFor, bench.Deployed)
+	if len(res.Runs) != len(cfg.Profiles)*len(cfg.Rates) {
+		t.Fatalf("runs %+v, want one per profile and rate", res.Runs)
+	}
+	for _, run := range res.Runs {
+		if run.Events == 0 || run.Latency.Samples != run.Events || run.Drained == 0 || run.Failed != 0 || run.KicksSent == 0 {
+			t.Errorf("run %+v: want events dispatched by kicked invocations", run)
+		}
+	}
+	if res.CommitsOnBest <= 0 || res.CommitsOffBest <= 0 || res.CommitRatio <= 0 {
+		t.Errorf("commit rates on %v off %v ratio %v", res.CommitRoundsOn, res.CommitRoundsOff, res.CommitRatio)
+	}
+	r := bench.Results{Deployed: res}
+	r.Summarise()
+	if r.Summary.DeployedP99Ms == nil || r.Summary.DeployedClaimedNothingShare20 == nil || r.Summary.DeployedCommitRatio == nil {
+		t.Errorf("summary %+v lacks the deployed figures", r.Summary)
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	if !strings.Contains(md.String(), "## 9. The deployed shape") {
+		t.Errorf("no deployed section in:\n%s", md.String())
+	}
+}

@@ -16,6 +16,11 @@ END $$`
 
 	qPendingCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL`
 
+	qDispatchedCount = `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL`
+
+	// qAppSessions counts the sessions of one application_name.
+	qAppSessions = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`
+
 	// qWALPosition is the server's WAL insert position in bytes: the difference of two is
 	// the WAL written in between, by every session of the server.
 	qWALPosition = `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`

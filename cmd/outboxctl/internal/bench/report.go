@@ -33,6 +33,7 @@ type Results struct {
 	Memory   *MemoryResult   `json:"memory,omitempty"`
 	Backlog  *BacklogResult  `json:"backlog,omitempty"`
 	Pinned   *PinnedResult   `json:"pinned,omitempty"`
+	Deployed *DeployedResult `json:"deployed,omitempty"`
 	// Errors lists scenarios that failed; the others still report.
 	Errors map[string]string `json:"errors,omitempty"`
 }
@@ -101,6 +102,16 @@ type Summary struct {
 	// and the worst clean one's before the pin, what the bounded walks keep flat.
 	PinnedClaimP99Ms      *float64 `json:"pinned_claim_p99_ms"`
 	PinnedCleanClaimP99Ms *float64 `json:"pinned_clean_claim_p99_ms"`
+	// The deployed shape (kicked relay Lambda under the emulator): the worst commit ->
+	// dispatched p50 and p99 over every profile and rate; the relay's session-seconds per
+	// idle minute, worst of each profile; the share of invocations that claimed nothing at
+	// 20 commits/s with the defaults; producers' commits/s with kicks on over off.
+	DeployedP50Ms                    *float64 `json:"deployed_p50_ms"`
+	DeployedP99Ms                    *float64 `json:"deployed_p99_ms"`
+	DeployedIdleSessionSeconds       *float64 `json:"deployed_idle_session_seconds"`
+	DeployedIdleSessionSecondsToZero *float64 `json:"deployed_idle_session_seconds_scale_to_zero"`
+	DeployedClaimedNothingShare20    *float64 `json:"deployed_claimed_nothing_share_20"`
+	DeployedCommitRatio              *float64 `json:"deployed_commit_ratio"`
 }
 
 // Target is one of the issue's goals, with the measured value. Met is reported, never
@@ -207,6 +218,9 @@ func (r *Results) Summarise() {
 		s.PinnedRecoverySeconds, s.PinnedLeftBehind = p.RecoverySeconds, ptr(p.LeftBehind)
 		s.PinnedClaimP99Ms, s.PinnedCleanClaimP99Ms = ptr(p.WorstPinnedClaimP99), ptr(p.CleanClaimP99)
 	}
+	if d := r.Deployed; d != nil {
+		s.summariseDeployed(d)
+	}
 
 	target := func(name, goal string, v *float64, ok func(float64) bool) {
 		t := Target{Name: name, Goal: goal, Value: v}
@@ -259,6 +273,37 @@ func (r *Results) Summarise() {
 		left = ptr(float64(*s.PinnedLeftBehind))
 	}
 	target("pinned_left_behind", "== 0 (every event delivered by the end)", left, func(v float64) bool { return v == 0 })
+	target("deployed_p50_ms", "<= 150 (kicked relay Lambda, every profile and rate)", s.DeployedP50Ms, func(v float64) bool { return v <= 150 })
+	target("deployed_p99_ms", "<= 1000 (kicked relay Lambda, every profile and rate)", s.DeployedP99Ms, func(v float64) bool { return v <= 1000 })
+	target("deployed_idle_session_seconds", "<= 1 per idle minute (template defaults)", s.DeployedIdleSessionSeconds, func(v float64) bool { return v <= 1 })
+	target("deployed_idle_session_seconds_scale_to_zero", "== 0 per idle minute (rate(15 minutes))", s.DeployedIdleSessionSecondsToZero, func(v float64) bool { return v == 0 })
+	target("deployed_claimed_nothing_share_20", "<= 0.2 of invocations (20 commits/s, defaults; coalesced kicks counted)", s.DeployedClaimedNothingShare20, func(v float64) bool { return v <= 0.2 })
+	target("deployed_commit_ratio", ">= 0.95 (64 clients, kicks on over off)", s.DeployedCommitRatio, func(v float64) bool { return v >= 0.95 })
+}
+
+// summariseDeployed fills the deployed shape's headline figures.
+func (s *Summary) summariseDeployed(d *DeployedResult) {
+	worst := func(cur *float64, v float64) *float64 {
+		if cur == nil || v > *cur {
+			return ptr(v)
+		}
+		return cur
+	}
+	for _, run := range d.Runs {
+		s.DeployedP50Ms, s.DeployedP99Ms = worst(s.DeployedP50Ms, run.Latency.P50), worst(s.DeployedP99Ms, run.Latency.P99)
+		switch run.Profile {
+		case profileDefaults.Name:
+			s.DeployedIdleSessionSeconds = worst(s.DeployedIdleSessionSeconds, run.IdleSessionSecondsPerMinute)
+			if run.Rate == 20 {
+				s.DeployedClaimedNothingShare20 = ptr(run.ClaimedNothingShare)
+			}
+		case profileScaleToZero.Name:
+			s.DeployedIdleSessionSecondsToZero = worst(s.DeployedIdleSessionSecondsToZero, run.IdleSessionSecondsPerMinute)
+		}
+	}
+	if d.CommitRatio > 0 {
+		s.DeployedCommitRatio = ptr(d.CommitRatio)
+	}
 }
 
 // Machine describes where the numbers came from.
@@ -494,6 +539,18 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 				w.Latency.P50, w.Latency.P99, w.Latency.Max, w.DeadTuples, w.Vacuums, w.Claim.Samples, w.Claim.P50, w.Claim.P99, w.Publish.P99, w.Mark.P99, w.Dispatch.P50, w.Dispatch.P99)
 		}
 		p("\n")
+	}
+	if d := r.Deployed; d != nil {
+		c := d.Config
+		p("## 9. The deployed shape (%d producer processes, %.0f s at each rate, then %.0f s idle)\n\n", c.Producers, c.Run.Seconds(), c.Idle.Seconds())
+		p("%s. Latency is created_at -> dispatched_at of every event (the first, in a new environment, is the cold start). Invocations count the run and the idle span: drained claimed events, found nothing opened sessions and claimed none, coalesced kicks were answered without a session. Kicks: invokes the producers sent, and their reads of a relay's promise that spared one.\n\n", d.Path)
+		p("| profile | commits/s | events | p50 ms | p99 ms | max ms | first event ms | invocations | drained | found nothing | coalesced | claimed nothing | kicks sent | kicks spared | environments | idle session-s per minute |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range d.Runs {
+			p("| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.0f %% | %d | %d | %d | %.2f |\n", x.Profile, x.Rate, x.Events, x.Latency.P50, x.Latency.P99, x.Latency.Max, x.ColdStartMs,
+				x.Invocations, x.Drained, x.FoundNothing, x.Coalesced, 100*x.ClaimedNothingShare, x.KicksSent, x.KicksPromised, x.Environments, x.IdleSessionSecondsPerMinute)
+		}
+		p("\nProducer commits/s, %d clients, one event per transaction, best of %d rounds each in turns: kicks on **%.0f**, kicks off %.0f (**%.2f**); rounds on %s, off %s.\n\n",
+			c.CommitClients, max(c.CommitRounds/2, 1), d.CommitsOnBest, d.CommitsOffBest, d.CommitRatio, roundsList(d.CommitRoundsOn), roundsList(d.CommitRoundsOff))
 	}
 	if len(r.Errors) > 0 {
 		p("## Errors\n\n")

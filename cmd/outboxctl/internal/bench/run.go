@@ -21,10 +21,11 @@ const (
 	ScenarioMemory   = "memory"
 	ScenarioBacklog  = "backlog"
 	ScenarioPinned   = "pinned"
+	ScenarioDeployed = "deployed"
 )
 
 // Scenarios lists every scenario.
-var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog, ScenarioPinned}
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog, ScenarioPinned, ScenarioDeployed}
 
 // ParseScenarios splits a comma-separated list and checks every name.
 func ParseScenarios(s string) ([]string, error) {
@@ -141,6 +142,8 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 			cfg.Hold = opts.PinnedHold
 		}
 		res.Pinned, err = Pinned(ctx, s.URL, cfg, opts.Progress)
+	case ScenarioDeployed:
+		res.Deployed, err = Deployed(ctx, s.URL, DeployedConfigFor(opts.Size), opts.Progress)
 	}
 	return err
 }
