@@ -227,8 +227,11 @@ FROM cur`
 	// events and probe: a new circuit's first probe waits $4 (an interval); a failed probe
 	// (the circuit's probe_id, $1) frees the probe slot and doubles the wait, from $4 up to
 	// $5. Other failures reported while it is open (deliveries published before it opened)
-	// only count. In one statement with the reopen: a reopened event and its held topic
-	// appear together.
+	// count, and while a probe is in flight they restart its horizon (probe_sent_at): the
+	// consumer still fails, so a probe that waits behind retried messages in its FIFO queue
+	// is not taken for delivered when the horizon passes (the relay closed such circuits
+	// during an outage and published into it again). In one statement with the reopen: a
+	// reopened event and its held topic appear together.
 	qReopenDeliveryCircuit = reopenHead + `, circuit AS (
     INSERT INTO outbox_circuits AS c (topic, probe_at, last_error)
     SELECT re.topic, now() + $4::interval, $3::text FROM re
@@ -238,6 +241,8 @@ FROM cur`
         probe_at = CASE WHEN c.probe_id = $1::bigint
                         THEN now() + least($5::interval, $4::interval * power(2, least(c.probe_failures + 1, 20)))
                         ELSE c.probe_at END,
+        probe_sent_at = CASE WHEN c.probe_id IS NOT NULL AND c.probe_id IS DISTINCT FROM $1::bigint
+                             THEN greatest(c.probe_sent_at, now()) ELSE c.probe_sent_at END,
         probe_id = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_id END,
         probe_generation = CASE WHEN c.probe_id = $1::bigint THEN NULL ELSE c.probe_generation END
 )` + reopenTail

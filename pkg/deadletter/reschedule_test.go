@@ -198,3 +198,39 @@ func TestCallbackKeyOrderReopensWithoutACircuit(t *testing.T) {
 		t.Fatalf("%d circuits open after an outage's 503, want 1", n)
 	}
 }
+
+// TestFailureWhileProbingRestartsTheProbeHorizon: a transient failure of another event of
+// the topic, reported while the circuit's probe is in flight, restarts the probe's horizon
+// (probe_sent_at): the consumer still fails, so a probe queued behind retried messages (a
+// FIFO queue) is not counted as delivered when the horizon passes. The probe's own
+// failure frees the slot as before.
+func TestFailureWhileProbingRestartsTheProbeHorizon(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	h := newCallbackHandler(t, db, nil)
+	first := enqueue(t, db, "order.created", "a", `{"n":1}`)
+	dispatch(t, db, first)
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first", 500, nil))); w.Code != http.StatusOK {
+		t.Fatalf("first failure: %d %s", w.Code, w.Body)
+	}
+	// The relay published a probe an hour ago (as the relay records it).
+	probe := enqueue(t, db, "order.created", "b", `{"n":2}`)
+	dispatch(t, db, probe)
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_circuits SET probe_id = $1, probe_generation = 0, probe_sent_at = now() - interval '1 hour'`, probe); err != nil {
+		t.Fatal(err)
+	}
+	other := enqueue(t, db, "order.created", "c", `{"n":3}`)
+	dispatch(t, db, other)
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(other, 0, "msg-other", 503, nil))); w.Code != http.StatusOK {
+		t.Fatalf("other failure: %d %s", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox_circuits WHERE probe_id = $1 AND probe_sent_at > now() - interval '1 minute'`, probe); n != 1 {
+		t.Fatalf("the probe's horizon did not restart on a failure reported while it was in flight")
+	}
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(probe, 0, "msg-probe", 500, nil))); w.Code != http.StatusOK {
+		t.Fatalf("probe failure: %d %s", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox_circuits WHERE probe_id IS NULL AND probe_failures = 1`); n != 1 {
+		t.Fatalf("the probe's failure did not free its slot")
+	}
+}

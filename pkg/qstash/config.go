@@ -56,8 +56,8 @@ type PublisherConfig struct {
 	// RetryDelay, when set, is the wait between QStash's retries of a message (sent as
 	// Upstash-Retry-Delay, in whole milliseconds, at least 1 s, at most a day), instead of
 	// QStash's backoff (12 s, 2 min 28 s, 30 min 8 s: the last retry about 32.8 minutes
-	// after the first attempt). A short ladder (e.g. 20s with 3 retries: a minute) hands a
-	// consumer outage to the outbox sooner: the failure callback reschedules the event and
+	// after the first attempt). A short ladder (10s with 3 retries, the stack's default: 30
+	// seconds) hands a consumer outage to the outbox sooner: the failure callback reschedules the event and
 	// the relay holds its topic until a probe is delivered (docs/reliability.md, "Consumer
 	// outage"). A receiver's Retry-After still wins.
 	RetryDelay time.Duration

@@ -35,7 +35,7 @@ import (
 //	(processed_messages, 489,    callback                     outage              their events; nothing is dead-lettered
 //	or no failure in horizon)
 
-// Circuit timing. circuitRefresh bounds how often a relay reads the circuits (one small
+// Circuit timing. DefaultCircuitRefresh bounds how often a relay reads the circuits (one small
 // statement; its DELETE finds nothing while none is open); circuitHoldMax how long a held
 // event sleeps before it is claimed (and held) again: the closing wakes it, so this only
 // bounds a missed wake, and sets how often a long outage's backlog is walked; DefaultProbeHorizon
@@ -43,16 +43,17 @@ import (
 // the consumer's commit is not visible in this database: a probe has one attempt, so its
 // callback comes after QStash's delivery timeout and the callback's own delivery.
 const (
-	circuitRefresh      = time.Second
-	circuitHoldMax      = 5 * time.Minute
-	DefaultProbeHorizon = 3 * time.Minute
+	DefaultCircuitRefresh = time.Second
+	circuitHoldMax        = 5 * time.Minute
+	DefaultProbeHorizon   = 3 * time.Minute
 )
 
-// breaker is a relay's view of the open circuits, read at most every circuitRefresh.
+// breaker is a relay's view of the open circuits, read at most every refresh.
 type breaker struct {
 	store   *outboxstore.Store
 	log     *slog.Logger
 	horizon time.Duration
+	refresh time.Duration
 
 	mu     sync.Mutex
 	readAt time.Time
@@ -67,7 +68,7 @@ type breaker struct {
 // long-lived relay sees the table a minute after `migrate up` at the latest.
 const noCircuitsRecheck = time.Minute
 
-// current returns the open circuits by topic, refreshed when older than circuitRefresh. A
+// current returns the open circuits by topic, refreshed when older than its refresh. A
 // failed read keeps the last view: the claim that follows fails too if the database is
 // down, and a stale view only holds or releases for one more second. One caller reads at a
 // time, outside the lock: the others take the view as it is rather than queue behind the
@@ -75,7 +76,7 @@ const noCircuitsRecheck = time.Minute
 // a few milliseconds to a second).
 func (b *breaker) current(ctx context.Context) map[string]outboxstore.Circuit {
 	b.mu.Lock()
-	if b.reading || time.Since(b.readAt) < circuitRefresh {
+	if b.reading || time.Since(b.readAt) < b.refresh {
 		open := b.open
 		b.mu.Unlock()
 		return open
@@ -117,9 +118,9 @@ func (b *breaker) read(ctx context.Context) (map[string]outboxstore.Circuit, tim
 	}
 	switch {
 	case errors.Is(err, outboxstore.ErrNoCircuits):
-		return nil, time.Now().Add(noCircuitsRecheck - circuitRefresh)
+		return nil, time.Now().Add(noCircuitsRecheck - b.refresh)
 	case err != nil:
-		// Not again before circuitRefresh: each retry would take its share of a claim.
+		// Not again before the refresh: each retry would take its share of a claim.
 		b.log.WarnContext(ctx, "consumer circuits not read; keeping the last view", "error", err)
 		return last, time.Now()
 	}

@@ -165,6 +165,10 @@ type Config struct {
 	// this database (circuit.go). Default DefaultProbeHorizon; tests on a compressed clock
 	// shorten it.
 	ProbeHorizon time.Duration
+	// CircuitRefresh is how often the relay reads the consumer circuits (one small
+	// statement): events published in the refresh after a circuit opened still go to
+	// QStash. Default DefaultCircuitRefresh; a test on a compressed clock shortens it.
+	CircuitRefresh time.Duration
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
 	// its children and the outcome counts as attributes. Nil turns tracing off: the drain
@@ -198,6 +202,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
 	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
 	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, DefaultProbeHorizon)
+	c.CircuitRefresh = cmp.Or(c.CircuitRefresh, DefaultCircuitRefresh)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c

@@ -63,7 +63,7 @@ func New(db *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{store: outboxstore.NewStore(db), pub: pub, db: db, cfg: cfg, log: cfg.Logger, inFlight: cfg.PublishConcurrency,
 		destination: traceDestination(pub)}
-	r.circuits = &breaker{store: r.store, log: r.log, horizon: r.cfg.ProbeHorizon}
+	r.circuits = &breaker{store: r.store, log: r.log, horizon: r.cfg.ProbeHorizon, refresh: r.cfg.CircuitRefresh}
 	// One connection claims while each batch in flight may hold one to be marked: a batch
 	// waiting for a connection would eat into its mark budget.
 	if n := int(db.Config().MaxConns) - 1; n < r.inFlight {

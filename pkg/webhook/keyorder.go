@@ -49,7 +49,10 @@ var replyKeyOrder = receive.Reply{Status: http.StatusServiceUnavailable, Code: "
 
 // qKeyOrder reads what stands before outbox row $1 in its key, for consumer $2: whether
 // an earlier event is pending again after it had been dispatched (generation above 0: put
-// back by a failure callback, dlq sync or a redrive), and the previous dispatched event
+// back by a failure callback, dlq sync or a redrive) and not leased with the delivery's
+// own row (published in the same batch, ahead of it in the queue: its delivery can come
+// before the relay's mark, and putting it back then cost the consumer outage scenario a
+// thousand republishes), and the previous dispatched event
 // when it is not applied by $2, dispatched within $3 and of one of the topics $4. Two
 // index probes: outbox_pending_key_idx, and outbox_dispatched_key_idx (migration 0021),
 // before which the second part reads nothing (without the index the walk would be the
@@ -57,7 +60,8 @@ var replyKeyOrder = receive.Reply{Status: http.StatusServiceUnavailable, Code: "
 const qKeyOrder = `
 SELECT EXISTS (SELECT 1 FROM outbox e
                WHERE e.partition_key = l.partition_key AND e.id < l.id
-                 AND e.dispatched_at IS NULL AND e.dead_lettered_at IS NULL AND e.generation > 0),
+                 AND e.dispatched_at IS NULL AND e.dead_lettered_at IS NULL AND e.generation > 0
+                 AND e.lease_token IS DISTINCT FROM coalesce(l.lease_token, '00000000-0000-0000-0000-000000000000'::uuid)),
        p.id, p.topic
 FROM outbox l
 LEFT JOIN LATERAL (

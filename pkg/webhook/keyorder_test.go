@@ -156,3 +156,43 @@ func TestKeyOrderPutsBackBehindAReopenedEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyOrderTrustsTheSameBatch: an earlier event of the key that is pending again but
+// leased under the delivery's own lease went out in the same batch, ahead of it in the
+// FIFO queue (the delivery beat the relay's mark): the delivery is applied, not put back.
+// Leased under another lease (republished after it), it is put back.
+func TestKeyOrderTrustsTheSameBatch(t *testing.T) {
+	t.Parallel()
+	for _, same := range []bool{true, false} {
+		f := newFixture(t, func(cfg *webhook.Config) { cfg.SharesOutbox = true })
+		ctx := t.Context()
+		prev, err := outbox.Enqueue(ctx, f.db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(order("o-0"))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, err := outbox.Enqueue(ctx, f.db.Pool, outbox.Event{Topic: "order.created", PartitionKey: "k", Payload: json.RawMessage(order("o-1"))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := "22222222-2222-2222-2222-222222222222"
+		if same {
+			other = "11111111-1111-1111-1111-111111111111"
+		}
+		if _, err := f.db.Pool.Exec(ctx, `UPDATE outbox SET generation = 1, lease_token = $2::uuid WHERE id = $1::bigint`, prev.String(), other); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.db.Pool.Exec(ctx, `UPDATE outbox SET lease_token = '11111111-1111-1111-1111-111111111111' WHERE id = $1::bigint`, next.String()); err != nil {
+			t.Fatal(err)
+		}
+		r := signedRequest(t, "/events/order.created?outbox_id="+next.String()+"&generation=0", "", order("o-1"))
+		r.Header.Set(qstash.HeaderOrdering, qstash.OrderingFIFO)
+		w := f.serve(r)
+		want := "superseded"
+		if same {
+			want = "processed"
+		}
+		if w.Code != http.StatusOK || !contains(w.Body.String(), want) {
+			t.Fatalf("same batch %v: %d %s, want 200 %s", same, w.Code, w.Body, want)
+		}
+	}
+}

@@ -135,7 +135,7 @@ var Vars = []Var{
 	{"QSTASH_RETRIES", "QStash", fmt.Sprint(qstash.DefaultRetries), Relay, ec,
 		"QStash's retry budget per message (`Upstash-Retries`); 0 is a single delivery attempt; at most the plan's."},
 	{"QSTASH_RETRY_DELAY", "QStash", "unset (QStash's backoff: the last retry about 32.8 min after the first attempt)", Relay, ec,
-		"Wait between QStash's retries of a message (`Upstash-Retry-Delay`), 1s to 24h. Short (e.g. `20s`: a one-minute ladder with 3 retries) hands a consumer outage to the outbox sooner: the failure callback puts the event back and the relay holds its topic until a probe is delivered ([consumer outage](reliability.md#consumer-outage))."},
+		"Wait between QStash's retries of a message (`Upstash-Retry-Delay`), 1s to 24h. Short (e.g. `10s`, the stack's default: a 30-second ladder with 3 retries) hands a consumer outage to the outbox sooner: the failure callback puts the event back and the relay holds its topic until a probe is delivered ([consumer outage](reliability.md#consumer-outage))."},
 	{"OUTBOX_NAME", "QStash", "`" + qstash.DefaultName + "` (the template: the stack name)", Relay, ec,
 		"The deployment's name, `[A-Za-z0-9_-]`, at most 128: in every deduplication id (`<name>-<id>`, `<name>-<id>-r<generation>`), the FIFO queue names and the flow-control keys, so deployments sharing a QStash account neither deduplicate nor block each other."},
 	{"PUBLIC_BASE_URL", "QStash", "relay: required; webhook: the Function URL's origin", Relay | WebhookFunction, ec,

@@ -597,3 +597,30 @@ func TestDeployed(t *testing.T) {
 		t.Errorf("no deployed section in:\n%s", md.String())
 	}
 }
+
+// TestOutage: the consumer outage scenario at its tiny size (fifo, a 2-minute outage on
+// a 20x clock) loses nothing to the outage, keeps key order, opens a circuit and reports
+// the recovery; the summary's targets name the figures.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	_, cfg, res := tiny(t, bench.OutageConfigFor, bench.Outage)
+	if len(res.Runs) != len(cfg.Modes)*len(cfg.Outages) {
+		t.Fatalf("runs %+v", res.Runs)
+	}
+	for _, run := range res.Runs {
+		if run.Events == 0 || run.DuringOutage == 0 || run.DeadLettered != 0 || run.OrderViolations != 0 || run.Attempts < int64(run.Events) ||
+			run.Recovery.Samples != run.DuringOutage || run.CircuitOpenedAfter < 0 {
+			t.Errorf("run %+v: want every outage event applied in key order, none dead-lettered, the circuit opened", run)
+		}
+	}
+	r := bench.Results{Outage: res}
+	r.Summarise()
+	if r.Summary.OutageBilledPerEvent == nil || r.Summary.OutageRecoveryP99Seconds == nil || *r.Summary.OutageDeadLettered != 0 {
+		t.Errorf("summary %+v", r.Summary)
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	if !strings.Contains(md.String(), "## 10. Consumer outage") {
+		t.Errorf("no outage section in:\n%s", md.String())
+	}
+}

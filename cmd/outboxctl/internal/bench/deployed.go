@@ -74,9 +74,10 @@ type DeployedRun struct {
 	Rate    int     `json:"commits_per_sec"`
 	Events  int     `json:"events"`
 	Latency Latency `json:"commit_to_dispatched"`
-	// Invocations of the relay in the run and the idle span after it: Drained claimed
-	// events, FoundNothing opened sessions and claimed none, Coalesced were kicks answered
-	// without a session, Failed returned an error.
+	// Invocations of the relay that started while the producers committed and until the
+	// last invocation ended: Drained claimed events, FoundNothing opened sessions and
+	// claimed none, Coalesced were kicks answered without a session, Failed returned an
+	// error.
 	Invocations  int `json:"invocations"`
 	Drained      int `json:"drained"`
 	FoundNothing int `json:"found_nothing"`
@@ -84,6 +85,10 @@ type DeployedRun struct {
 	Failed       int `json:"failed"`
 	// ClaimedNothingShare is (FoundNothing + Coalesced) / Invocations.
 	ClaimedNothingShare float64 `json:"claimed_nothing_share"`
+	// IdleInvocations started in the idle span (the schedule's ticks, kicks Lambda still
+	// retried), IdleClaimedNothing of them claimed nothing.
+	IdleInvocations    int `json:"idle_invocations"`
+	IdleClaimedNothing int `json:"idle_claimed_nothing"`
 	// Kicks the producers' kickers sent, and the reads of a promise that spared one.
 	KicksSent     int64 `json:"kicks_sent"`
 	KicksPromised int64 `json:"kicks_promised"`
@@ -154,8 +159,9 @@ func Deployed(ctx context.Context, url string, cfg DeployedConfig, progress func
 			}
 			res.Runs = append(res.Runs, run)
 			if progress != nil {
-				progress(fmt.Sprintf("deployed %s at %d/s: commit -> dispatched p50 %.1f p99 %.1f max %.1f ms; %d invocations (%d drained, %d found nothing, %d coalesced); kicks sent %d, spared by a promise %d; idle %.2f session-s/min",
-					prof.Name, rate, run.Latency.P50, run.Latency.P99, run.Latency.Max, run.Invocations, run.Drained, run.FoundNothing, run.Coalesced, run.KicksSent, run.KicksPromised, run.IdleSessionSecondsPerMinute))
+				progress(fmt.Sprintf("deployed %s at %d/s: commit -> dispatched p50 %.1f p99 %.1f max %.1f ms; %d invocations (%d drained, %d found nothing, %d coalesced); kicks sent %d, spared by a promise %d; idle: %d invocations (%d claimed nothing), %.2f session-s/min",
+					prof.Name, rate, run.Latency.P50, run.Latency.P99, run.Latency.Max, run.Invocations, run.Drained, run.FoundNothing, run.Coalesced, run.KicksSent, run.KicksPromised,
+					run.IdleInvocations, run.IdleClaimedNothing, run.IdleSessionSecondsPerMinute))
 			}
 		}
 	}
@@ -263,6 +269,7 @@ func (d *deployedBench) measure(ctx context.Context, prof DeployedProfile, rate 
 	if err := waitFor(ctx, 30*time.Second, func() (bool, error) { return d.count(ctx, qAppSessions, 0, d.app) }); err != nil {
 		return run, fmt.Errorf("wait for the relay's sessions to close: %w", err)
 	}
+	idleStart := time.Now()
 	secs, err := d.sessionSeconds(ctx, d.cfg.Idle)
 	if err != nil {
 		return run, err
@@ -271,17 +278,25 @@ func (d *deployedBench) measure(ctx context.Context, prof DeployedProfile, rate 
 	dep.mu.Lock()
 	results := slices.Clone(dep.results)
 	dep.mu.Unlock()
-	run.tally(results)
+	run.tally(results, idleStart)
 	run.Environments = int(dep.svc.Stats("relay").Environments)
 	return run, nil
 }
 
-// tally classifies the relay's invocations by their result.
-func (run *DeployedRun) tally(results []lambdasvc.Result) {
+// tally classifies the relay's invocations by their result; those that started from
+// idleStart on are the idle span's.
+func (run *DeployedRun) tally(results []lambdasvc.Result, idleStart time.Time) {
 	for _, r := range results {
 		var body struct {
 			Claimed   int  `json:"claimed"`
 			Coalesced bool `json:"coalesced"`
+		}
+		if !r.Start.Before(idleStart) {
+			run.IdleInvocations++
+			if r.Err == nil && json.Unmarshal(r.Body, &body) == nil && body.Claimed == 0 {
+				run.IdleClaimedNothing++
+			}
+			continue
 		}
 		run.Invocations++
 		switch {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/v3/pkg/publish"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/relay"
 )
 
@@ -34,6 +35,7 @@ type Results struct {
 	Backlog  *BacklogResult  `json:"backlog,omitempty"`
 	Pinned   *PinnedResult   `json:"pinned,omitempty"`
 	Deployed *DeployedResult `json:"deployed,omitempty"`
+	Outage   *OutageResult   `json:"outage,omitempty"`
 	// Errors lists scenarios that failed; the others still report.
 	Errors map[string]string `json:"errors,omitempty"`
 }
@@ -112,6 +114,14 @@ type Summary struct {
 	DeployedIdleSessionSecondsToZero *float64 `json:"deployed_idle_session_seconds_scale_to_zero"`
 	DeployedClaimedNothingShare20    *float64 `json:"deployed_claimed_nothing_share_20"`
 	DeployedCommitRatio              *float64 `json:"deployed_commit_ratio"`
+	// Consumer outages (every run): events dead-lettered, fifo order violations, the worst
+	// billed messages per event, the worst recovery p99 (seconds, production-equivalent)
+	// and the worst time until a circuit opened (-1: one never did).
+	OutageDeadLettered       *int     `json:"outage_dead_lettered"`
+	OutageOrderViolations    *int     `json:"outage_order_violations"`
+	OutageBilledPerEvent     *float64 `json:"outage_billed_per_event"`
+	OutageRecoveryP99Seconds *float64 `json:"outage_recovery_p99_s"`
+	OutageVisibleSeconds     *float64 `json:"outage_visible_s"`
 }
 
 // Target is one of the issue's goals, with the measured value. Met is reported, never
@@ -221,6 +231,9 @@ func (r *Results) Summarise() {
 	if d := r.Deployed; d != nil {
 		s.summariseDeployed(d)
 	}
+	if o := r.Outage; o != nil {
+		s.summariseOutage(o)
+	}
 
 	target := func(name, goal string, v *float64, ok func(float64) bool) {
 		t := Target{Name: name, Goal: goal, Value: v}
@@ -277,8 +290,39 @@ func (r *Results) Summarise() {
 	target("deployed_p99_ms", "<= 1000 (kicked relay Lambda, every profile and rate)", s.DeployedP99Ms, func(v float64) bool { return v <= 1000 })
 	target("deployed_idle_session_seconds", "<= 1 per idle minute (template defaults)", s.DeployedIdleSessionSeconds, func(v float64) bool { return v <= 1 })
 	target("deployed_idle_session_seconds_scale_to_zero", "== 0 per idle minute (rate(15 minutes))", s.DeployedIdleSessionSecondsToZero, func(v float64) bool { return v == 0 })
-	target("deployed_claimed_nothing_share_20", "<= 0.2 of invocations (20 commits/s, defaults; coalesced kicks counted)", s.DeployedClaimedNothingShare20, func(v float64) bool { return v <= 0.2 })
+	target("deployed_claimed_nothing_share_20", "<= 0.2 of invocations while commits flow (20 commits/s, defaults; coalesced kicks counted)", s.DeployedClaimedNothingShare20, func(v float64) bool { return v <= 0.2 })
 	target("deployed_commit_ratio", ">= 0.95 (64 clients, kicks on over off)", s.DeployedCommitRatio, func(v float64) bool { return v >= 0.95 })
+	asFloat := func(v *int) *float64 {
+		if v == nil {
+			return nil
+		}
+		return ptr(float64(*v))
+	}
+	target("outage_dead_lettered", "== 0 (every consumer outage run)", asFloat(s.OutageDeadLettered), func(v float64) bool { return v == 0 })
+	target("outage_order_violations", "== 0 (fifo runs)", asFloat(s.OutageOrderViolations), func(v float64) bool { return v == 0 })
+	target("outage_billed_per_event", "<= 1.2 (publishes, retries, probes and callbacks over the run; worst run)", s.OutageBilledPerEvent, func(v float64) bool { return v <= 1.2 })
+	target("outage_recovery_p99_s", "<= 120 (recovery -> delivery of the outage's events, production-equivalent; worst run)", s.OutageRecoveryP99Seconds, func(v float64) bool { return v <= 120 })
+	target("outage_visible_s", "<= 300 (outage start -> circuit open; worst run)", s.OutageVisibleSeconds, func(v float64) bool { return v >= 0 && v <= 300 })
+}
+
+// summariseOutage fills the consumer outages' headline figures.
+func (s *Summary) summariseOutage(o *OutageResult) {
+	dead, violations := 0, 0
+	var billed, rec, visible float64
+	for _, run := range o.Runs {
+		dead += run.DeadLettered
+		if run.Mode == publish.OrderingFIFO {
+			violations += run.OrderViolations
+		}
+		billed, rec = max(billed, run.BilledPerEvent), max(rec, run.Recovery.P99)
+		if run.CircuitOpenedAfter < 0 {
+			visible = -1 // a circuit that never opened: the outage stayed invisible
+		} else if visible >= 0 {
+			visible = max(visible, run.CircuitOpenedAfter)
+		}
+	}
+	s.OutageDeadLettered, s.OutageOrderViolations = ptr(dead), ptr(violations)
+	s.OutageBilledPerEvent, s.OutageRecoveryP99Seconds, s.OutageVisibleSeconds = ptr(billed), ptr(rec), ptr(visible)
 }
 
 // summariseDeployed fills the deployed shape's headline figures.
@@ -543,14 +587,25 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 	if d := r.Deployed; d != nil {
 		c := d.Config
 		p("## 9. The deployed shape (%d producer processes, %.0f s at each rate, then %.0f s idle)\n\n", c.Producers, c.Run.Seconds(), c.Idle.Seconds())
-		p("%s. Latency is created_at -> dispatched_at of every event (the first, in a new environment, is the cold start). Invocations count the run and the idle span: drained claimed events, found nothing opened sessions and claimed none, coalesced kicks were answered without a session. Kicks: invokes the producers sent, and their reads of a relay's promise that spared one.\n\n", d.Path)
-		p("| profile | commits/s | events | p50 ms | p99 ms | max ms | first event ms | invocations | drained | found nothing | coalesced | claimed nothing | kicks sent | kicks spared | environments | idle session-s per minute |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("%s. Latency is created_at -> dispatched_at of every event (the first, in a new environment, is the cold start). Invocations are those that started while producers committed and until the last one ended: drained claimed events, found nothing opened sessions and claimed none, coalesced kicks were answered without a session; the idle span's (the schedule's ticks) are counted apart. Kicks: invokes the producers sent, and their reads of a relay's promise that spared one.\n\n", d.Path)
+		p("| profile | commits/s | events | p50 ms | p99 ms | max ms | first event ms | invocations | drained | found nothing | coalesced | claimed nothing | kicks sent | kicks spared | environments | idle invocations (claimed nothing) | idle session-s per minute |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 		for _, x := range d.Runs {
-			p("| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.0f %% | %d | %d | %d | %.2f |\n", x.Profile, x.Rate, x.Events, x.Latency.P50, x.Latency.P99, x.Latency.Max, x.ColdStartMs,
-				x.Invocations, x.Drained, x.FoundNothing, x.Coalesced, 100*x.ClaimedNothingShare, x.KicksSent, x.KicksPromised, x.Environments, x.IdleSessionSecondsPerMinute)
+			p("| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.0f %% | %d | %d | %d | %d (%d) | %.2f |\n", x.Profile, x.Rate, x.Events, x.Latency.P50, x.Latency.P99, x.Latency.Max, x.ColdStartMs,
+				x.Invocations, x.Drained, x.FoundNothing, x.Coalesced, 100*x.ClaimedNothingShare, x.KicksSent, x.KicksPromised, x.Environments, x.IdleInvocations, x.IdleClaimedNothing, x.IdleSessionSecondsPerMinute)
 		}
 		p("\nProducer commits/s, %d clients, one event per transaction, best of %d rounds each in turns: kicks on **%.0f**, kicks off %.0f (**%.2f**); rounds on %s, off %s.\n\n",
 			c.CommitClients, max(c.CommitRounds/2, 1), d.CommitsOnBest, d.CommitsOffBest, d.CommitRatio, roundsList(d.CommitRoundsOn), roundsList(d.CommitRoundsOff))
+	}
+	if o := r.Outage; o != nil {
+		c := o.Config
+		p("## 10. Consumer outage (%d events/s over %d keys, %.0f min of traffic before and after, QSTASH_RETRY_DELAY %v, time scaled %gx)\n\n", c.Rate, c.Keys, c.Before.Minutes(), c.RetryDelay, c.TimeScale)
+		p("%s. Times are production-equivalent. Recovery is the consumer's recovery -> the first apply of each event produced during the outage: the wait on QStash's ladder and the circuit's probe scaled, the drain after the circuit closed as it ran; \"all scaled\" counts the drain scaled too. Billed: delivery attempts (first attempts, retries, probes) and failure callbacks, per event of the run.\n\n", o.Path)
+		p("| mode | outage min | events | during | dead-lettered | order violations | attempts | callbacks | billed per event | recovery p50 / p99 / max s | all scaled p99 s | circuit open after s | closed after recovery s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
+		for _, x := range o.Runs {
+			p("| %s | %.0f | %d | %d | %d | %d | %d | %d | %.2f | %.0f / %.0f / %.0f | %.0f | %.0f | %.0f |\n", x.Mode, x.OutageMinutes, x.Events, x.DuringOutage, x.DeadLettered, x.OrderViolations,
+				x.Attempts, x.Callbacks, x.BilledPerEvent, x.Recovery.P50, x.Recovery.P99, x.Recovery.Max, x.RecoveryAllScaled.P99, x.CircuitOpenedAfter, x.CircuitClosedAfter)
+		}
+		p("\n")
 	}
 	if len(r.Errors) > 0 {
 		p("## Errors\n\n")

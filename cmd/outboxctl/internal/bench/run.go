@@ -22,10 +22,11 @@ const (
 	ScenarioBacklog  = "backlog"
 	ScenarioPinned   = "pinned"
 	ScenarioDeployed = "deployed"
+	ScenarioOutage   = "outage"
 )
 
 // Scenarios lists every scenario.
-var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog, ScenarioPinned, ScenarioDeployed}
+var Scenarios = []string{ScenarioDrain, ScenarioClaim, ScenarioFIFO, ScenarioE2E, ScenarioProducer, ScenarioConsumer, ScenarioMemory, ScenarioBacklog, ScenarioPinned, ScenarioDeployed, ScenarioOutage}
 
 // ParseScenarios splits a comma-separated list and checks every name.
 func ParseScenarios(s string) ([]string, error) {
@@ -144,6 +145,8 @@ func runScenario(ctx context.Context, baseURL, name string, opts Options, res *R
 		res.Pinned, err = Pinned(ctx, s.URL, cfg, opts.Progress)
 	case ScenarioDeployed:
 		res.Deployed, err = Deployed(ctx, s.URL, DeployedConfigFor(opts.Size), opts.Progress)
+	case ScenarioOutage:
+		res.Outage, err = Outage(ctx, s.URL, OutageConfigFor(opts.Size), opts.Progress)
 	}
 	return err
 }
