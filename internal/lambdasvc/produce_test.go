@@ -20,7 +20,7 @@ func newKicker(t *testing.T, d *deployed) *kick.Kicker {
 
 // newKickerOn is newKicker reading promises on db; nil: a kicker that reads none (an older
 // library, Config.DB unset), whose kicks only Interval spaces.
-func newKickerOn(t *testing.T, d *deployed, db kick.Querier) *kick.Kicker {
+func newKickerOn(t *testing.T, d *deployed, db outbox.Querier) *kick.Kicker {
 	t.Helper()
 	k, err := kick.New(t.Context(), kick.Config{Function: "relay", DB: db, Client: client(d.svc.URL, 0)})
 	if err != nil {

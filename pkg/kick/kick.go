@@ -35,8 +35,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 )
 
 // Defaults for Config.
@@ -67,17 +68,11 @@ type Config struct {
 	// only when no relay has promised a claim after the commit (see the package's doc):
 	// a steady stream of commits costs an invoke when the relay went away, not one per
 	// Interval per process. Nil: every kick due is sent.
-	DB Querier
+	DB outbox.Querier
 	// Client sends the invokes. Nil: a client from the default AWS configuration (region,
 	// credentials, and the endpoint: AWS_ENDPOINT_URL_LAMBDA or AWS_ENDPOINT_URL when set,
 	// which points it at a local Invoke API).
 	Client *lambda.Client
-}
-
-// Querier runs the promise's statements: *pgxpool.Pool, *pgx.Conn.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // payload is the invocation payload of a kick (the relay function's {"task":"kick"}); the

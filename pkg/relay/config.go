@@ -162,12 +162,12 @@ type Config struct {
 	MaxDeaths int
 	// ProbeHorizon is how long after it was sent a consumer circuit's probe with no
 	// failure reported counts as delivered, when the consumer's commit is not visible in
-	// this database (circuit.go). Default DefaultProbeHorizon; tests on a compressed clock
+	// this database (circuit.go). Default 3 minutes; tests on a compressed clock
 	// shorten it.
 	ProbeHorizon time.Duration
 	// CircuitRefresh is how often the relay reads the consumer circuits (one small
 	// statement): events published in the refresh after a circuit opened still go to
-	// QStash. Default DefaultCircuitRefresh; a test on a compressed clock shortens it.
+	// QStash. Default 1 s; a test on a compressed clock shortens it.
 	CircuitRefresh time.Duration
 	// Tracer, when set, records one span per batch ("send <destination>", linked to the
 	// producer span of every event in it, package tracing) with claim, publish and mark as
@@ -201,8 +201,8 @@ func (c Config) WithDefaults() Config {
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
 	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
-	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, DefaultProbeHorizon)
-	c.CircuitRefresh = cmp.Or(c.CircuitRefresh, DefaultCircuitRefresh)
+	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, defaultProbeHorizon)
+	c.CircuitRefresh = cmp.Or(c.CircuitRefresh, defaultCircuitRefresh)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
