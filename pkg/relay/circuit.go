@@ -38,14 +38,14 @@ import (
 // Circuit timing. defaultCircuitRefresh bounds how often a relay reads the circuits (one small
 // statement; its DELETE finds nothing while none is open); circuitHoldMax how long a held
 // event sleeps before it is claimed (and held) again: the closing wakes it, so this only
-// bounds a missed wake, and sets how often a long outage's backlog is walked; defaultProbeHorizon
+// bounds a missed wake, and sets how often a long outage's backlog is walked; DefaultProbeHorizon
 // how long after its publish a probe with no failure callback counts as delivered, when
 // the consumer's commit is not visible in this database: a probe has one attempt, so its
 // callback comes after QStash's delivery timeout and the callback's own delivery.
 const (
 	defaultCircuitRefresh = time.Second
 	circuitHoldMax        = 5 * time.Minute
-	defaultProbeHorizon   = 3 * time.Minute
+	DefaultProbeHorizon   = 3 * time.Minute
 )
 
 // breaker is a relay's view of the open circuits, read at most every refresh.

@@ -162,7 +162,7 @@ type Config struct {
 	MaxDeaths int
 	// ProbeHorizon is how long after it was sent a consumer circuit's probe with no
 	// failure reported counts as delivered, when the consumer's commit is not visible in
-	// this database (circuit.go). Default 3 minutes; tests on a compressed clock
+	// this database (circuit.go). Default DefaultProbeHorizon; tests on a compressed clock
 	// shorten it.
 	ProbeHorizon time.Duration
 	// CircuitRefresh is how often the relay reads the consumer circuits (one small
@@ -201,7 +201,7 @@ func (c Config) WithDefaults() Config {
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, max(DefaultMaxInFlightBytes, c.MaxBatchBytes))
 	c.MaxDeaths = cmp.Or(c.MaxDeaths, DefaultMaxDeaths)
-	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, defaultProbeHorizon)
+	c.ProbeHorizon = cmp.Or(c.ProbeHorizon, DefaultProbeHorizon)
 	c.CircuitRefresh = cmp.Or(c.CircuitRefresh, defaultCircuitRefresh)
 	c.Channel = cmp.Or(c.Channel, "outbox")
 	c.Logger = cmp.Or(c.Logger, slog.Default())

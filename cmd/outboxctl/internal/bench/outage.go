@@ -233,8 +233,8 @@ func outageRun(ctx context.Context, pool *pgxpool.Pool, cfg OutageConfig, mode p
 		return run, err
 	}
 	defer pl.Close()
-	// The relay's probe horizon (3 minutes) and circuit refresh (1 s) on the run's clock.
-	r, err := pl.NewRelay(pool, relay.Config{Logger: discardLogger(), ProbeHorizon: real(3 * time.Minute), CircuitRefresh: real(time.Second)})
+	// The relay's probe horizon and circuit refresh (1 s) on the run's clock.
+	r, err := pl.NewRelay(pool, relay.Config{Logger: discardLogger(), ProbeHorizon: real(relay.DefaultProbeHorizon), CircuitRefresh: real(time.Second)})
 	if err != nil {
 		return run, err
 	}
