@@ -77,8 +77,8 @@ type OutageRun struct {
 	// what the run waits on QStash's ladder and the circuit's probe counts scaled, and the
 	// drain after the circuit closed counts as it ran (production drains as fast);
 	// RecoveryAllScaled counts the whole wait scaled, the drain included.
-	Recovery          Latency `json:"recovery_s"`
-	RecoveryAllScaled Latency `json:"recovery_all_scaled_s"`
+	Recovery          SecondsSummary `json:"recovery"`
+	RecoveryAllScaled SecondsSummary `json:"recovery_all_scaled"`
 	// CircuitOpenedAfter is the outage's start -> the first open circuit, seconds (-1:
 	// none opened); CircuitClosedAfter the recovery -> no circuit open.
 	CircuitOpenedAfter float64 `json:"circuit_opened_after_s"`
@@ -396,10 +396,20 @@ func (run *OutageRun) settle(ctx context.Context, pool *pgxpool.Pool, cons *outa
 	return nil
 }
 
+// SecondsSummary is a Latency in seconds, named so in the JSON.
+type SecondsSummary struct {
+	Samples int     `json:"samples"`
+	P50     float64 `json:"p50_s"`
+	P95     float64 `json:"p95_s"`
+	P99     float64 `json:"p99_s"`
+	Max     float64 `json:"max_s"`
+	Mean    float64 `json:"mean_s"`
+}
+
 // seconds converts a millisecond summary to seconds.
-func seconds(l Latency) Latency {
+func seconds(l Latency) SecondsSummary {
 	s := func(ms float64) float64 { return round3(ms / 1000) }
-	return Latency{Samples: l.Samples, P50: s(l.P50), P95: s(l.P95), P99: s(l.P99), Max: s(l.Max), Mean: s(l.Mean)}
+	return SecondsSummary{Samples: l.Samples, P50: s(l.P50), P95: s(l.P95), P99: s(l.P99), Max: s(l.Max), Mean: s(l.Mean)}
 }
 
 // produceKeyed commits cfg.Rate events a second, round-robin over cfg.Keys, each in a
