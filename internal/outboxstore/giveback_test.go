@@ -252,6 +252,43 @@ func TestClaimIsolatesARowItsRelayDiesHolding(t *testing.T) {
 	}
 }
 
+// Unclaim hands a suspect back as though the claim had not taken it: the next claim
+// finds it a suspect still, with the same count of deaths and attempts, where Release
+// (an outcome) would have wiped its deaths. A row that is no suspect is not touched.
+func TestUnclaimKeepsARowsDeaths(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	insertReady(t, db, 3, func(i int) string { return fmt.Sprint("k-", i) })
+	s := outboxstore.NewStore(db.Pool)
+	clock := time.Now().Add(time.Minute)
+	_, died := claimLeased(t, s, outboxstore.ClaimRequest{Rows: 2, KeyRun: 1, For: time.Minute, Now: &clock})
+	clock = clock.Add(2 * time.Minute) // the process died holding them: the lease ran out
+
+	// The third row, never leased, comes first; the suspects end the batch behind it.
+	lease, healthy := claimLeased(t, s, outboxstore.ClaimRequest{Rows: 10, KeyRun: 1, For: time.Minute, Now: &clock})
+	if n, err := s.Unclaim(t.Context(), lease, ids(healthy), &clock); err != nil || n != 0 || healthy.Len() != 1 {
+		t.Fatalf("unclaim of %v, a row no relay died holding: %d, %v; want nothing done", ids(healthy), n, err)
+	}
+	mark(t, s, lease, healthy)
+
+	lease, c := claimLeased(t, s, outboxstore.ClaimRequest{Rows: 10, KeyRun: 1, For: time.Minute, Now: &clock})
+	if len(c.Messages) != 1 || c.Messages[0].ID != died.Messages[0].ID || c.Deaths != 1 || !c.Isolated {
+		t.Fatalf("claim after the death: %v deaths %d isolated %v; want row %d alone, one death", ids(c), c.Deaths, c.Isolated, died.Messages[0].ID)
+	}
+	// Handed back at the database's time, before the other suspect's lease end, it is the
+	// first ready row again (for a fresh Store: this one's walk bounds were learnt at the
+	// test's later clock).
+	if n, err := s.Unclaim(t.Context(), lease, ids(c), nil); err != nil || n != 1 {
+		t.Fatalf("unclaim: %d, %v", n, err)
+	}
+	_, again := claimLeased(t, outboxstore.NewStore(db.Pool), outboxstore.ClaimRequest{Rows: 10, KeyRun: 1, For: time.Minute, Now: &clock})
+	if len(again.Messages) != 1 || again.Messages[0].ID != c.Messages[0].ID || again.Deaths != 1 || !again.Isolated ||
+		again.Messages[0].Attempt != c.Messages[0].Attempt {
+		t.Fatalf("claimed after unclaim: %v deaths %d isolated %v; want row %d again, deaths 1, isolated, attempt %d",
+			ids(again), again.Deaths, again.Isolated, c.Messages[0].ID, c.Messages[0].Attempt)
+	}
+}
+
 // A payload larger than the caller can hold (MaxEventBytes) comes back in Undecodable,
 // never copied, with the reason; the rows around it are claimed as usual.
 func TestClaimRefusesAnEventOverMaxEventBytes(t *testing.T) {

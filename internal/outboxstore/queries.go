@@ -320,6 +320,16 @@ UPDATE outbox
 SET available_at = coalesce($3::timestamptz, clock_timestamp()), attempts = attempts - 1, locked_until = NULL, lease_token = NULL
 WHERE id = ANY($1::bigint[]) AND lease_token = $2`
 
+	// qUnclaim hands claimed rows back as though the claim had not happened: the attempt
+	// and the relay death it counted are taken back, and the row keeps the lease token
+	// with the lease ended now, so the next claim sees the same suspect (qClaim counts
+	// the death again) instead of a row with an outcome (which resets its deaths).
+	qUnclaim = `
+UPDATE outbox
+SET available_at = coalesce($3::timestamptz, clock_timestamp()), locked_until = coalesce($3::timestamptz, clock_timestamp()),
+    attempts = attempts - 1, relay_deaths = relay_deaths - 1
+WHERE id = ANY($1::bigint[]) AND lease_token = $2 AND relay_deaths IS NOT NULL`
+
 	// qReleaseLease is qRelease for every row lease $1 holds, when the claim that took
 	// them was cut off before its rows reached the relay. Leased rows are pending and
 	// available only at the lease's end: the walk is the ready index above now.

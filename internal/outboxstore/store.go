@@ -471,6 +471,14 @@ func (s *Store) ReleaseLease(ctx context.Context, lease Lease) (int64, error) {
 	return tag.RowsAffected(), nil
 }
 
+// Unclaim hands back suspects (rows a relay died holding) that a claim took but will not
+// publish, as though it had not taken them: Release would count as an outcome and wipe
+// their deaths. It needs migration 0020's relay_deaths, as every claim that reports a
+// death does.
+func (s *Store) Unclaim(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
+	return s.settle(ctx, len(ids), "hand back claimed outbox rows", qUnclaim, ids, lease.Token, now)
+}
+
 // Release returns claimed rows that were not published, without counting an attempt.
 func (s *Store) Release(ctx context.Context, lease Lease, ids []outbox.ID, now *time.Time) (int64, error) {
 	return s.settle(ctx, len(ids), "release outbox rows", qRelease, ids, lease.Token, now)

@@ -144,3 +144,80 @@ func TestRelayDeadLettersAnEventItCannotHold(t *testing.T) {
 		}
 	}
 }
+
+// A row at its last life (relays died holding it MaxDeaths-1 times) is never held while
+// other batches of the process are in flight: one of them may kill the process, and that
+// death would be the row's last. Here the process dies (a batch's publisher panics, and
+// every publish after it) just after the drain claimed such a row beside that batch.
+// Before, the row waited under its lease for the batch, was counted dead with the process
+// and dead-lettered at the next claim, a healthy event; now it is handed back before the
+// wait and the next process publishes it alone.
+func TestRelayHoldsNoLastLifeBesideOtherBatches(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ids := seed(t, db, 10, outboxtest.Mod(10))
+	last := ids[5]
+	const token = "00000000-0000-0000-0000-00000000dead"
+	// A suspect with one death: the claim that takes it counts its second, the last
+	// before the third dead-letters it (MaxDeaths 3). Suspects end a batch before them,
+	// so the drain claims ids[0:5] first and this row next, alone, while they publish.
+	if _, err := db.Pool.Exec(t.Context(),
+		`UPDATE outbox SET lease_token = $2, relay_deaths = 1, attempts = 2 WHERE id = $1`, last, token); err != nil {
+		t.Fatal(err)
+	}
+	clk := newClock()
+	var mu sync.Mutex
+	var dying, current *relay.Relay
+	pub := &fakePublisher{before: func(ctx context.Context, msgs []outbox.Message) {
+		mu.Lock()
+		dead := dying != nil && dying == current
+		first := dying == nil && msgs[0].ID == ids[0]
+		mu.Unlock()
+		if dead {
+			panic("the relay's process is gone")
+		}
+		if !first {
+			return
+		}
+		// The process dies once the drain has claimed the row beside this batch.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			var claimed bool
+			if err := db.Pool.QueryRow(ctx, `SELECT lease_token <> $2 FROM outbox WHERE id = $1`, last, token).Scan(&claimed); err != nil {
+				panic(err)
+			}
+			if claimed {
+				break
+			}
+			if time.Now().After(deadline) {
+				panic("the drain never claimed the last-life row beside its first batch")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		mu.Lock()
+		dying = current
+		mu.Unlock()
+		panic("the relay's process dies holding its batches")
+	}}
+	for run := 0; ; run++ {
+		if run == 5 {
+			t.Fatalf("after 5 runs: %+v", states(t, db))
+		}
+		clk.Add(time.Minute) // the last process's lease (30s) has ended
+		r := newRelay(t, db, pub, relay.Config{BatchSize: 100, PublishConcurrency: 4, Now: clk.Now})
+		mu.Lock()
+		current = r
+		mu.Unlock()
+		if !drainOrDie(t, r) {
+			break
+		}
+		if run > 0 {
+			t.Fatalf("run %d died; only the first may", run)
+		}
+	}
+	if s := states(t, db); s.dispatched != 10 || s.deadLettered != 0 || s.pending != 0 || s.leased != 0 {
+		t.Fatalf("rows %+v; want all 10 dispatched: the row was not in the process when it died", s)
+	}
+	if !slices.ContainsFunc(pub.records(), func(p publishRecord) bool { return p.id == last && p.ok }) {
+		t.Fatal("the last-life row was never published")
+	}
+}

@@ -260,7 +260,7 @@ func (r *Relay) drain(stop, work context.Context, total *Stats, pace drainPace) 
 			break
 		}
 		if c.Len() > 0 {
-			if c.Isolated && c.Len() == 1 && c.Deaths+1 >= r.cfg.MaxDeaths {
+			if c.Isolated && len(c.Messages) == 1 && c.Deaths+1 >= r.cfg.MaxDeaths {
 				d.startAlone(work, lease, c, claimedAt)
 			} else {
 				d.start(work, lease, c, claimedAt)
@@ -336,12 +336,39 @@ func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxs
 // that died beside it twice would be next). Rows with fewer deaths are claimed alone but
 // go beside other batches: a row that dies beside the guilty one gains a death, not a
 // dead letter.
+//
+// A row claimed so while batches are in flight is handed back first (Store.Unclaim), and
+// the drain claims again once they are done: held through the wait, it would share the
+// death of a process killed by one of them, and this death is its last.
 func (d *drainer) startAlone(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
+	if d.inFlight > 0 && d.r.unclaim(work, lease, c) {
+		for d.inFlight > 0 {
+			d.collect(<-d.done)
+		}
+		return
+	}
 	for d.inFlight > 0 {
 		d.collect(<-d.done)
 	}
 	d.start(work, lease, c, claimedAt)
 	d.collect(<-d.done)
+}
+
+// unclaim hands c's rows back (see startAlone) and reports whether they were; if not,
+// the lease still holds them.
+func (r *Relay) unclaim(ctx context.Context, lease outboxstore.Lease, c outboxstore.Claimed) bool {
+	ids := make([]outbox.ID, len(c.Messages))
+	for i, m := range c.Messages {
+		ids[i] = m.ID
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MarkTimeout)
+	defer cancel()
+	n, err := retryOutcome(mctx, func() (int64, error) { return r.store.Unclaim(mctx, lease, ids, r.now()) })
+	if err != nil {
+		r.log.WarnContext(ctx, "a row relays died holding was not handed back; it waits for the batches in flight under its lease", "error", err)
+		return false
+	}
+	return n == int64(len(ids))
 }
 
 // collect accounts for a finished batch.

@@ -162,6 +162,18 @@ func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []
 	return res
 }
 
+// now is the relay's clock for this "process": once the process is killed, a goroutine
+// of it that reads the clock (the drain loop before a claim, a batch before its mark)
+// ends there.
+func (p *faultyPublisher) now(clock func() time.Time) func() time.Time {
+	return func() time.Time {
+		if p.dead.Load() {
+			runtime.Goexit()
+		}
+		return clock()
+	}
+}
+
 // publish draws the per-batch faults with x.
 func (p *faultyPublisher) publish(ctx context.Context, msgs []outbox.Message, x float64) []publish.Result {
 	switch f := p.f; {

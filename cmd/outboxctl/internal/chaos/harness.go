@@ -325,7 +325,13 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
 			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,
 			Rand: newRand(o.Seed, streamRelay+uint64(i)<<20+gen+1<<19).Float64,
-			Now:  clock.Now, PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
+			// A killed "process" is gone at once: its drain loop claims nothing more and
+			// its batches mark nothing more (the relay reads the clock before each claim and
+			// each mark). Without this the loop went on claiming until it collected a dead
+			// batch, and every row it claimed meanwhile counted a death no real process
+			// could have caused: healthy rows were dead-lettered as killers.
+			Now:          pub.now(clock.Now),
+			PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
 			// Deferrals pause in real time (the relay's clock does not reach them): a short
 			// first pause keeps a run's 429s and outages from idling it for seconds.
 			DeferPause: 50 * time.Millisecond,
