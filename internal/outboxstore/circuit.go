@@ -62,18 +62,25 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     LEFT JOIN LATERAL (SELECT o.id, o.generation, o.dispatched_at, o.dead_lettered_at, o.lease_token
                        FROM outbox o WHERE o.id = c.probe_id LIMIT 1) o ON true
     WHERE c.probe_id IS NOT NULL
+), verdicts AS (
+    SELECT p.topic, p.probe_id,
+           CASE WHEN NOT p.found THEN 'probe row deleted'
+                WHEN p.generation <> p.probe_generation THEN 'probe row put back under a new generation'
+                WHEN p.dead THEN 'probe dead-lettered: the consumer refused the event'
+                WHEN p.dispatched_at IS NOT NULL AND EXISTS (
+                      SELECT 1 FROM consumers k
+                      WHERE EXISTS (SELECT 1 FROM processed_messages m
+                                    WHERE m.consumer = k.consumer AND m.message_id = p.probe_id::text
+                                      AND m.processed_at >= p.probe_sent_at)) THEN 'probe applied by its consumer'
+                WHEN p.dispatched_at IS NOT NULL AND p.probe_sent_at <= now() - $1::interval
+                     THEN 'probe horizon passed with no failure reported'
+           END AS why
+    FROM probes p
 ), closed AS (
     DELETE FROM outbox_circuits c
-    USING probes p
-    WHERE c.topic = p.topic AND c.probe_id = p.probe_id
-      AND (NOT p.found OR p.generation <> p.probe_generation OR p.dead
-           OR (p.dispatched_at IS NOT NULL AND p.probe_sent_at <= now() - $1::interval)
-           OR (p.dispatched_at IS NOT NULL AND EXISTS (
-                  SELECT 1 FROM consumers k
-                  WHERE EXISTS (SELECT 1 FROM processed_messages m
-                                WHERE m.consumer = k.consumer AND m.message_id = p.probe_id::text
-                                  AND m.processed_at >= p.probe_sent_at))))
-    RETURNING c.topic
+    USING verdicts v
+    WHERE c.topic = v.topic AND c.probe_id = v.probe_id AND v.why IS NOT NULL
+    RETURNING c.topic, v.why
 ), freed AS (
     UPDATE outbox_circuits c
     SET probe_id = NULL, probe_generation = NULL
@@ -86,7 +93,7 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     WHERE EXISTS (SELECT 1 FROM closed) AND dispatched_at IS NULL AND dead_lettered_at IS NULL
       AND last_error = $2::text AND available_at > clock_timestamp() AND lease_token IS NULL
 )
-SELECT topic FROM closed`
+SELECT topic, why FROM closed`
 
 	// qAnyCircuit says whether any circuit is open.
 	qAnyCircuit = `SELECT EXISTS (SELECT 1 FROM outbox_circuits)`
@@ -137,10 +144,15 @@ WHERE topic = $1 AND probe_id = $2::bigint`
 // migration 0018): nothing opens circuits there.
 var ErrNoCircuits = errors.New("no circuit table (migration 0018 not applied)")
 
+// Closed is a circuit Circuits closed, and what told it the probe was delivered.
+type Closed struct {
+	Topic, Why string
+}
+
 // Circuits closes the circuits whose probe was delivered (waking the rows held behind
-// them) and returns those still open, and the topics it closed. probeHorizon is how long
+// them) and returns those still open, and those it closed. probeHorizon is how long
 // after its publish a probe with no failure reported counts as delivered.
-func (s *Store) Circuits(ctx context.Context, probeHorizon time.Duration) (open []Circuit, closed []string, err error) {
+func (s *Store) Circuits(ctx context.Context, probeHorizon time.Duration) (open []Circuit, closed []Closed, err error) {
 	// Nearly always none: then one look at the tiny table, not the statements that plan
 	// updates of the outbox (measured under a pinned horizon at 800 events/s, those took
 	// over 100 ms dozens of times a minute, and every claim waited for them).
@@ -157,7 +169,7 @@ func (s *Store) Circuits(ctx context.Context, probeHorizon time.Duration) (open 
 	}
 	rows, err = s.query(ctx, "", qCloseCircuits, probeHorizon, HeldError)
 	if err == nil {
-		closed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		closed, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Closed])
 	}
 	if err != nil {
 		return nil, nil, circuitErr("close delivered circuits", err)

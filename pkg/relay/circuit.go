@@ -111,10 +111,10 @@ func (b *breaker) read(ctx context.Context) (map[string]outboxstore.Circuit, tim
 		defer cancel()
 	}
 	open, closed, err := b.store.Circuits(ctx, b.horizon)
-	for _, topic := range closed {
-		c := last[topic]
+	for _, cl := range closed {
+		c := last[cl.Topic]
 		b.log.InfoContext(ctx, "consumer circuit closed: a probe was delivered; held events resume",
-			"topic", topic, "open_for_ms", time.Since(c.OpenedAt).Milliseconds())
+			"topic", cl.Topic, "why", cl.Why, "open_for_ms", time.Since(c.OpenedAt).Milliseconds())
 	}
 	switch {
 	case errors.Is(err, outboxstore.ErrNoCircuits):

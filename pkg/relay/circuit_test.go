@@ -3,7 +3,10 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +26,25 @@ type circuitRig struct {
 	pub    *fakePublisher
 	relay  *relay.Relay
 	probes []outbox.ID
+	log    lockedBuffer
+}
+
+// lockedBuffer is a log's destination that batches may write from their goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func newCircuitRig(t *testing.T) *circuitRig {
@@ -34,7 +56,7 @@ func newCircuitRig(t *testing.T) *circuitRig {
 			}
 		}
 	}
-	rig.relay = newRelay(t, rig.db, rig.pub, relay.Config{})
+	rig.relay = newRelay(t, rig.db, rig.pub, relay.Config{Logger: slog.New(slog.NewTextHandler(&rig.log, nil))})
 	return rig
 }
 
@@ -169,6 +191,9 @@ func TestCircuitOpenProbeClose(t *testing.T) {
 	}
 	if open, _, _ := rig.circuit(down); open {
 		t.Fatal("circuit still open after its probe was delivered")
+	}
+	if log := rig.log.String(); !strings.Contains(log, `consumer circuit closed`) || !strings.Contains(log, `why="probe applied by its consumer"`) {
+		t.Fatalf("the close is not logged with what told it the probe was delivered:\n%s", log)
 	}
 	var attempts int
 	if err := rig.db.Pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox WHERE id = ANY($1)`, []outbox.ID{e2, e3}).Scan(&attempts); err != nil || attempts != 1 {

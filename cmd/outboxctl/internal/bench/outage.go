@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -86,6 +87,9 @@ type OutageRun struct {
 	// ClosedDuringOutage counts the times every circuit was closed while the consumer was
 	// still down (sampled every 20 ms): the relay then published into the outage.
 	ClosedDuringOutage int `json:"closed_during_outage"`
+	// CloseReasons counts the relay's circuit closes while the consumer was down by what
+	// told it the probe was delivered (its log's "why").
+	CloseReasons map[string]int `json:"close_reasons_during_outage,omitempty"`
 	// Answers counts the delivery attempts by the webhook's answer; Generations the events
 	// by how often they were put back (0: published once).
 	Answers     map[string]int64 `json:"answers"`
@@ -118,9 +122,9 @@ func Outage(ctx context.Context, url string, cfg OutageConfig, progress func(str
 			}
 			res.Runs = append(res.Runs, run)
 			if progress != nil {
-				progress(fmt.Sprintf("outage %s %v: %d events (%d during), %d dead-lettered, %d order violations, billed %.2f per event, recovery p50 %.0f p99 %.0f max %.0f s (all scaled: p99 %.0f s), circuit open after %.0f s, closed %.0f s after recovery",
+				progress(fmt.Sprintf("outage %s %v: %d events (%d during), %d dead-lettered, %d order violations, billed %.2f per event, recovery p50 %.0f p99 %.0f max %.0f s (all scaled: p99 %.0f s), circuit open after %.0f s, closed %.0f s after recovery, closed during the outage %d times %v",
 					mode, outage, run.Events, run.DuringOutage, run.DeadLettered, run.OrderViolations, run.BilledPerEvent, run.Recovery.P50, run.Recovery.P99, run.Recovery.Max,
-					run.RecoveryAllScaled.P99, run.CircuitOpenedAfter, run.CircuitClosedAfter))
+					run.RecoveryAllScaled.P99, run.CircuitOpenedAfter, run.CircuitClosedAfter, run.ClosedDuringOutage, run.CloseReasons))
 			}
 		}
 	}
@@ -234,7 +238,8 @@ func outageRun(ctx context.Context, pool *pgxpool.Pool, cfg OutageConfig, mode p
 	}
 	defer pl.Close()
 	// The relay's probe horizon and circuit refresh (1 s) on the run's clock.
-	r, err := pl.NewRelay(pool, relay.Config{Logger: discardLogger(), ProbeHorizon: real(relay.DefaultProbeHorizon), CircuitRefresh: real(time.Second)})
+	closes := &closeRecorder{}
+	r, err := pl.NewRelay(pool, relay.Config{Logger: slog.New(closes), ProbeHorizon: real(relay.DefaultProbeHorizon), CircuitRefresh: real(time.Second)})
 	if err != nil {
 		return run, err
 	}
@@ -307,6 +312,7 @@ func outageRun(ctx context.Context, pool *pgxpool.Pool, cfg OutageConfig, mode p
 	if closedAt.IsZero() {
 		closedAt = time.Now()
 	}
+	run.CloseReasons = closes.between(down, up)
 	if !openedAt.IsZero() {
 		run.CircuitOpenedAfter = prod(openedAt.Sub(down))
 		run.CircuitClosedAfter = prod(max(closedAt.Sub(up), 0))
@@ -460,4 +466,54 @@ func countRows(ctx context.Context, pool *pgxpool.Pool, query string) (int, erro
 	var n int
 	err := pool.QueryRow(ctx, query).Scan(&n)
 	return n, err
+}
+
+// closeRecorder is the relay's logger in the outage scenario: it keeps, of everything the
+// relay logs, when a circuit closed and why.
+type closeRecorder struct {
+	mu     sync.Mutex
+	closes []circuitClose
+}
+
+type circuitClose struct {
+	at  time.Time
+	why string
+}
+
+func (h *closeRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+
+func (h *closeRecorder) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "consumer circuit closed") {
+		return nil
+	}
+	c := circuitClose{at: r.Time}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "why" {
+			c.why = a.Value.String()
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.closes = append(h.closes, c)
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *closeRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *closeRecorder) WithGroup(string) slog.Handler      { return h }
+
+// between counts the closes logged in [from, to) by why.
+func (h *closeRecorder) between(from, to time.Time) map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var m map[string]int
+	for _, c := range h.closes {
+		if !c.at.Before(from) && c.at.Before(to) {
+			if m == nil {
+				m = map[string]int{}
+			}
+			m[c.why]++
+		}
+	}
+	return m
 }
