@@ -6,10 +6,10 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/v3/internal/logtest"
 	"github.com/outbox-relay/outbox-relay/v3/internal/outboxstore"
 	"github.com/outbox-relay/outbox-relay/v3/internal/outboxtest"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
@@ -26,25 +26,7 @@ type circuitRig struct {
 	pub    *fakePublisher
 	relay  *relay.Relay
 	probes []outbox.ID
-	log    lockedBuffer
-}
-
-// lockedBuffer is a log's destination that batches may write from their goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	log    logtest.Buffer
 }
 
 func newCircuitRig(t *testing.T) *circuitRig {
