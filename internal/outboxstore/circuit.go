@@ -45,12 +45,16 @@ const (
 	// probe is delivered when its consumer committed it (processed_messages, when the
 	// consumer shares this database: found through each consumer's primary key, one probe
 	// per consumer, after the probe was published), when it was answered 489 (dead-lettered:
-	// the consumer is up and refused the event), when its row left the probe's generation
-	// other than through a failed probe (a redrive), or is gone, or when it was dispatched
-	// $1 ago and no failure callback reopened it. A failed probe never reaches this
-	// statement: its callback frees the probe slot. A probe pending at its generation and
-	// no longer leased (its relay did not publish it: held, released, or died and a later
-	// claim held it), or still leased $1 after it was taken, is freed: another may go.
+	// the consumer is up and refused the event), when its row is gone, or when it was
+	// dispatched $1 ago and no failure callback reopened it. A failed probe never reaches
+	// this statement: its callback frees the probe slot. A probe whose row left the probe's
+	// generation other than through its own failure tells nothing and is freed: another may
+	// go. In fifo mode that is a probe put back behind an earlier event of its key whose
+	// failure came in after the probe was chosen (its delivery was still queued), or one
+	// the webhook put back for the same reason; closing on it, as before, published the
+	// held backlog into the outage. So is a probe pending at its generation and no longer
+	// leased (its relay did not publish it: held, released, or died and a later claim held
+	// it), or still leased $1 after it was taken.
 	qCloseCircuits = `
 WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     -- Each probe's row, one primary-key probe per circuit (LIMIT 1 keeps the lateral a
@@ -65,7 +69,7 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
 ), verdicts AS (
     SELECT p.topic, p.probe_id,
            CASE WHEN NOT p.found THEN 'probe row deleted'
-                WHEN p.generation <> p.probe_generation THEN 'probe row put back under a new generation'
+                WHEN p.generation <> p.probe_generation THEN NULL
                 WHEN p.dead THEN 'probe dead-lettered: the consumer refused the event'
                 WHEN p.dispatched_at IS NOT NULL AND EXISTS (
                       SELECT 1 FROM consumers k
@@ -85,8 +89,9 @@ WITH RECURSIVE ` + ConsumersCTE + `, probes AS (
     UPDATE outbox_circuits c
     SET probe_id = NULL, probe_generation = NULL
     FROM probes p
-    WHERE c.topic = p.topic AND c.probe_id = p.probe_id AND p.found AND p.generation = p.probe_generation
-      AND p.dispatched_at IS NULL AND NOT p.dead AND (NOT p.leased OR p.probe_sent_at < now() - $1::interval)
+    WHERE c.topic = p.topic AND c.probe_id = p.probe_id AND p.found
+      AND (p.generation <> p.probe_generation
+           OR (p.dispatched_at IS NULL AND NOT p.dead AND (NOT p.leased OR p.probe_sent_at < now() - $1::interval)))
 ), woken AS (
     UPDATE outbox
     SET available_at = clock_timestamp()

@@ -230,9 +230,20 @@ FROM cur`
 	// count, and while a probe is in flight they restart its horizon (probe_sent_at): the
 	// consumer still fails, so a probe that waits behind retried messages in its FIFO queue
 	// is not taken for delivered when the horizon passes (the relay closed such circuits
-	// during an outage and published into it again). In one statement with the reopen: a
-	// reopened event and its held topic appear together.
-	qReopenDeliveryCircuit = reopenHead + `, circuit AS (
+	// during an outage and published into it again). So does the failure of a delivery its
+	// row has left behind (seen): put back behind its key's failed event, its queued
+	// delivery is still retried, fails, and reopens nothing. In fifo mode most failures of
+	// an outage are such, and counting only the others left a probe queued behind them
+	// minutes without a reported failure: the outage scenario closed the circuit at its
+	// horizon in every run of a series. It is not counted among the circuit's failures (a
+	// callback QStash repeats looks the same) and opens no circuit. In one statement with
+	// the reopen: a reopened event and its held topic appear together.
+	qReopenDeliveryCircuit = reopenHead + `, seen AS (
+    UPDATE outbox_circuits c
+    SET probe_sent_at = greatest(c.probe_sent_at, now())
+    FROM cur
+    WHERE c.topic = cur.topic AND c.probe_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM re)
+), circuit AS (
     INSERT INTO outbox_circuits AS c (topic, probe_at, last_error)
     SELECT re.topic, now() + $4::interval, $3::text FROM re
     ON CONFLICT (topic) DO UPDATE

@@ -234,3 +234,35 @@ func TestFailureWhileProbingRestartsTheProbeHorizon(t *testing.T) {
 		t.Fatalf("the probe's failure did not free its slot")
 	}
 }
+
+// TestSupersededFailureRestartsTheProbeHorizon: the failure of a delivery whose row has
+// moved on (put back behind its key's failed event, its queued copy still retried) is the
+// consumer failing too: it restarts the horizon of the probe in flight, though it reopens
+// nothing and is not counted among the circuit's failures. In fifo mode most of an
+// outage's failures are such; before, a probe queued behind them went minutes without a
+// counted failure and the relay closed the circuit at its horizon.
+func TestSupersededFailureRestartsTheProbeHorizon(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	h := newCallbackHandler(t, db, nil)
+	first := enqueue(t, db, "order.created", "a", `{"n":1}`)
+	dispatch(t, db, first)
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first", 500, nil))); w.Code != http.StatusOK {
+		t.Fatalf("first failure: %d %s", w.Code, w.Body)
+	}
+	probe := enqueue(t, db, "order.created", "b", `{"n":2}`)
+	dispatch(t, db, probe)
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_circuits SET probe_id = $1, probe_generation = 0, probe_sent_at = now() - interval '1 hour'`, probe); err != nil {
+		t.Fatal(err)
+	}
+	// first's next delivery under generation 0, still queued behind it, fails too.
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first-queued", 500, nil))); w.Code != http.StatusOK {
+		t.Fatalf("superseded failure: %d %s", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox_circuits WHERE probe_id = $1 AND probe_sent_at > now() - interval '1 minute' AND failures = 1`, probe); n != 1 {
+		t.Fatalf("the probe's horizon did not restart on a superseded failure, or it counted as a failure of its own")
+	}
+	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE id = $1 AND generation = 1`, first); n != 1 {
+		t.Fatalf("the superseded failure moved its row on again")
+	}
+}

@@ -183,6 +183,42 @@ func TestCircuitOpenProbeClose(t *testing.T) {
 	}
 }
 
+// TestCircuitProbePutBackTellsNothing: a probe whose row is put back under a new
+// generation with no outcome of its own did not reach the consumer: in fifo mode, put
+// back behind an earlier event of its key whose failure came in after the probe was
+// chosen (its delivery was still queued), or by the webhook for the same reason. The
+// circuit stays open, the held events stay held, and the slot is free for another probe.
+// Before, the relay took the new generation for a redrive, closed the circuit, and
+// published the held backlog into the outage (the outage scenario's fifo runs).
+func TestCircuitProbePutBackTellsNothing(t *testing.T) {
+	t.Parallel()
+	rig := newCircuitRig(t)
+	const down = "order.created"
+	e1 := rig.enqueue(down, "k1")
+	rig.drain()
+	rig.failTransiently(e1)
+	e2 := rig.enqueue(down, "k2")
+	rig.dueNow()
+	if got := rig.drain(); !slices.Equal(got, []outbox.ID{e1}) {
+		t.Fatalf("published %v, want the probe [%d]", got, e1)
+	}
+	// As the webhook's put-back (or the reopen of an earlier event of k1) leaves it.
+	rig.exec(`UPDATE outbox SET dispatched_at = NULL, attempts = 0, available_at = clock_timestamp(), lease_token = NULL,
+		locked_until = NULL, generation = generation + 1 WHERE id = $1`, e1)
+	got := rig.drain()
+	if open, _, _ := rig.circuit(down); !open || slices.Contains(got, e2) || strings.Contains(rig.log.String(), "consumer circuit closed") {
+		t.Fatalf("after the probe was put back: circuit open %v, published %v (held %d among them?); want it open, %d held:\n%s",
+			open, got, e2, e2, rig.log.String())
+	}
+	var probeGen *int
+	if err := rig.db.Pool.QueryRow(context.Background(), `SELECT probe_generation FROM outbox_circuits WHERE topic = $1`, down).Scan(&probeGen); err != nil {
+		t.Fatal(err)
+	}
+	if probeGen != nil && *probeGen == 0 {
+		t.Fatal("the slot still holds the probe's old generation: no other probe can go")
+	}
+}
+
 // TestCircuitBeforeMigration0018: a relay on a schema without the circuit table (binaries
 // rolled out before `migrate up`) drains as before.
 func TestCircuitBeforeMigration0018(t *testing.T) {

@@ -156,7 +156,9 @@ func (c *outageConsumer) front(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, localstack.FailurePath) {
 			c.callbacks.Add(1)
-			next.ServeHTTP(w, r)
+			rec := &answerRecorder{ResponseWriter: w, status: http.StatusOK}
+			next.ServeHTTP(rec, r)
+			c.answer(fmt.Sprintf("failure callback %d", rec.status))
 			return
 		}
 		c.attempts.Add(1)
