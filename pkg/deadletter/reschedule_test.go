@@ -199,6 +199,23 @@ func TestCallbackKeyOrderReopensWithoutACircuit(t *testing.T) {
 	}
 }
 
+// probing opens the circuit of order.created with the failure of its event first, then
+// records a probe (another event) as published an hour ago, as the relay records it.
+func probing(t *testing.T, db *pgtest.DB, h http.Handler) (first, probe int64) {
+	t.Helper()
+	first = enqueue(t, db, "order.created", "a", `{"n":1}`)
+	dispatch(t, db, first)
+	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first", 500, nil))); w.Code != http.StatusOK {
+		t.Fatalf("first failure: %d %s", w.Code, w.Body)
+	}
+	probe = enqueue(t, db, "order.created", "b", `{"n":2}`)
+	dispatch(t, db, probe)
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_circuits SET probe_id = $1, probe_generation = 0, probe_sent_at = now() - interval '1 hour'`, probe); err != nil {
+		t.Fatal(err)
+	}
+	return first, probe
+}
+
 // TestFailureWhileProbingRestartsTheProbeHorizon: a transient failure of another event of
 // the topic, reported while the circuit's probe is in flight, restarts the probe's horizon
 // (probe_sent_at): the consumer still fails, so a probe queued behind retried messages (a
@@ -208,17 +225,7 @@ func TestFailureWhileProbingRestartsTheProbeHorizon(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	h := newCallbackHandler(t, db, nil)
-	first := enqueue(t, db, "order.created", "a", `{"n":1}`)
-	dispatch(t, db, first)
-	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first", 500, nil))); w.Code != http.StatusOK {
-		t.Fatalf("first failure: %d %s", w.Code, w.Body)
-	}
-	// The relay published a probe an hour ago (as the relay records it).
-	probe := enqueue(t, db, "order.created", "b", `{"n":2}`)
-	dispatch(t, db, probe)
-	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_circuits SET probe_id = $1, probe_generation = 0, probe_sent_at = now() - interval '1 hour'`, probe); err != nil {
-		t.Fatal(err)
-	}
+	_, probe := probing(t, db, h)
 	other := enqueue(t, db, "order.created", "c", `{"n":3}`)
 	dispatch(t, db, other)
 	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(other, 0, "msg-other", 503, nil))); w.Code != http.StatusOK {
@@ -245,16 +252,7 @@ func TestSupersededFailureRestartsTheProbeHorizon(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	h := newCallbackHandler(t, db, nil)
-	first := enqueue(t, db, "order.created", "a", `{"n":1}`)
-	dispatch(t, db, first)
-	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first", 500, nil))); w.Code != http.StatusOK {
-		t.Fatalf("first failure: %d %s", w.Code, w.Body)
-	}
-	probe := enqueue(t, db, "order.created", "b", `{"n":2}`)
-	dispatch(t, db, probe)
-	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_circuits SET probe_id = $1, probe_generation = 0, probe_sent_at = now() - interval '1 hour'`, probe); err != nil {
-		t.Fatal(err)
-	}
+	first, probe := probing(t, db, h)
 	// first's next delivery under generation 0, still queued behind it, fails too.
 	if w := serveCallback(h, signedCallback(t, failureURL, finalFailure(first, 0, "msg-first-queued", 500, nil))); w.Code != http.StatusOK {
 		t.Fatalf("superseded failure: %d %s", w.Code, w.Body)
