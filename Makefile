@@ -142,11 +142,11 @@ docs: ## regenerate docs/configuration.md from the variables' table (outboxctl e
 .PHONY: bench bench-short
 # bench runs on DATABASE_URL when given, else on a throwaway cluster with PostgreSQL's
 # defaults (autovacuum on, unlike the CI machines' server); the report names which.
-bench: ## full benchmark (~60 min) on DATABASE_URL, else a throwaway cluster with PostgreSQL's defaults: docs/bench-results.{json,md}, docs/bench-drain.svg and docs/bench-drain-rtt.svg
+bench: rie-install ## full benchmark (~60 min) on DATABASE_URL, else a throwaway cluster with PostgreSQL's defaults: docs/bench-results.{json,md}, docs/bench-drain.svg and docs/bench-drain-rtt.svg (the deployed scenario runs the built relay under aws-lambda-rie)
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(DATABASE_URL)' ./bin/outboxctl bench --out docs/bench-results.json --chart docs/bench-drain.svg > docs/bench-results.md
 
-bench-short: ## every benchmark scenario at its short size (a few minutes; CI runs it), results in tmp/
+bench-short: rie-install ## every benchmark scenario at its short size (a few minutes; CI runs it), results in tmp/
 	$(GO) build -o bin/outboxctl ./cmd/outboxctl
 	DATABASE_URL='$(TEST_DATABASE_URL)' ./bin/outboxctl bench --short --out tmp/bench-short.json --chart tmp/bench-short.svg
 
