@@ -341,14 +341,12 @@ func (d *drainer) start(work context.Context, lease outboxstore.Lease, c outboxs
 // the drain claims again once they are done: held through the wait, it would share the
 // death of a process killed by one of them, and this death is its last.
 func (d *drainer) startAlone(work context.Context, lease outboxstore.Lease, c outboxstore.Claimed, claimedAt time.Time) {
-	if d.inFlight > 0 && d.r.unclaim(work, lease, c) {
-		for d.inFlight > 0 {
-			d.collect(<-d.done)
-		}
-		return
-	}
+	handedBack := d.inFlight > 0 && d.r.unclaim(work, lease, c)
 	for d.inFlight > 0 {
 		d.collect(<-d.done)
+	}
+	if handedBack {
+		return
 	}
 	d.start(work, lease, c, claimedAt)
 	d.collect(<-d.done)

@@ -90,8 +90,9 @@ type OutageRun struct {
 	// CloseReasons counts the relay's circuit closes while the consumer was down by what
 	// told it the probe was delivered (its log's "why").
 	CloseReasons map[string]int `json:"close_reasons_during_outage,omitempty"`
-	// Answers counts the delivery attempts by the webhook's answer; Generations the events
-	// by how often they were put back (0: published once).
+	// Answers counts the delivery attempts by the webhook's answer, and the failure
+	// callbacks by the failure function's status; Generations the events by how often
+	// they were put back (0: published once).
 	Answers     map[string]int64 `json:"answers"`
 	Generations map[int]int      `json:"generations"`
 }
