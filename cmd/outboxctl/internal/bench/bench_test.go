@@ -430,6 +430,10 @@ func TestProducer(t *testing.T) {
 		a := res.Find(arm, cfg.Clients[0])
 		if a == nil || a.CommitsPerSec <= 0 || len(a.Rounds) != cfg.Rounds || (a.RelayDispatched <= 0 && arm != bench.ArmNoWakeUp) {
 			t.Errorf("%s: %+v, want commits, and relay publishes if woken", arm, a)
+			continue
+		}
+		if len(a.RoundRatios) != cfg.Rounds || a.VsNoWakeUp <= 0 || (arm == bench.ArmNoWakeUp && a.VsNoWakeUp != 1) {
+			t.Errorf("%s: ratios %v, median %v; want one per round, each over the same round's no-wake-up arm", arm, a.RoundRatios, a.VsNoWakeUp)
 		}
 	}
 	var def string

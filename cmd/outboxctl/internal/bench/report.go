@@ -195,10 +195,10 @@ func (r *Results) Summarise() {
 	if p := r.Producer; p != nil {
 		if none := p.Find(ArmNoWakeUp, 64); none != nil {
 			if a := p.Find(ArmSleeper, 64); a != nil {
-				s.ProducerWakeupRatio = ptr(ratio(a.CommitsPerSec, none.CommitsPerSec))
+				s.ProducerWakeupRatio = ptr(a.VsNoWakeUp)
 			}
 			if a := p.Find(ArmNotifyEveryInsert, 64); a != nil {
-				s.ProducerNotifyEveryInsertRatio = ptr(ratio(a.CommitsPerSec, none.CommitsPerSec))
+				s.ProducerNotifyEveryInsertRatio = ptr(a.VsNoWakeUp)
 			}
 		}
 	}
@@ -524,15 +524,11 @@ func (r *Results) WriteMarkdown(w io.Writer) {
 		p("\n")
 	}
 	if pr := r.Producer; pr != nil {
-		p("## 4b. Producer commits (one event per transaction, %.0f s per arm, %d round(s) in turns, the median shown; relay.Run publishing meanwhile)\n\n%s. pgbench: %s.\n\n",
+		p("## 4b. Producer commits (one event per transaction, %.0f s per arm, %d round(s) in turns, the arms in reverse order every other round; the median shown; relay.Run publishing meanwhile)\n\n%s. pgbench: %s. \"/ no wake-up\" is the median of the rounds' ratios, each taken within one round.\n\n",
 			pr.Config.Duration.Seconds(), max(pr.Config.Rounds, 1), pr.Path, pr.Pgbench)
-		p("| clients | wake-up | driver | commits/s | every round | / no wake-up | relay published |\n|---:|---|---|---:|---|---:|---:|\n")
+		p("| clients | wake-up | driver | commits/s | every round | / no wake-up | every round's ratio | relay published |\n|---:|---|---|---:|---|---:|---|---:|\n")
 		for _, x := range pr.Arms {
-			rel := "–"
-			if none := pr.Find(ArmNoWakeUp, x.Clients); none != nil {
-				rel = fmt.Sprintf("%.2f", ratio(x.CommitsPerSec, none.CommitsPerSec))
-			}
-			p("| %d | %s | %s | %.0f | %s | %s | %d |\n", x.Clients, x.Arm, x.Driver, x.CommitsPerSec, roundsList(x.Rounds), rel, x.RelayDispatched)
+			p("| %d | %s | %s | %.0f | %s | %.2f | %s | %d |\n", x.Clients, x.Arm, x.Driver, x.CommitsPerSec, roundsList(x.Rounds), x.VsNoWakeUp, ratiosList(x.RoundRatios), x.RelayDispatched)
 		}
 		p("\n")
 	}
@@ -645,6 +641,18 @@ func fmtMet(m *bool) string {
 }
 
 // roundsList renders every round's events/s in round order ("–" for a single run).
+// ratiosList is roundsList for ratios.
+func ratiosList(ratios []float64) string {
+	if len(ratios) == 0 {
+		return "–"
+	}
+	rounds := make([]string, len(ratios))
+	for i, v := range ratios {
+		rounds[i] = fmt.Sprintf("%.2f", v)
+	}
+	return strings.Join(rounds, " / ")
+}
+
 func roundsList(rates []float64) string {
 	if len(rates) == 0 {
 		return "–"
