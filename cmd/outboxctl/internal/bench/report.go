@@ -642,24 +642,18 @@ func fmtMet(m *bool) string {
 
 // roundsList renders every round's events/s in round order ("–" for a single run).
 // ratiosList is roundsList for ratios.
-func ratiosList(ratios []float64) string {
-	if len(ratios) == 0 {
-		return "–"
-	}
-	rounds := make([]string, len(ratios))
-	for i, v := range ratios {
-		rounds[i] = fmt.Sprintf("%.2f", v)
-	}
-	return strings.Join(rounds, " / ")
-}
+func ratiosList(ratios []float64) string { return joinRounds(ratios, "%.2f") }
 
-func roundsList(rates []float64) string {
-	if len(rates) == 0 {
+func roundsList(rates []float64) string { return joinRounds(rates, "%.0f") }
+
+// joinRounds lists one value per round, formatted.
+func joinRounds(vals []float64, format string) string {
+	if len(vals) == 0 {
 		return "–"
 	}
-	rounds := make([]string, len(rates))
-	for i, v := range rates {
-		rounds[i] = fmt.Sprintf("%.0f", v)
+	rounds := make([]string, len(vals))
+	for i, v := range vals {
+		rounds[i] = fmt.Sprintf(format, v)
 	}
 	return strings.Join(rounds, " / ")
 }
