@@ -157,7 +157,7 @@ func e2eMode(ctx context.Context, url string, cfg E2EConfig, mode string) (E2EMo
 
 // startCommitPipeline empties the schema's tables and starts the local QStash delivering
 // to webhook.Handler, whose order.created handler records its commits in the log. The
-// pool (the webhook's, 12 connections) and the pipeline are the caller's to close.
+// pool (the webhook's, 32 connections) and the pipeline are the caller's to close.
 func startCommitPipeline(ctx context.Context, url string) (*pgxpool.Pool, *localstack.Pipeline, *commitLog, error) {
 	// Deployed, every delivery in flight has a webhook environment and a connection of its
 	// own (the template leaves the webhook's concurrency unreserved). With 12 connections
