@@ -304,7 +304,7 @@ func (s *Server) attempt(ctx context.Context, m *message, retried int, duplicate
 		return res, ctx.Err()
 	}
 	s.mu.Lock()
-	s.attempts = appendBounded(s.attempts, a)
+	s.attempts = appendBounded(s.attempts, a, s.opts.LogLimit)
 	s.mu.Unlock()
 	if s.opts.OnAttempt != nil {
 		s.opts.OnAttempt(a)

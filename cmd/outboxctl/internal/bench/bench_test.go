@@ -426,7 +426,7 @@ func TestBacklogSweepRounds(t *testing.T) {
 func TestProducer(t *testing.T) {
 	t.Parallel()
 	db, cfg, res := tiny(t, bench.ProducerConfigFor, bench.Producer)
-	for _, arm := range []string{bench.ArmNotifyEveryInsert, bench.ArmNoWakeUp, bench.ArmSleeper, bench.ArmGoEnqueue} {
+	for _, arm := range []string{bench.ArmNotifyEveryInsert, bench.ArmNoWakeUp, bench.ArmSleeper, bench.ArmNoWakeUpPolling, bench.ArmGoEnqueue} {
 		a := res.Find(arm, cfg.Clients[0])
 		if a == nil || a.CommitsPerSec <= 0 || len(a.Rounds) != cfg.Rounds || (a.RelayDispatched <= 0 && arm != bench.ArmNoWakeUp) {
 			t.Errorf("%s: %+v, want commits, and relay publishes if woken", arm, a)
@@ -434,6 +434,9 @@ func TestProducer(t *testing.T) {
 		}
 		if len(a.RoundRatios) != cfg.Rounds || a.VsNoWakeUp <= 0 || (arm == bench.ArmNoWakeUp && a.VsNoWakeUp != 1) {
 			t.Errorf("%s: ratios %v, median %v; want one per round, each over the same round's no-wake-up arm", arm, a.RoundRatios, a.VsNoWakeUp)
+		}
+		if a.VsPolling <= 0 || (arm == bench.ArmNoWakeUpPolling && a.VsPolling != 1) {
+			t.Errorf("%s: / polling %v, want the median of its ratios over the same rounds' polling arm", arm, a.VsPolling)
 		}
 	}
 	var def string

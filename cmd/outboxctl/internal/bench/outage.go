@@ -229,7 +229,7 @@ func outageRun(ctx context.Context, pool *pgxpool.Pool, cfg OutageConfig, mode p
 	pl, err := localstack.StartPipeline(ctx, localstack.PipelineConfig{
 		Pool:          pool,
 		Handlers:      webhook.Handlers{Topic: cons.handler},
-		QStash:        qstashtest.Options{TimeScale: cfg.TimeScale, Logger: discardLogger()},
+		QStash:        qstashtest.Options{TimeScale: cfg.TimeScale, Logger: discardLogger(), LogLimit: -1},
 		ReceiverFront: cons.front,
 		Probes:        deadletter.ProbeSchedule{Wait: real(deadletter.CircuitProbeWait), MaxWait: real(deadletter.CircuitProbeMaxWait)},
 		// The production delay: the server scales Upstash-Retry-Delay by its TimeScale.

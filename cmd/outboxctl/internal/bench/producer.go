@@ -32,8 +32,16 @@ const (
 	// ArmNotifyEveryInsert: migration 0001's trigger, a NOTIFY in every producer
 	// transaction (what shipped before 0014, and what an operator may restore).
 	ArmNotifyEveryInsert = "notify-every-insert"
-	// ArmNoWakeUp: the trigger disabled; nothing on the commit path.
+	// ArmNoWakeUp: the trigger disabled; nothing on the commit path. The relay, never
+	// woken, drains once per PollInterval (1 s), in full batches.
 	ArmNoWakeUp = "no-wake-up"
+	// ArmNoWakeUpPolling: the trigger disabled, and the relay polling every millisecond:
+	// nothing on the commit path, and the relay's work as an awake relay does it (claims of
+	// what committed since the last, keeping up). Against it, the sleeper arm's ratio is
+	// what the commit path costs; against ArmNoWakeUp it also holds the cost of keeping up
+	// (a relay on the same two cores claiming a few hundred rows every few milliseconds,
+	// not a thousand once a second).
+	ArmNoWakeUpPolling = "no-wake-up-polling"
 	// ArmSleeper: migration 0014's trigger, a NOTIFY only while a relay sleeps.
 	ArmSleeper = "sleeper"
 	// ArmGoEnqueue: migration 0014's trigger, events written through outbox.Enqueue, one
@@ -45,7 +53,7 @@ const (
 // that no arm always runs right after another: the machine drifts between arms (a
 // checkpoint, autovacuum of the last arm's rows, the page cache), and in a fixed order
 // that drift falls on the same arm every round.
-var producerArms = []string{ArmNotifyEveryInsert, ArmNoWakeUp, ArmSleeper, ArmGoEnqueue}
+var producerArms = []string{ArmNotifyEveryInsert, ArmNoWakeUp, ArmSleeper, ArmNoWakeUpPolling, ArmGoEnqueue}
 
 // producerRoundArms returns the arms of round (1-based) in the order they run.
 func producerRoundArms(round int) []string {
@@ -100,6 +108,8 @@ type ProducerArm struct {
 	// that a ratio of the two medians keeps.
 	VsNoWakeUp  float64   `json:"vs_no_wake_up"`
 	RoundRatios []float64 `json:"round_ratios"`
+	// VsPolling is the same against the ArmNoWakeUpPolling arm.
+	VsPolling float64 `json:"vs_no_wake_up_polling"`
 }
 
 // ProducerResult is the producer scenario's output.
@@ -161,24 +171,25 @@ func Producer(ctx context.Context, schemaURL string, cfg ProducerConfig, progres
 				}
 			}
 		}
-		none := runs[key(ArmNoWakeUp, clients)]
+		none, polling := runs[key(ArmNoWakeUp, clients)], runs[key(ArmNoWakeUpPolling, clients)]
 		for _, arm := range producerArms {
 			mid, rs := median(runs[key(arm, clients)], func(v float64) float64 { return v })
 			driver := "pgbench"
 			if arm == ArmGoEnqueue {
 				driver = "go"
 			}
-			paired := make([]float64, len(rs))
+			paired, pairedPolling := make([]float64, len(rs)), make([]float64, len(rs))
 			for i, v := range rs {
-				paired[i] = ratio(v, none[i])
+				paired[i], pairedPolling[i] = ratio(v, none[i]), ratio(v, polling[i])
 			}
 			vs, _ := median(paired, func(v float64) float64 { return v })
+			vsPolling, _ := median(pairedPolling, func(v float64) float64 { return v })
 			res.Arms = append(res.Arms, ProducerArm{Arm: arm, Clients: clients, Driver: driver, CommitsPerSec: mid, Rounds: rs,
-				RelayDispatched: dispatched[key(arm, clients)], VsNoWakeUp: vs, RoundRatios: paired})
+				RelayDispatched: dispatched[key(arm, clients)], VsNoWakeUp: vs, RoundRatios: paired, VsPolling: vsPolling})
 		}
 		if progress != nil {
 			if s := res.Find(ArmSleeper, clients); s != nil {
-				progress(fmt.Sprintf("producer clients=%d: sleeper / no wake-up %.3f (median of the rounds' ratios %s)", clients, s.VsNoWakeUp, ratiosList(s.RoundRatios)))
+				progress(fmt.Sprintf("producer clients=%d: sleeper / no wake-up %.3f (median of the rounds' ratios %s), / no wake-up with a polling relay %.3f", clients, s.VsNoWakeUp, ratiosList(s.RoundRatios), s.VsPolling))
 			}
 		}
 	}
@@ -219,7 +230,11 @@ func producerRun(ctx context.Context, admin *pgxpool.Pool, schemaURL, pgbench, s
 	if err != nil {
 		return 0, st, err
 	}
-	r, err := relay.New(pool, pub, relayConfig(relay.DefaultBatchSize, false))
+	rc := relayConfig(relay.DefaultBatchSize, false)
+	if arm == ArmNoWakeUpPolling {
+		rc.PollInterval = time.Millisecond
+	}
+	r, err := relay.New(pool, pub, rc)
 	if err != nil {
 		return 0, st, err
 	}
@@ -264,6 +279,7 @@ func triggerSetups() (map[string]string, error) {
 	return map[string]string{
 		ArmNotifyEveryInsert: qNotifyEveryInsert,
 		ArmNoWakeUp:          `ALTER TABLE outbox DISABLE TRIGGER outbox_notify_insert`,
+		ArmNoWakeUpPolling:   `ALTER TABLE outbox DISABLE TRIGGER outbox_notify_insert`,
 		ArmSleeper:           string(b),
 		ArmGoEnqueue:         string(b),
 	}, nil

@@ -85,10 +85,17 @@ func startDelivering(rtt time.Duration) *qstashtest.Server {
 //
 // rtt models a QStash a network round trip away: the server answers every API request
 // after rtt ± 10% (its Latency option; deliveries are not delayed). Zero: loopback.
+//
+// No scenario reads the server's request and attempt logs, and they live in the process
+// under test: kept (131,072 attempts, each with its header map), the pinned scenario's
+// process spent 30 of its 222 CPU-seconds marking in the garbage collector, whose workers
+// take a processor from the relay and the webhook under test on 2 cores; without them, 14
+// of 194 (the scenario alone, 2026-12-07 16:16 and 17:45 UTC).
 func deliveringOptions(rtt time.Duration) qstashtest.Options {
 	return qstashtest.Options{
 		Latency: rtt - rtt/10, LatencyJitter: rtt / 5,
-		Logger: discardLogger(),
+		Logger:   discardLogger(),
+		LogLimit: -1,
 		HTTPClient: &http.Client{
 			Transport:     &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
