@@ -14,7 +14,7 @@ import (
 // two-hour pinned benchmark) holds a bounded history; a negative limit keeps none.
 func TestLogsKeepTheirNewerHalf(t *testing.T) {
 	t.Parallel()
-	for _, limit := range []int{DefaultLogLimit, 6} {
+	for _, limit := range []int{defaultLogLimit, 6} {
 		var log []int
 		for i := range 3*limit + 7 {
 			log = appendBounded(log, i, limit)

@@ -43,10 +43,10 @@ const (
 	DefaultAddr            = "127.0.0.1:8080"
 	DefaultDedupWindow     = 10 * time.Minute
 	DefaultDeliveryTimeout = 30 * time.Second
-	// DefaultLogLimit bounds each of the request and attempt logs: a long-running
+	// defaultLogLimit bounds each of the request and attempt logs: a long-running
 	// qstash-dev or a two-hour benchmark must not grow without bound (an attempt keeps its
 	// headers and body, about 5 kB: 650 MB at the limit, 6 GB after a million deliveries).
-	DefaultLogLimit = 1 << 17
+	defaultLogLimit = 1 << 17
 	// maxBackoff is QStash's cap on the default retry delay (one day).
 	maxBackoff = 24 * time.Hour
 )
@@ -139,7 +139,7 @@ type Options struct {
 	// per-key order run both.
 	FailureCallbackBeside bool
 	// LogLimit bounds the request and attempt logs that Requests and Attempts return:
-	// each keeps its newest LogLimit/2 to LogLimit entries. Default DefaultLogLimit.
+	// each keeps its newest LogLimit/2 to LogLimit entries. Default 131,072 (1 << 17).
 	// Negative: nothing is logged, and Requests and Attempts return nil. A benchmark that
 	// reads neither sets it, so the garbage collector of the process it measures does not
 	// scan the headers of 131,072 attempts that the real QStash keeps on its own machines
@@ -403,7 +403,7 @@ func (opts Options) withDefaults() (Options, *qstash.PlanLimits) {
 	if opts.QuotaWindow <= 0 {
 		opts.QuotaWindow = DefaultQuotaWindow
 	}
-	opts.LogLimit = cmp.Or(opts.LogLimit, DefaultLogLimit)
+	opts.LogLimit = cmp.Or(opts.LogLimit, defaultLogLimit)
 	if opts.Plan == "" {
 		return opts, nil
 	}
