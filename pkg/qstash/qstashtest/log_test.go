@@ -14,7 +14,7 @@ import (
 // two-hour pinned benchmark) holds a bounded history; a negative limit keeps none.
 func TestLogsKeepTheirNewerHalf(t *testing.T) {
 	t.Parallel()
-	for _, limit := range []int{defaultLogLimit, 6} {
+	for _, limit := range []int{defaultLogLimit, 6, 7, 1} {
 		var log []int
 		for i := range 3*limit + 7 {
 			log = appendBounded(log, i, limit)
@@ -23,7 +23,7 @@ func TestLogsKeepTheirNewerHalf(t *testing.T) {
 			}
 		}
 		last := 3*limit + 6
-		if len(log) < limit/2 || log[len(log)-1] != last {
+		if len(log) < max(limit/2, 1) || log[len(log)-1] != last {
 			t.Fatalf("limit %d: log holds %d entries ending at %d, want at least %d ending at %d", limit, len(log), log[len(log)-1], limit/2, last)
 		}
 		for i := 1; i < len(log); i++ {

@@ -558,14 +558,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, o Outage) {
 	}
 }
 
-// appendBounded appends v to a log that keeps only its newer half once it holds limit
-// entries (Options.LogLimit); a negative limit keeps nothing.
+// appendBounded appends v to a log that keeps only its newest limit/2 entries once it holds
+// limit (Options.LogLimit), so it never holds more than limit; a negative limit keeps
+// nothing.
 func appendBounded[T any](log []T, v T, limit int) []T {
 	if limit < 0 {
 		return nil
 	}
 	if len(log) >= limit {
-		log = append(log[:0], log[limit/2:]...)
+		log = append(log[:0], log[len(log)-limit/2:]...)
 	}
 	return append(log, v)
 }
