@@ -14,7 +14,7 @@ import (
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]
-                       [--<fault> RATE ...] [--no-faults] [--keep] [-v]
+                       [--lambda [--backstop D] [--idle-gap D]] [--<fault> RATE ...] [--no-faults] [--keep] [-v]
 
 Runs the whole pipeline in this process against DATABASE_URL (in its own chaos_<random>
 schema, dropped afterwards unless --keep): producers in business transactions, several
@@ -22,7 +22,11 @@ relays, the local QStash server, the webhook and the failure-callback recorder, 
 fault on by default. Once production is done and most events have settled, the faults
 stop; when everything has settled, the invariants are read from the database: nothing
 lost, nothing applied twice, poison (and only poison) dead-lettered, per-key order in fifo
-mode. Exit status 0 when every invariant holds, 1 when one fails (the seed is printed to
+mode. With --lambda the relays run in the deployed shape: the relay function's handler in
+execution environments behind a local Lambda service (--relays is its reserved
+concurrency), woken by the producers' kicks and a schedule (--backstop), with the kick
+faults on: a producer dying before its kick, a kick accepted and lost, a kick refused.
+Exit status 0 when every invariant holds, 1 when one fails (the seed is printed to
 rerun it with --seed), 2 for bad flags, 3 when the run itself fails.`
 
 func runChaos(ctx context.Context, e env, args []string) error {
@@ -97,9 +101,20 @@ func printChaos(w io.Writer, r chaos.Report) {
 		r.Poison, r.PoisonDeadLettered, r.NonPoisonDeadLettered, r.OrderViolations)
 	fmt.Fprintf(w, "drain after last fault %.2fs  run %.1fs  relay restarts %d  rolled-back transactions %d\n",
 		r.DrainSeconds, r.DurationSeconds, r.RelayRestarts, r.RolledBack)
+	if l := r.Lambda; l != nil {
+		fmt.Fprintf(w, "lambda: invocations %d kicked, %d scheduled (%d claimed: the backstop), %d kicks coalesced; environments %d; events retried %d, dropped %d\n",
+			l.KickInvocations, l.TickInvocations, l.TicksThatClaimed, l.Coalesced, l.Environments, l.Retried, l.Dropped)
+		fmt.Fprintf(w, "kicks: requested %d, sent %d, failed %d, covered %d (by a relay's promise %d)\n",
+			l.Kicks.Requested, l.Kicks.Sent, l.Kicks.Failed, l.Kicks.Skipped, l.Kicks.Promised)
+	}
 	fmt.Fprintln(w, "faults injected:")
 	for _, k := range chaos.FaultKinds() {
 		fmt.Fprintf(w, "  %-36s %d\n", k, r.Faults[k])
+	}
+	if r.Lambda != nil {
+		for _, k := range chaos.KickFaultKinds() {
+			fmt.Fprintf(w, "  %-36s %d\n", k, r.Faults[k])
+		}
 	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION: %s\n", v)

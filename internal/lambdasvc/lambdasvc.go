@@ -1,7 +1,9 @@
 // Package lambdasvc is a local Lambda service: the Lambda Invoke API
 // (POST /2015-03-31/functions/{FunctionName}/invocations) in front of built bootstraps run
 // under aws-lambda-rie, so that code calling Lambda through aws-sdk-go-v2 (a producer's
-// kick, AWS_ENDPOINT_URL_LAMBDA) meets the functions as deployed.
+// kick, AWS_ENDPOINT_URL_LAMBDA) meets the functions as deployed. A function may instead
+// run in this process (FunctionConfig.Launch): the chaos run's relays, whose faults are
+// injected from inside, behind the same API, concurrency and queue.
 //
 // Like Lambda, each concurrent execution environment is one emulator (the emulator runs
 // one invocation at a time), started on demand up to the function's reserved
@@ -48,6 +50,9 @@ type FunctionConfig struct {
 	Name string
 	// Bootstrap is the built executable (rie.Build).
 	Bootstrap string
+	// Launch, when set instead of Bootstrap, starts an execution environment in this
+	// process; the service uses it as it uses an emulator.
+	Launch func() (Environment, error)
 	// Env is the function's environment (rie.Options.Env).
 	Env map[string]string
 	// Timeout is the function timeout. Default DefaultTimeout.
@@ -65,6 +70,30 @@ type FunctionConfig struct {
 	// OnResult, if set, is called after each invocation with its payload, the function's
 	// response (its body, or the error), and whether it was asynchronous.
 	OnResult func(Result)
+}
+
+// Environment is one execution environment: the service runs one invocation at a time
+// in it.
+type Environment interface {
+	// Invoke runs one invocation: the function's response, and its error (an error
+	// document comes with a body) or the environment's (no body).
+	Invoke(ctx context.Context, payload []byte) ([]byte, error)
+	// Exited reports that the environment died: the service replaces it, as Lambda
+	// replaces a runtime that crashed.
+	Exited() bool
+	// Stop ends the environment; the service calls it once it no longer uses it.
+	Stop()
+}
+
+// emulator is an Environment of a built bootstrap under aws-lambda-rie.
+type emulator struct{ *rie.Function }
+
+func (e emulator) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	resp, err := e.Function.Invoke(ctx, payload)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, resp.Err()
 }
 
 // Result is one invocation's outcome, for FunctionConfig.OnResult.
@@ -112,8 +141,8 @@ type function struct {
 	cfg FunctionConfig
 
 	mu      sync.Mutex
-	idle    []*rie.Function
-	all     []*rie.Function
+	idle    []Environment
+	all     []Environment
 	started int
 	// stopped: the service closed; an environment started after it is stopped at once.
 	stopped bool
@@ -125,8 +154,8 @@ type function struct {
 func Start(fns ...FunctionConfig) (*Service, error) {
 	s := &Service{funcs: map[string]*function{}, closed: make(chan struct{})}
 	for _, c := range fns {
-		if c.Name == "" || c.Bootstrap == "" {
-			return nil, errors.New("start lambda service: a function needs Name and Bootstrap")
+		if c.Name == "" || (c.Bootstrap == "") == (c.Launch == nil) {
+			return nil, errors.New("start lambda service: a function needs Name and one of Bootstrap or Launch")
 		}
 		c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 		c.ReservedConcurrency = cmp.Or(c.ReservedConcurrency, 1)
@@ -297,7 +326,7 @@ func (s *Service) deliver(f *function, payload []byte, queued time.Time) {
 
 // acquire takes an idle environment, or starts one below the reserved concurrency; nil
 // (and no error) when all are busy.
-func (f *function) acquire() (*rie.Function, error) {
+func (f *function) acquire() (Environment, error) {
 	f.mu.Lock()
 	if n := len(f.idle); n > 0 {
 		env := f.idle[n-1]
@@ -311,7 +340,7 @@ func (f *function) acquire() (*rie.Function, error) {
 	}
 	f.started++ // held for the environment starting now
 	f.mu.Unlock()
-	env, err := rie.Launch(rie.Options{Bootstrap: f.cfg.Bootstrap, Name: f.cfg.Name, Timeout: f.cfg.Timeout, Env: f.cfg.Env, Log: f.cfg.Log})
+	env, err := f.launch()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -327,28 +356,39 @@ func (f *function) acquire() (*rie.Function, error) {
 	return env, nil
 }
 
+// launch starts one environment: in this process, or an emulator of the bootstrap.
+func (f *function) launch() (Environment, error) {
+	if f.cfg.Launch != nil {
+		return f.cfg.Launch()
+	}
+	e, err := rie.Launch(rie.Options{Bootstrap: f.cfg.Bootstrap, Name: f.cfg.Name, Timeout: f.cfg.Timeout, Env: f.cfg.Env, Log: f.cfg.Log})
+	if err != nil {
+		return nil, err
+	}
+	return emulator{e}, nil
+}
+
 // run invokes payload in env, returns env to the idle ones, and reports the result.
-func (f *function) run(env *rie.Function, payload []byte, queued time.Time, async bool) Result {
+func (f *function) run(env Environment, payload []byte, queued time.Time, async bool) Result {
 	res := Result{Function: f.cfg.Name, Async: async, Payload: payload, Queued: queued, Start: time.Now()}
 	ictx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout+30*time.Second)
-	resp, err := env.Invoke(ictx, payload)
+	res.Body, res.Err = env.Invoke(ictx, payload)
 	cancel()
 	res.End = time.Now()
-	if err == nil {
-		res.Body, res.Err = resp.Body, resp.Err()
-	} else {
-		res.Err = err
-	}
 	f.mu.Lock()
-	if env.Exited() {
-		// A crashed emulator leaves: the next invoke starts a fresh environment, as Lambda
+	exited := env.Exited()
+	if exited {
+		// A crashed environment leaves: the next invoke starts a fresh one, as Lambda
 		// replaces a failed one.
-		f.all = slices.DeleteFunc(f.all, func(e *rie.Function) bool { return e == env })
+		f.all = slices.DeleteFunc(f.all, func(e Environment) bool { return e == env })
 		f.started--
 	} else {
 		f.idle = append(f.idle, env)
 	}
 	f.mu.Unlock()
+	if exited {
+		env.Stop()
+	}
 	if f.cfg.OnResult != nil {
 		f.cfg.OnResult(res)
 	}

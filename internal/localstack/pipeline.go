@@ -81,6 +81,9 @@ type Pipeline struct {
 	Webhook             *webhook.Handler
 	Callback            *deadletter.CallbackHandler
 	Publisher           *qstash.Publisher
+	// PublisherConfig is what Publisher was built from (the addresses filled in), for a
+	// relay that builds its own (the relay function's handler run in process).
+	PublisherConfig qstash.PublisherConfig
 
 	tracer  trace.Tracer
 	closers []func()
@@ -120,6 +123,7 @@ func (p *Pipeline) start(ctx context.Context, cfg PipelineConfig) error {
 	if p.Publisher, err = qstash.NewPublisher(pc); err != nil {
 		return err
 	}
+	p.PublisherConfig = pc
 	// As the Lambda does at a cold start: FIFO queues exist with parallelism 1, unpaused.
 	if err = p.Publisher.EnsureQueues(ctx); err != nil {
 		return fmt.Errorf("start pipeline: check qstash fifo queues: %w", err)

@@ -22,6 +22,12 @@ func TestChaosFlags(t *testing.T) {
 		"rate not a number":  {"--consumer-ack-lost", "often"},
 		"seed not a number":  {"--seed", "abc"},
 		"no delivery delay?": {"--max-delivery-delay", "0"},
+		// Long-lived relays are not kicked: a kick fault without the deployed shape would
+		// test nothing.
+		"kick fault, no lambda": {"--kick-lost", "0.2"},
+		"kick rates over 1":     {"--lambda", "--kick-lost", "0.6", "--kick-refused", "0.6"},
+		"backstop too short":    {"--lambda", "--backstop", "1ms"},
+		"negative idle gap":     {"--lambda", "--idle-gap", "-1s"},
 	}
 	for name, args := range cases {
 		fs := flagSet()
@@ -35,5 +41,26 @@ func TestChaosFlags(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: %v accepted", name, args)
 		}
+	}
+}
+
+// TestChaosLambdaFlags: --lambda alone is a valid run: the deployed shape with its kick
+// faults on at their default rates.
+func TestChaosLambdaFlags(t *testing.T) {
+	t.Parallel()
+	fs := flagSet()
+	o := chaos.Options{DatabaseURL: "postgres://x", Faults: chaos.DefaultFaults()}.WithDefaults()
+	fl := chaos.BindFlags(fs, &o)
+	if err := fs.Parse([]string{"--lambda", "--kick-refused", "0.3"}); err != nil {
+		t.Fatal(err)
+	}
+	fl.Apply()
+	if err := o.Validate(); err != nil {
+		t.Fatalf("--lambda refused: %v", err)
+	}
+	want := chaos.DefaultFaults().WithKickFaults()
+	want.KickRefused = 0.3
+	if o.Lambda == nil || o.Lambda.Backstop != chaos.DefaultBackstop || o.Faults != want {
+		t.Fatalf("lambda %+v, faults %+v: want the default shape and kick faults, --kick-refused applied after them", o.Lambda, o.Faults)
 	}
 }

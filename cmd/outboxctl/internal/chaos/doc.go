@@ -25,6 +25,19 @@
 //     application_name) while it drains;
 //   - business transactions that enqueue and then roll back.
 //
+// In the deployed shape (Options.Lambda) the relays are the relay function's own handler
+// (internal/relayfunc) in execution environments behind the local Lambda service
+// (internal/lambdasvc), woken by the producers' kicks (package kick, through the Invoke
+// API) and by a schedule, the backstop. A fault that kills a relay "process" kills its
+// environment; the next invocation starts another. Three more faults:
+//   - a producer dies between its commit and its kick (the kick is never requested);
+//   - a kick accepted (202) and lost: a front on the Invoke API answers and drops it, which
+//     also leaves the kicker's promise in the database with no relay behind it, so other
+//     producers skip their kicks until it ends;
+//   - a kick refused (429 TooManyRequestsException or 500 ServiceException).
+//
+// Whatever a lost kick leaves behind, the next scheduled tick must deliver it.
+//
 // Reproducibility: each fault source draws from its own PCG stream of the seed, so the
 // sequence of decisions of each source is the same for a seed. Which batch or delivery
 // meets which decision depends on goroutine scheduling, so two runs with one seed inject

@@ -44,7 +44,14 @@ const (
 	// FaultConsumerOutage counts deliveries refused (500) during Faults.ConsumerOutage; a
 	// kind of the report only when an outage is configured.
 	FaultConsumerOutage = "consumer_outage_deliveries_refused"
+	// Kick faults, kinds of the report in the deployed shape only (Options.Lambda).
+	FaultKickNotSent = "kick_not_sent_producer_died"
+	FaultKickLost    = "kick_accepted_then_lost"
+	FaultKickRefused = "kick_refused_429_500"
 )
+
+// kickFaultKinds are the deployed shape's own fault kinds.
+var kickFaultKinds = []string{FaultKickNotSent, FaultKickLost, FaultKickRefused}
 
 var faultKinds = []string{
 	FaultCrashBeforePublish, FaultCrashAfterPublish, FaultSlowPublish,
@@ -61,6 +68,8 @@ const (
 	streamConsumer
 	streamQStashFront
 	streamDBKill
+	streamKick
+	streamPause
 )
 
 func newRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
@@ -129,9 +138,12 @@ type faultyPublisher struct {
 	armed    bool
 	inFlight atomic.Int32
 	dead     atomic.Bool
+	// calls counts Publish calls: an invocation that made one claimed events.
+	calls atomic.Int64
 }
 
 func (p *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []publish.Result {
+	p.calls.Add(1)
 	if p.dead.Load() {
 		runtime.Goexit() // the process is gone
 	}
@@ -417,3 +429,6 @@ func dbKiller(ctx context.Context, admin outbox.Querier, appNames []string, rate
 
 // FaultKinds lists the fault kinds of Report.Faults in a fixed order.
 func FaultKinds() []string { return append([]string(nil), faultKinds...) }
+
+// KickFaultKinds lists the deployed shape's own fault kinds (Options.Lambda).
+func KickFaultKinds() []string { return append([]string(nil), kickFaultKinds...) }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,8 @@ type Report struct {
 	Keys             int    `json:"keys"`
 	// Settled is false when the run timed out before every event settled.
 	Settled bool `json:"settled"`
+	// Lambda is the deployed shape's counts (Options.Lambda); absent for long-lived relays.
+	Lambda *LambdaReport `json:"lambda,omitempty"`
 	// Violations lists every broken invariant; empty means the run passed.
 	Violations []string `json:"violations"`
 	Passed     bool     `json:"passed"`
@@ -74,6 +77,9 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.Faults.ConsumerOutage > 0 {
 		kinds = append(kinds, FaultConsumerOutage)
 	}
+	if opts.Lambda != nil {
+		kinds = append(kinds, kickFaultKinds...)
+	}
 	h := &harness{opts: opts, in: newInjector(kinds...), runID: randomHex(4)}
 	h.dayTwo = &dayTwo{h: h}
 	return h.run(ctx)
@@ -86,9 +92,13 @@ type harness struct {
 	// dayTwo injects the DayTwo events.
 	dayTwo *dayTwo
 
-	app      *pgxpool.Pool
-	qs       *qstashtest.Server
-	pub      *qstash.Publisher
+	app *pgxpool.Pool
+	qs  *qstashtest.Server
+	pub *qstash.Publisher
+	// pcfg is pub's configuration: the relay function's handler builds its own from it.
+	pcfg qstash.PublisherConfig
+	// lambda is the deployed shape (Options.Lambda), nil with long-lived relays.
+	lambda   *deployed
 	ep       Endpoints
 	attempts atomic.Int64
 	restarts atomic.Int64
@@ -166,29 +176,46 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	defer pl.Close()
-	h.qs, h.pub = pl.QStash, pl.Publisher
+	h.qs, h.pub, h.pcfg = pl.QStash, pl.Publisher, pl.PublisherConfig
 	h.ep = Endpoints{WebhookBaseURL: pl.BaseURL, FailureURL: pl.FailureURL, QStashURL: pl.QStashURL, QStashToken: pl.Token,
 		CurrentKey: pl.CurrentSigningKey, NextKey: pl.NextSigningKey}
 
-	// Relays, each with its own pool (its own "process"), and the killer of their backends.
+	// Relays, each with its own pool (its own "process"; in the deployed shape, the pool
+	// of an execution environment's slot), and the killer of their backends.
 	h.in.on.Store(true)
 	clock := newClock(o.ClockSpeed)
 	var relays sync.WaitGroup
 	appNames := make([]string, o.Relays)
+	pools := make([]*pgxpool.Pool, o.Relays)
 	for i := range o.Relays {
 		appNames[i] = h.appName(fmt.Sprintf("relay%d", i))
 		// A claim, a mark per batch in flight (pipelining at its default concurrency), one
-		// spare: the relay Lambda's pool.
-		pool, err := h.pool(ctx, fmt.Sprintf("relay%d", i), int32(2+relay.DefaultPublishConcurrency))
+		// spare, and in the deployed shape the LISTEN session of the idle gap: the relay
+		// Lambda's pool.
+		conns := int32(2 + relay.DefaultPublishConcurrency)
+		if o.Lambda != nil {
+			conns++
+		}
+		pool, err := h.pool(ctx, fmt.Sprintf("relay%d", i), conns)
 		if err != nil {
 			stop()
 			relays.Wait()
 			return rep, err
 		}
 		defer pool.Close()
-		relays.Go(func() { h.superviseRelay(stopAll, i, pool, clock) })
+		pools[i] = pool
+		if o.Lambda == nil {
+			relays.Go(func() { h.superviseRelay(stopAll, i, pool, clock) })
+		}
 	}
 	defer func() { stop(); relays.Wait() }()
+	if o.Lambda != nil {
+		if h.lambda, err = h.startLambda(ctx, stopAll, pools, clock); err != nil {
+			return rep, err
+		}
+		// Before the pools close: the service waits for the invocations running.
+		defer h.lambda.close()
+	}
 	var killer sync.WaitGroup
 	killer.Go(func() { dbKiller(stopAll, h.app, appNames, f.DBKillsPerSecond, o.Seed, h.in) })
 	defer killer.Wait()
@@ -207,6 +234,10 @@ func (h *harness) run(ctx context.Context) (Report, error) {
 	stop()
 	relays.Wait()
 	killer.Wait()
+	if h.lambda != nil {
+		h.lambda.close()
+		rep.Lambda = h.lambda.report()
+	}
 	if err != nil {
 		return rep, err
 	}
@@ -309,37 +340,9 @@ func (h *harness) wait(ctx context.Context, prodDone <-chan error, rep *Report) 
 // its own faulty publisher; one killed by a fault (Goexit) or failed (a killed
 // connection) is replaced, as a scheduler would start the next invocation.
 func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool, clock *clock) {
-	o := h.opts
 	err := relay.Supervise(stop, func(run int) (*relay.Relay, error) {
-		gen := uint64(run)
-		pub := &faultyPublisher{inner: h.pub, rng: newRand(o.Seed, streamRelay+uint64(i)<<20+gen), f: o.Faults, in: h.in,
-			hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
-		return relay.New(pool, pub, relay.Config{
-			BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: o.Ordering,
-			// The faults kill a relay holding a row far more often than a deployment sees
-			// (a few percent of publish calls, a killed connection a second): a healthy row
-			// dies with three processes in a row within a run, as a real one would with
-			// MaxAttempts retryable failures. Like MaxAttempts, the budget is the run's.
-			MaxDeaths:      o.MaxAttempts,
-			Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
-			PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
-			BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,
-			Rand: newRand(o.Seed, streamRelay+uint64(i)<<20+gen+1<<19).Float64,
-			// A killed "process" is gone at once: its drain loop claims nothing more and
-			// its batches mark nothing more (the relay reads the clock before each claim and
-			// each mark). Without this the loop went on claiming until it collected a dead
-			// batch, and every row it claimed meanwhile counted a death no real process
-			// could have caused: healthy rows were dead-lettered as killers.
-			Now:          pub.now(clock.Now),
-			PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
-			// Deferrals pause in real time (the relay's clock does not reach them): a short
-			// first pause keeps a run's 429s and outages from idling it for seconds.
-			DeferPause: 50 * time.Millisecond,
-			// A probe's failure comes back within milliseconds here (one attempt against a
-			// local consumer); the default three minutes would idle a run whose probe was
-			// applied before it was taken (its relay died before the mark).
-			ProbeHorizon: 2 * time.Second,
-		})
+		pub := h.publisher(stop, i, run)
+		return relay.New(pool, pub, h.relayConfig(i, run, pub, clock))
 	}, relay.SuperviseConfig{
 		// A killed or failed relay "process" is replaced at the next "tick".
 		RestartMin: 20 * time.Millisecond, RestartMax: 20 * time.Millisecond,
@@ -354,7 +357,45 @@ func (h *harness) superviseRelay(stop context.Context, i int, pool *pgxpool.Pool
 		},
 	})
 	if err != nil {
-		o.Logger.Error("chaos relay config", "error", err.Error())
+		h.opts.Logger.Error("chaos relay config", "error", err.Error())
+	}
+}
+
+// publisher is the faulty publisher of relay "process" gen of slot i.
+func (h *harness) publisher(stop context.Context, i, gen int) *faultyPublisher {
+	o := h.opts
+	return &faultyPublisher{inner: h.pub, rng: newRand(o.Seed, streamRelay+uint64(i)<<20+uint64(gen)), f: o.Faults, in: h.in,
+		hold: o.LeaseReal + o.LeaseReal/2, stop: stop}
+}
+
+// relayConfig is the configuration of relay "process" gen of slot i, publishing through pub.
+func (h *harness) relayConfig(i, gen int, pub *faultyPublisher, clock *clock) relay.Config {
+	o := h.opts
+	return relay.Config{
+		BatchSize: o.BatchSize, MaxAttempts: o.MaxAttempts, Ordering: o.Ordering,
+		// The faults kill a relay holding a row far more often than a deployment sees
+		// (a few percent of publish calls, a killed connection a second): a healthy row
+		// dies with three processes in a row within a run, as a real one would with
+		// MaxAttempts retryable failures. Like MaxAttempts, the budget is the run's.
+		MaxDeaths:      o.MaxAttempts,
+		Lease:          time.Duration(float64(o.LeaseReal) * o.ClockSpeed),
+		PublishTimeout: 5 * time.Second, MarkTimeout: 5 * time.Second,
+		BackoffBase: relay.MinBackoff, BackoffMax: 8 * time.Second,
+		Rand: newRand(o.Seed, streamRelay+uint64(i)<<20+uint64(gen)+1<<19).Float64,
+		// A killed "process" is gone at once: its drain loop claims nothing more and
+		// its batches mark nothing more (the relay reads the clock before each claim and
+		// each mark). Without this the loop went on claiming until it collected a dead
+		// batch, and every row it claimed meanwhile counted a death no real process
+		// could have caused: healthy rows were dead-lettered as killers.
+		Now:          pub.now(clock.Now),
+		PollInterval: 20 * time.Millisecond, Logger: o.Logger.With("relay", i),
+		// Deferrals pause in real time (the relay's clock does not reach them): a short
+		// first pause keeps a run's 429s and outages from idling it for seconds.
+		DeferPause: 50 * time.Millisecond,
+		// A probe's failure comes back within milliseconds here (one attempt against a
+		// local consumer); the default three minutes would idle a run whose probe was
+		// applied before it was taken (its relay died before the mark).
+		ProbeHorizon: 2 * time.Second,
 	}
 }
 
@@ -369,6 +410,14 @@ func (h *harness) produce(ctx context.Context) error {
 		from, to := p*o.Events/o.Producers, (p+1)*o.Events/o.Producers
 		wg.Go(func() {
 			rng := newRand(o.Seed, streamProducer+uint64(p))
+			// In the deployed shape each producer "process" kicks the relay after its
+			// commits, and sends the kick it still owes when it stops.
+			var w outbox.Waker
+			var pauses *mrand.Rand
+			if h.lambda != nil {
+				w, pauses = h.lambda.waker(p), newRand(o.Seed, streamPause+uint64(p))
+				defer h.lambda.closeKicker(ctx, p)
+			}
 			for n := from; n < to; n++ {
 				if o.RollbackRate > 0 && rng.Float64() < o.RollbackRate {
 					if err := h.rollbackOne(ctx, n, rng); err != nil {
@@ -376,9 +425,12 @@ func (h *harness) produce(ctx context.Context) error {
 						return
 					}
 				}
-				if err := h.produceOne(ctx, n, rng); err != nil {
+				if err := h.produceOne(ctx, n, rng, w); err != nil {
 					errs[p] = err
 					return
+				}
+				if pauses != nil {
+					h.lambda.pause(ctx, pauses)
 				}
 			}
 		})
@@ -401,11 +453,11 @@ func (h *harness) event(id string, rng interface{ IntN(int) int }, poison bool) 
 func (h *harness) produceOne(ctx context.Context, n int, rng interface {
 	IntN(int) int
 	Float64() float64
-}) error {
+}, w outbox.Waker) error {
 	id := fmt.Sprintf("c-%s-%07d", h.runID, n)
 	poison := rng.Float64() < h.opts.PoisonRate
 	customer, ev, amount := h.event(id, rng, poison)
-	err := pgx.BeginFunc(ctx, h.app, func(tx pgx.Tx) error {
+	err := outbox.BeginFunc(ctx, h.app, w, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, qLockCustomer, customer); err != nil {
 			return fmt.Errorf("lock customer: %w", err)
 		}

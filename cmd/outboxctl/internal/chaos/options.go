@@ -89,7 +89,27 @@ type Faults struct {
 	// relay "process" is doomed: it dies at its first publish that finds another of its
 	// batches in flight (see FaultKillInFlight).
 	KillInFlight float64
+
+	// Kick faults, in the deployed shape only (Options.Lambda; WithKickFaults sets them).
+	// KickNotSent, per commit: the producer dies between its commit and its kick.
+	// KickLost, per kick invoke: the Invoke API answers 202 and the event never runs (what
+	// a producer that died after writing its kick's promise, before the invoke, leaves
+	// too: a promise that other producers trust and no relay behind it). KickRefused, per
+	// invoke request: 429 TooManyRequestsException or 500 ServiceException (the SDK
+	// retries; a kick refused every time is counted failed and its promise withdrawn).
+	// Whatever a lost kick leaves, the schedule's next tick must deliver.
+	KickNotSent float64
+	KickLost    float64
+	KickRefused float64
 }
+
+// WithKickFaults returns f with the kick faults at their default rates.
+func (f Faults) WithKickFaults() Faults {
+	f.KickNotSent, f.KickLost, f.KickRefused = 0.05, 0.2, 0.1
+	return f
+}
+
+func (f Faults) kickFaults() bool { return f.KickNotSent > 0 || f.KickLost > 0 || f.KickRefused > 0 }
 
 // DefaultFaults has every fault on at a rate that keeps a few-thousand-event run busy
 // with each kind.
@@ -120,6 +140,9 @@ func (f Faults) Validate() error {
 	if s := f.Consumer500Before + f.Consumer500After + f.ConsumerAckLost; s > 1 {
 		errs = append(errs, fmt.Errorf("chaos faults: Consumer500Before+Consumer500After+ConsumerAckLost = %v exceeds 1", s))
 	}
+	if s := f.KickLost + f.KickRefused; s > 1 {
+		errs = append(errs, fmt.Errorf("chaos faults: KickLost+KickRefused = %v exceeds 1", s))
+	}
 	if f.DeliveryDelay > 0 && f.MaxDeliveryDelay <= 0 {
 		errs = append(errs, errors.New("chaos faults MaxDeliveryDelay: must be positive when DeliveryDelay is set"))
 	}
@@ -139,6 +162,7 @@ func (f Faults) rates() map[string]float64 {
 		"DeliveryDuplicate": f.DeliveryDuplicate, "DeliveryDelay": f.DeliveryDelay,
 		"Consumer500Before": f.Consumer500Before, "Consumer500After": f.Consumer500After, "ConsumerAckLost": f.ConsumerAckLost,
 		"KillInFlight": f.KillInFlight,
+		"KickNotSent":  f.KickNotSent, "KickLost": f.KickLost, "KickRefused": f.KickRefused,
 	}
 }
 
@@ -194,6 +218,9 @@ type Options struct {
 	Progress io.Writer
 	// DayTwo injects a migration, a password rotation and a QStash outage during the run.
 	DayTwo DayTwo
+	// Lambda, when set, runs the relays in the deployed shape (see Lambda) instead of as
+	// long-lived processes: woken by the producers' kicks and a schedule.
+	Lambda *Lambda
 	// OnStart, if set, is called once the stack is up, before production starts, with
 	// its endpoints (e.g. to send hostile requests during a run).
 	OnStart func(Endpoints)
@@ -241,6 +268,11 @@ func (o Options) WithDefaults() Options {
 	o.SettledShare = cmp.Or(o.SettledShare, DefaultSettledShare)
 	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
 	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
+	if o.Lambda != nil {
+		l := *o.Lambda
+		l.withDefaults()
+		o.Lambda = &l
+	}
 	return o
 }
 
@@ -289,6 +321,11 @@ func (o Options) Validate() error {
 	}
 	if err := o.Faults.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if o.Lambda != nil {
+		errs = append(errs, o.Lambda.validate()...)
+	} else if o.Faults.kickFaults() {
+		bad("Faults", "kick faults (KickNotSent, KickLost, KickRefused) need the deployed shape (Lambda, --lambda): long-lived relays are not kicked")
 	}
 	return errors.Join(errs...)
 }

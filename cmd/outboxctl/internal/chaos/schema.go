@@ -55,6 +55,13 @@ func BindFlags(fs *flag.FlagSet, o *Options) *Flags {
 	fs.DurationVar(&f.MaxDeliveryDelay, "max-delivery-delay", f.MaxDeliveryDelay, "longest injected delivery delay")
 	fs.DurationVar(&f.ConsumerOutage, "consumer-outage", f.ConsumerOutage, "take the consumer down (every delivery 500) this long; 0: no outage")
 	fs.DurationVar(&f.ConsumerOutageAfter, "consumer-outage-after", f.ConsumerOutageAfter, "when the consumer outage begins, from the start of the run")
+	fs.BoolVar(&fl.lambda, "lambda", false, "the deployed shape: the relay function's handler behind a local Lambda service, woken by the producers' kicks and a schedule (kick faults on)")
+	fs.DurationVar(&fl.shape.Backstop, "backstop", DefaultBackstop, "with --lambda: the schedule's period (the backstop of a lost kick)")
+	fs.DurationVar(&fl.shape.IdleGap, "idle-gap", DefaultLambdaIdleGap, "with --lambda: the relay function's IDLE_GAP and the kickers' interval")
+	fs.Float64Var(&fl.shape.PauseRate, "pause", DefaultPauseRate, "with --lambda: per transaction, a producer pauses up to twice the idle gap (relays go idle; commits need kicks); negative: never")
+	rate(&f.KickNotSent, "kick-not-sent", "with --lambda, per commit: the producer dies before its kick (default with --lambda 0.05)")
+	rate(&f.KickLost, "kick-lost", "with --lambda, per kick invoke: accepted (202), then lost (default with --lambda 0.2)")
+	rate(&f.KickRefused, "kick-refused", "with --lambda, per invoke request: refused with 429 or 500 (default with --lambda 0.1)")
 	return fl
 }
 
@@ -63,15 +70,25 @@ type Flags struct {
 	o        *Options
 	ordering string
 	noFaults bool
+	lambda   bool
+	shape    Lambda
 	set      []func()
 }
 
-// Apply finishes the options after fs.Parse: ordering, --no-faults, then the rate flags
-// in the order given.
+// Apply finishes the options after fs.Parse: ordering, --no-faults, the deployed shape
+// (with its kick faults unless --no-faults), then the rate flags in the order given.
 func (fl *Flags) Apply() {
 	fl.o.Ordering = publish.Ordering(fl.ordering)
 	if fl.noFaults {
 		fl.o.Faults = Faults{MaxDeliveryDelay: fl.o.Faults.MaxDeliveryDelay}
+	}
+	if fl.lambda {
+		shape := fl.shape
+		shape.withDefaults()
+		fl.o.Lambda = &shape
+		if !fl.noFaults {
+			fl.o.Faults = fl.o.Faults.WithKickFaults()
+		}
 	}
 	for _, s := range fl.set {
 		s()
