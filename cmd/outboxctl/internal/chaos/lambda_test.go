@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/v3/cmd/outboxctl/internal/chaos"
 )
 
@@ -51,9 +53,23 @@ func TestChaosLambdaKicksFail(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			seed := chaosSeed(t)
-			rep := runChaos(t, chaos.Options{Events: chaosEvents(t, 300), Seed: seed, Relays: 2, SettledShare: 1, Timeout: 3 * time.Minute,
-				Faults: faults, Lambda: &chaos.Lambda{Backstop: 500 * time.Millisecond}})
+			const backstop = 500 * time.Millisecond
+			url := chaosDB(t)
+			rep := runChaosOn(t, chaos.Options{DatabaseURL: url, Events: chaosEvents(t, 300), Seed: seed, Relays: 2, SettledShare: 1,
+				Timeout: 3 * time.Minute, Faults: faults, Lambda: &chaos.Lambda{Backstop: backstop}})
 			l := rep.Lambda
+			// Delivered by the next tick, not eventually: the slowest event took about a
+			// backstop period and an idle gap.
+			db, err := pgxpool.New(t.Context(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var p50, max float64
+			if err := db.QueryRow(t.Context(), qLatency).Scan(&p50, &max); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("commit -> applied p50 %.0f ms, max %.0f ms (backstop %v)", p50*1000, max*1000, backstop)
 			if l.KickInvocations != 0 {
 				t.Errorf("%d kick invocations ran, with every kick %s", l.KickInvocations, name)
 			}
@@ -74,3 +90,10 @@ func TestChaosLambdaKicksFail(t *testing.T) {
 		})
 	}
 }
+
+// qLatency is the commit -> first application time of the run's events, p50 and max, in
+// seconds (created_at is the transaction's start, a few milliseconds before its commit).
+const qLatency = `
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s), max(s) FROM (
+    SELECT extract(epoch FROM min(e.applied_at) - o.created_at)::float8 AS s
+    FROM outbox o JOIN demo_effects e ON e.outbox_id = o.id GROUP BY o.id, o.created_at) x`
