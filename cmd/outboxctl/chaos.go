@@ -14,7 +14,7 @@ import (
 )
 
 const chaosUsage = `usage: outboxctl chaos [--events N] [--seed S] [--json] [--relays N] [--ordering fifo|publish]
-                       [--lambda [--backstop D] [--idle-gap D]] [--<fault> RATE ...] [--no-faults] [--keep] [-v]
+                       [--lambda [--backstop D] [--idle-gap D] [--pause P]] [--<fault> RATE ...] [--no-faults] [--keep] [-v]
 
 Runs the whole pipeline in this process against DATABASE_URL (in its own chaos_<random>
 schema, dropped afterwards unless --keep): producers in business transactions, several
@@ -102,7 +102,7 @@ func printChaos(w io.Writer, r chaos.Report) {
 	fmt.Fprintf(w, "drain after last fault %.2fs  run %.1fs  relay restarts %d  rolled-back transactions %d\n",
 		r.DrainSeconds, r.DurationSeconds, r.RelayRestarts, r.RolledBack)
 	if l := r.Lambda; l != nil {
-		fmt.Fprintf(w, "lambda: invocations %d kicked, %d scheduled (%d claimed: the backstop), %d kicks coalesced; environments %d; events retried %d, dropped %d\n",
+		fmt.Fprintf(w, "lambda: invocations %d kicked, %d scheduled (%d claimed events), %d kicks coalesced; environments %d; events retried %d, dropped %d\n",
 			l.KickInvocations, l.TickInvocations, l.TicksThatClaimed, l.Coalesced, l.Environments, l.Retried, l.Dropped)
 		fmt.Fprintf(w, "kicks: requested %d, sent %d, failed %d, covered %d (by a relay's promise %d)\n",
 			l.Kicks.Requested, l.Kicks.Sent, l.Kicks.Failed, l.Kicks.Skipped, l.Kicks.Promised)

@@ -65,7 +65,8 @@ type FunctionConfig struct {
 	// RetryBase is the first wait before a throttled event is tried again; it doubles.
 	// Default DefaultRetryBase.
 	RetryBase time.Duration
-	// Log receives every environment's emulator and function output. Nil: discarded.
+	// Log receives every environment's emulator and function output, and the errors of
+	// environments that failed to start. Nil: discarded.
 	Log io.Writer
 	// OnResult, if set, is called after each invocation with its payload, the function's
 	// response (its body, or the error), and whether it was asynchronous.
@@ -116,7 +117,7 @@ type Stats struct {
 	// Throttled counts synchronous invokes answered 429; Retried the retries of throttled
 	// events; Dropped the events that aged out throttled.
 	Throttled, Retried, Dropped int64
-	// Environments is how many emulators were started (cold starts).
+	// Environments is how many environments were started (cold starts).
 	Environments int64
 }
 
@@ -187,7 +188,7 @@ func (s *Service) Stats(name string) Stats {
 }
 
 // Close stops accepting invokes, drops the events still waiting for an environment,
-// waits for the invocations running, and stops every emulator.
+// waits for the invocations running, and stops every environment.
 func (s *Service) Close() {
 	s.mu.Lock()
 	s.isClosed = true
@@ -309,6 +310,11 @@ func (s *Service) deliver(f *function, payload []byte, queued time.Time) {
 			f.async.Add(1)
 			return
 		}
+		if err != nil {
+			// Lambda retries an event whose environment failed to start as a throttled one;
+			// the log says why.
+			fmt.Fprintf(f.cfg.Log, "lambdasvc: %v; the event is retried\n", err)
+		}
 		if time.Since(queued)+wait > f.cfg.MaxEventAge {
 			f.dropped.Add(1)
 			return
@@ -375,8 +381,13 @@ func (f *function) run(env Environment, payload []byte, queued time.Time, async 
 	res.Body, res.Err = env.Invoke(ictx, payload)
 	cancel()
 	res.End = time.Now()
-	f.mu.Lock()
 	exited := env.Exited()
+	if exited {
+		// Stopped before its place is given up, so the environment that replaces it never
+		// meets what it holds (an in-process environment's slot).
+		env.Stop()
+	}
+	f.mu.Lock()
 	if exited {
 		// A crashed environment leaves: the next invoke starts a fresh one, as Lambda
 		// replaces a failed one.
@@ -386,9 +397,6 @@ func (f *function) run(env Environment, payload []byte, queued time.Time, async 
 		f.idle = append(f.idle, env)
 	}
 	f.mu.Unlock()
-	if exited {
-		env.Stop()
-	}
 	if f.cfg.OnResult != nil {
 		f.cfg.OnResult(res)
 	}

@@ -105,6 +105,9 @@ func (s ProbeSchedule) withDefaults() ProbeSchedule {
 	return s
 }
 
+// reopenTries bounds how often a Reopen statement that lost a deadlock runs again.
+const reopenTries = 3
+
 // Reopen puts the outbox row of a transiently failed delivery back to pending, in one
 // statement: attempts 0, available now, generation+1 so the relay's re-publish carries a
 // deduplication id QStash has not seen (as Redrive does), last_error the failure. Only a row
@@ -126,8 +129,19 @@ func Reopen(ctx context.Context, db Querier, f DeliveryFailure, probes ProbeSche
 	var r Rescheduled
 	var dispatched, dead, reopened bool // the row's state as locked, for the statement's shape
 	scan := func(sql string, args ...any) error {
-		return db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
-			Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
+		// The statement locks the failed row, then its topic's circuit and its key's later
+		// rows; a concurrent reopen of another event of the topic, or a relay marking
+		// the key's rows, can take two of those in the other order. Postgres then aborts
+		// one statement (40P01), which changed nothing: it runs again.
+		for try := 1; ; try++ {
+			err := db.QueryRow(ctx, sql, append([]any{f.OutboxID, f.Generation, f.errorText()}, args...)...).
+				Scan(&r.Generation, &r.Topic, &dispatched, &dead, &reopened)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") && try < reopenTries {
+				continue
+			}
+			return err
+		}
 	}
 	var err error
 	if f.heldForKeyOrder() {

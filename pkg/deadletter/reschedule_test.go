@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/outbox-relay/outbox-relay/v3/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/deadletter"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/outbox"
 	"github.com/outbox-relay/outbox-relay/v3/pkg/postgres/pgtest"
@@ -262,5 +264,64 @@ func TestSupersededFailureRestartsTheProbeHorizon(t *testing.T) {
 	}
 	if n := db.Count(t, `SELECT count(*) FROM outbox WHERE id = $1 AND generation = 1`, first); n != 1 {
 		t.Fatalf("the superseded failure moved its row on again")
+	}
+}
+
+// TestReopenRetriesADeadlock: a reopen locks the failed row, then its key's later rows;
+// another session (a concurrent reopen of the topic, a relay's mark) that holds a later
+// row and then wants the failed one deadlocks with it. Postgres aborts the reopen's
+// statement, which changed nothing, and Reopen runs it again once the other session is
+// through. Seen in CI as `dlq sync` failing with 40P01 while the failure callback reopened
+// events of the same topic.
+func TestReopenRetriesADeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	failed := enqueue(t, db, "order.created", "k", `{"n":1}`)
+	dispatch(t, db, failed)
+	later := enqueue(t, db, "order.created", "k", `{"n":2}`)
+	dispatch(t, db, later)
+
+	other, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	// The reopen's session must be the one that finds the deadlock (after the default
+	// deadlock_timeout, 1 s), so that it is the one aborted.
+	if _, err := other.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, later); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		r   deadletter.Rescheduled
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		gen := 0
+		r, err := deadletter.Reopen(ctx, db.Pool, deadletter.DeliveryFailure{QStashMessageID: "m", Status: 503,
+			OutboxID: outbox.ID(failed), Generation: &gen}, deadletter.ProbeSchedule{})
+		done <- result{r, err}
+	}()
+	// Once the reopen waits for the later row, take the failed one: a deadlock.
+	testwait.Eventually(t, 10*time.Second, func() bool {
+		return db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE cur%'`) > 0
+	}, "the reopen never waited for the later row")
+	if _, err := other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, failed); err != nil {
+		t.Fatalf("the other session lost the deadlock: %v", err)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || res.r.State != deadletter.ReopenDone || res.r.Generation != 1 {
+		t.Fatalf("reopen after a deadlock: %+v %v", res.r, res.err)
+	}
+	if row := readOutbox(t, db, later); row.dispatched || row.gen != 1 {
+		t.Fatalf("the key's later row %+v, want it back to pending at generation 1", row)
 	}
 }

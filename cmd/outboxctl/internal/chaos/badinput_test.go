@@ -51,12 +51,16 @@ func TestChaosLambdaFlags(t *testing.T) {
 	fs := flagSet()
 	o := chaos.Options{DatabaseURL: "postgres://x", Faults: chaos.DefaultFaults()}.WithDefaults()
 	fl := chaos.BindFlags(fs, &o)
-	if err := fs.Parse([]string{"--lambda", "--kick-refused", "0.3"}); err != nil {
+	if err := fs.Parse([]string{"--lambda", "--kick-refused", "0.3", "--pause", "-1"}); err != nil {
 		t.Fatal(err)
 	}
 	fl.Apply()
 	if err := o.Validate(); err != nil {
 		t.Fatalf("--lambda refused: %v", err)
+	}
+	// Run applies the defaults again: "never pause" must survive them.
+	if o = o.WithDefaults(); o.Lambda.PauseRate >= 0 {
+		t.Fatalf("--pause -1 became %v after the defaults, want negative (never)", o.Lambda.PauseRate)
 	}
 	want := chaos.DefaultFaults().WithKickFaults()
 	want.KickRefused = 0.3

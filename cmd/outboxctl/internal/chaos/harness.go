@@ -416,7 +416,7 @@ func (h *harness) produce(ctx context.Context) error {
 			var pauses *mrand.Rand
 			if h.lambda != nil {
 				w, pauses = h.lambda.waker(p), newRand(o.Seed, streamPause+uint64(p))
-				defer h.lambda.closeKicker(ctx, p)
+				defer h.lambda.closeKicker(p)
 			}
 			for n := from; n < to; n++ {
 				if o.RollbackRate > 0 && rng.Float64() < o.RollbackRate {

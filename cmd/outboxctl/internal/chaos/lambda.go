@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -79,9 +78,8 @@ func (l *Lambda) withDefaults() {
 		l.IdleGap = DefaultLambdaIdleGap
 	}
 	if l.PauseRate == 0 {
+		// Negative stays: never (so defaults applied twice give the same answer).
 		l.PauseRate = DefaultPauseRate
-	} else if l.PauseRate < 0 {
-		l.PauseRate = 0
 	}
 	if l.Timeout == 0 {
 		l.Timeout = DefaultLambdaTimeout
@@ -116,8 +114,8 @@ type LambdaReport struct {
 	// environment had claimed their commit.
 	Coalesced int64 `json:"coalesced_kicks"`
 	// TicksThatClaimed: scheduled invocations that claimed events (handed a batch to the
-	// publisher) no kicked relay had: a lost kick's, a retry whose backoff ended after the
-	// last relay left, the rows of a relay that died.
+	// publisher), whether or not a kick would have woken a relay for them. With every
+	// kick lost they are what delivered the events.
 	TicksThatClaimed int64 `json:"ticks_that_claimed"`
 	// FunctionErrors are invocations that returned an error (a drain that failed: a
 	// killed connection); died environments are the report's RelayRestarts.
@@ -179,7 +177,7 @@ func (h *harness) startLambda(ctx, stop context.Context, pools []*pgxpool.Pool, 
 		OnResult: d.count,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("chaos lambda: %w", err)
 	}
 	d.svc = svc
 	target, err := url.Parse(svc.URL)
@@ -197,7 +195,7 @@ func (h *harness) startLambda(ctx, stop context.Context, pools []*pgxpool.Pool, 
 	go func() { _ = d.front.Serve(ln) }()
 	if d.stopTic, err = svc.Schedule(relayFunction, lam.Backstop, []byte(`{"task":"drain"}`)); err != nil {
 		d.close()
-		return nil, err
+		return nil, fmt.Errorf("chaos lambda: %w", err)
 	}
 	client := lambda.NewFromConfig(aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
 		func(lo *lambda.Options) { lo.BaseEndpoint = aws.String("http://" + ln.Addr().String()) })
@@ -206,7 +204,7 @@ func (h *harness) startLambda(ctx, stop context.Context, pools []*pgxpool.Pool, 
 			Logger: o.Logger.With("producer", p)})
 		if err != nil {
 			d.close()
-			return nil, err
+			return nil, fmt.Errorf("chaos lambda: producer %d: %w", p, err)
 		}
 		d.kickers = append(d.kickers, k)
 	}
@@ -217,7 +215,7 @@ func (h *harness) startLambda(ctx, stop context.Context, pools []*pgxpool.Pool, 
 // producer's own.
 func (d *deployed) pause(ctx context.Context, rng *rand.Rand) {
 	l := d.h.opts.Lambda
-	if l.PauseRate == 0 || rng.Float64() >= l.PauseRate {
+	if l.PauseRate <= 0 || rng.Float64() >= l.PauseRate {
 		return
 	}
 	t := time.NewTimer(time.Duration(rng.Int64N(int64(2*l.IdleGap) + 1)))
@@ -236,11 +234,7 @@ func (d *deployed) waker(p int) outbox.Waker {
 
 // count tallies one invocation's outcome.
 func (d *deployed) count(r lambdasvc.Result) {
-	var req struct {
-		Task string `json:"task"`
-	}
-	_ = json.Unmarshal(r.Payload, &req)
-	if req.Task == "kick" {
+	if isKick(r.Payload) {
 		d.kicked.Add(1)
 	} else {
 		d.ticks.Add(1)
@@ -263,8 +257,20 @@ func (d *deployed) count(r lambdasvc.Result) {
 	}
 }
 
-// closeKicker closes producer p's kicker: it sends the kick it still owes.
-func (d *deployed) closeKicker(ctx context.Context, p int) {
+// isKick reports whether an invocation's payload is a producer's kick ({"task":"kick"}),
+// not the schedule's tick.
+func isKick(payload []byte) bool {
+	var req struct {
+		Task string `json:"task"`
+	}
+	return json.Unmarshal(payload, &req) == nil && req.Task == "kick"
+}
+
+// closeKicker closes producer p's kicker: it sends the kick it still owes, within a
+// bound of its own (the run's context may be done).
+func (d *deployed) closeKicker(p int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if err := d.kickers[p].Close(ctx); err != nil {
 		d.h.opts.Logger.Warn("chaos kicker close", "producer", p, "error", err.Error())
 	}
@@ -378,7 +384,7 @@ func (r *relayEnv) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	<-done
 	// A tick that handed a batch to the publisher claimed events, whether or not its
 	// environment then died (most do under the default rates: its body is then lost).
-	if r.pub.calls.Load() > calls && !bytes.Contains(payload, []byte(`"kick"`)) {
+	if r.pub.calls.Load() > calls && !isKick(payload) {
 		r.envs.d.ticksClaimed.Add(1)
 	}
 	if !returned || r.pub.dead.Load() {

@@ -70,6 +70,11 @@ func TestChaosLambdaKicksFail(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("commit -> applied p50 %.0f ms, max %.0f ms (backstop %v)", p50*1000, max*1000, backstop)
+			// Loose enough for -race on a busy machine (a few seconds here), tight enough to
+			// catch ticks that stop claiming.
+			if max > 20 {
+				t.Errorf("the slowest event took %.1f s with a %v backstop", max, backstop)
+			}
 			if l.KickInvocations != 0 {
 				t.Errorf("%d kick invocations ran, with every kick %s", l.KickInvocations, name)
 			}
