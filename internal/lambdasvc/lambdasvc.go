@@ -30,6 +30,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
+
 	"github.com/outbox-relay/outbox-relay/v3/internal/rie"
 )
 
@@ -411,6 +415,14 @@ func apiError(w http.ResponseWriter, status int, typ, msg string) {
 	w.WriteHeader(status)
 	b, _ := json.Marshal(map[string]string{"Type": "User", "message": msg})
 	_, _ = w.Write(b)
+}
+
+// Client is a Lambda client on the Invoke API at url (a Service's URL, or a front of it),
+// with dummy credentials: what a producer's default client is once AWS_ENDPOINT_URL_LAMBDA
+// points it here. optFns tune it further (retries, ...).
+func Client(url string, optFns ...func(*lambda.Options)) *lambda.Client {
+	cfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")}
+	return lambda.NewFromConfig(cfg, append([]func(*lambda.Options){func(o *lambda.Options) { o.BaseEndpoint = aws.String(url) }}, optFns...)...)
 }
 
 // Schedule sends payload to the function named name as an asynchronous event every

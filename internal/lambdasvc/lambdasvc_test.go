@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
 	"github.com/aws/smithy-go"
@@ -70,8 +69,7 @@ func bootstrap(t *testing.T, pkg string) string {
 // client is a Lambda client on the service at url with dummy credentials; retries: the
 // SDK's attempts per call (0: its default).
 func client(url string, attempts int) *lambda.Client {
-	return lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("AKIDLOCAL", "local", "")},
-		func(o *lambda.Options) { o.BaseEndpoint = aws.String(url); o.RetryMaxAttempts = attempts })
+	return lambdasvc.Client(url, func(o *lambda.Options) { o.RetryMaxAttempts = attempts })
 }
 
 // results collects the service's invocation results.

@@ -7,9 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/v3/internal/lambdasvc"
@@ -67,9 +64,7 @@ func (d *deployedRelay) start(ctx context.Context, pl *Pipeline, pool *pgxpool.P
 	}
 	// The producer's Lambda client, pointed at the local service as AWS_ENDPOINT_URL_LAMBDA
 	// would point it.
-	client := lambda.NewFromConfig(aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
-		func(o *lambda.Options) { o.BaseEndpoint = aws.String(d.svc.URL) })
-	d.kicker, err = kick.New(ctx, kick.Config{Function: "relay", DB: pool, Client: client, Logger: opts.Logger})
+	d.kicker, err = kick.New(ctx, kick.Config{Function: "relay", DB: pool, Client: lambdasvc.Client(d.svc.URL), Logger: opts.Logger})
 	return err
 }
 

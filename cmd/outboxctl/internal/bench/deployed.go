@@ -11,9 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -215,9 +212,7 @@ func (d *deployedBench) deploy() (*deployment, error) {
 
 // kicker is one producer process's Kicker on the deployment, reading promises on the pool.
 func (d *deployedBench) kicker(ctx context.Context, dep *deployment) (*kick.Kicker, error) {
-	client := lambda.NewFromConfig(aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
-		func(o *lambda.Options) { o.BaseEndpoint = aws.String(dep.svc.URL) })
-	return kick.New(ctx, kick.Config{Function: "relay", DB: d.pool, Client: client, Logger: discardLogger()})
+	return kick.New(ctx, kick.Config{Function: "relay", DB: d.pool, Client: lambdasvc.Client(dep.svc.URL), Logger: discardLogger()})
 }
 
 func (d *deployedBench) measure(ctx context.Context, prof DeployedProfile, rate int) (DeployedRun, error) {

@@ -15,9 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/v3/internal/envconfig/relayenv"
@@ -197,8 +194,7 @@ func (h *harness) startLambda(ctx, stop context.Context, pools []*pgxpool.Pool, 
 		d.close()
 		return nil, fmt.Errorf("chaos lambda: %w", err)
 	}
-	client := lambda.NewFromConfig(aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
-		func(lo *lambda.Options) { lo.BaseEndpoint = aws.String("http://" + ln.Addr().String()) })
+	client := lambdasvc.Client("http://" + ln.Addr().String())
 	for p := range o.Producers {
 		k, err := kick.New(ctx, kick.Config{Function: relayFunction, Interval: lam.IdleGap, DB: h.app, Client: client,
 			Logger: o.Logger.With("producer", p)})
